@@ -1,0 +1,43 @@
+"""hostoffload's reference implementation: the executable specification.
+
+Every behaviour here is written to be obviously correct rather than fast; the optimized implementation and any
+third-party one are checked against it by the conformance suite. This package also owns the shared contracts:
+the accelerator interface (:mod:`reference.accelerators`), the errors (:mod:`reference.errors`), the environment
+variables (:mod:`reference.envvars`) and the implementation descriptor (:mod:`reference.implementation`).
+"""
+
+from __future__ import annotations
+
+from reference.implementation import Implementation
+from reference.pinning import PinnedStats, is_pinned, pin_empty, pin_empty_like, pin_memory, pinned_stats, unpin
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "IMPLEMENTATION",
+    "PinnedStats",
+    "is_pinned",
+    "pin_empty",
+    "pin_empty_like",
+    "pin_memory",
+    "pinned_stats",
+    "unpin",
+]
+
+#: Registered under the ``hostoffload.implementations`` entry point as ``reference``.
+IMPLEMENTATION = Implementation(
+    name="reference",
+    version=__version__,
+    areas={
+        "pinning": "reference.pinning",
+        "ranges": "reference.ranges",
+        "offload": "reference.offload",
+        "accumulation": "reference.accumulation",
+        "io": "reference.io",
+    },
+    capabilities={
+        "pin_backends": ("torch", "native"),
+        # The reference registry takes one lock per call; the suite sizes its contention test accordingly.
+        "concurrent_registry_reads": False,
+    },
+)

@@ -1,0 +1,83 @@
+"""Accelerator discovery.
+
+Accelerators come from the ``hostoffload.accelerators`` entry-point group: hostoffload's own ``cpu`` and ``cuda``
+are registered there exactly like a vendor's would be, so there is one path for all of them. Each entry point
+names a class (or a zero-argument factory) returning an :class:`Accelerator`.
+
+``HOSTOFFLOAD_ACCELERATOR`` forces one by name; otherwise the first available accelerator that is not ``cpu`` wins
+(in entry-point name order, for determinism), and ``cpu`` is the fallback.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from importlib.metadata import entry_points
+
+from reference.accelerators.base import Accelerator
+from reference.errors import ConfigurationError, UnknownPluginError
+
+__all__ = [
+    "ACCELERATOR_ENTRY_POINT_GROUP",
+    "ACCELERATOR_ENV",
+    "Accelerator",
+    "discover_accelerators",
+    "get_accelerator",
+]
+
+ACCELERATOR_ENTRY_POINT_GROUP = "hostoffload.accelerators"
+ACCELERATOR_ENV = "HOSTOFFLOAD_ACCELERATOR"
+
+_lock = threading.Lock()
+_instances: dict[str, Accelerator] = {}
+
+
+def discover_accelerators() -> dict[str, Accelerator]:
+    """Every installed accelerator, instantiated once per process, keyed by entry-point name (sorted)."""
+    with _lock:
+        if not _instances:
+            found: dict[str, Accelerator] = {}
+            for ep in sorted(entry_points(group=ACCELERATOR_ENTRY_POINT_GROUP), key=lambda e: e.name):
+                if ep.name in found:
+                    continue
+                obj = ep.load()()
+                if not isinstance(obj, Accelerator):
+                    raise TypeError(
+                        f"entry point {ACCELERATOR_ENTRY_POINT_GROUP}:{ep.name} = {ep.value} produced "
+                        f"{type(obj).__name__}, not a reference.accelerators.Accelerator"
+                    )
+                if obj.name != ep.name:
+                    raise TypeError(
+                        f"accelerator {type(obj).__name__} is named {obj.name!r} but registered as {ep.name!r}; "
+                        "the two must match"
+                    )
+                found[ep.name] = obj
+            _instances.update(found)
+        return dict(_instances)
+
+
+def get_accelerator(name: str | None = None) -> Accelerator:
+    """The accelerator named ``name``, else the one ``HOSTOFFLOAD_ACCELERATOR`` names, else the default."""
+    known = discover_accelerators()
+    source = "name"
+    if name is None:
+        name = os.environ.get(ACCELERATOR_ENV) or None
+        source = ACCELERATOR_ENV
+    if name is not None:
+        acc = known.get(name)
+        if acc is None:
+            raise UnknownPluginError(
+                f"{source}={name!r} names no installed accelerator; allowed values: {', '.join(sorted(known))}"
+            )
+        if not acc.is_available():
+            raise ConfigurationError(
+                f"{source}={name!r} names an accelerator that is not available on this machine; available: "
+                f"{', '.join(n for n, a in sorted(known.items()) if a.is_available())}"
+            )
+        return acc
+    for acc_name, acc in sorted(known.items()):
+        if acc_name != "cpu" and acc.is_available():
+            return acc
+    if "cpu" not in known:
+        raise UnknownPluginError("no accelerator is installed (entry-point group hostoffload.accelerators is empty)")
+    return known["cpu"]

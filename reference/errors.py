@@ -1,0 +1,47 @@
+"""Errors shared by every hostoffload implementation.
+
+Implementations raise these classes (or subclasses) so that the conformance suite, and users, can catch one
+type whatever backend is underneath. Each class also derives from the builtin a Python user would expect
+(``ValueError`` for a bad value, ``MemoryError`` for memory that cannot be locked), so existing ``except``
+clauses keep working.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class HostOffloadError(Exception):
+    """Base class of every error raised on purpose by hostoffload."""
+
+
+class ConfigurationError(HostOffloadError, ValueError):
+    """A bad argument, config key or environment variable value.
+
+    The message always names the argument (or variable) and the values it accepts.
+    """
+
+
+class PinnedMemoryLockError(HostOffloadError, MemoryError):
+    """Host memory could not be page-locked (typically RLIMIT_MEMLOCK, see ``ulimit -l``).
+
+    Raised only after everything allocated for the request has been released again.
+    """
+
+
+class UnsupportedOperationError(HostOffloadError, RuntimeError):
+    """A call that is valid in general but not in the current state or configuration."""
+
+
+class UnknownPluginError(ConfigurationError):
+    """A named accelerator or implementation that no installed package provides."""
+
+
+def allowed_values_error(name: str, value: object, allowed: Iterable[object]) -> ConfigurationError:
+    """Build the standard message for a value outside an enumerated set.
+
+    One helper keeps every such message in the same shape: what was given, where, and what would have
+    been accepted.
+    """
+    choices = ", ".join(repr(a) if not isinstance(a, str) else a for a in allowed)
+    return ConfigurationError(f"{name}={value!r} is not allowed; allowed values: {choices}")

@@ -1,0 +1,72 @@
+"""Argument checks and tensor predicates shared by the pinning backends."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from reference.errors import ConfigurationError
+
+
+def is_data_less(t: torch.Tensor) -> bool:
+    """True for tensors whose data must not (or cannot) be touched: meta tensors and fake tensors.
+
+    A fake tensor may claim ``device='cpu'``, so the device check alone is not enough; and reading
+    ``data_ptr()`` of one raises, which is exactly what ``is_pinned`` must never do.
+    """
+    if t.is_meta:
+        return True
+    try:
+        from torch._subclasses.fake_tensor import is_fake
+    except ImportError:  # pragma: no cover - every supported torch has it
+        return False
+    return bool(is_fake(t))
+
+
+def check_tensor(name: str, t: object) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise ConfigurationError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+def check_host_tensor(name: str, t: object) -> torch.Tensor:
+    t = check_tensor(name, t)
+    if is_data_less(t) or t.device.type != "cpu":
+        what = "a meta/fake tensor" if is_data_less(t) else f"a tensor on {t.device}"
+        raise ConfigurationError(f"{name} must be a CPU tensor with data (device 'cpu'), got {what}")
+    return t
+
+
+def normalize_shape(shape: Sequence[object]) -> tuple[int, ...]:
+    """Accept ``pin_empty(2, 3)`` and ``pin_empty((2, 3))`` alike; every size an int >= 0."""
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
+        shape = tuple(shape[0])
+    out = []
+    for s in shape:
+        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+            raise ConfigurationError(f"shape must be ints >= 0, got {tuple(shape)!r}")
+        out.append(int(s))
+    return tuple(out)
+
+
+def check_dtype(dtype: object) -> torch.dtype:
+    if dtype is None:
+        return torch.get_default_dtype()
+    if not isinstance(dtype, torch.dtype):
+        raise ConfigurationError(f"dtype must be a torch.dtype or None, got {dtype!r}")
+    return dtype
+
+
+def check_host_device(device: object) -> None:
+    """``pin_empty*`` allocate host memory only; a device argument may say so, nothing else."""
+    if device is None:
+        return
+    try:
+        dev = torch.device(device)  # type: ignore[arg-type]
+    except (RuntimeError, TypeError):
+        raise ConfigurationError(f"device must be None or 'cpu', got {device!r}") from None
+    if dev.type != "cpu":
+        raise ConfigurationError(
+            f"device must be None or 'cpu' (pinned memory is host memory), got {device!r}"
+        )
