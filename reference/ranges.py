@@ -7,7 +7,7 @@ allocation, so every component asks this registry instead, with the view's byte 
 The single rule, shared by every implementation: an extent ``[ptr, ptr + nbytes)`` is pinned iff it lies entirely
 inside one registered range. An extent that straddles two adjacent ranges is *not* pinned (the two ranges may be
 unregistered independently, so no single registration covers the copy). A zero-length extent is pinned iff its
-address lies inside a range.
+address lies inside a range; a tensor with no elements has data pointer 0 in torch, so it is never pinned.
 
 The reference keeps sorted range starts and bisects them (O(log n) lookups, O(n) inserts). It takes one lock for
 every operation: obviously correct beats fast here; the optimized registry is where reads stop serialising.

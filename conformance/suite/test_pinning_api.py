@@ -1,0 +1,265 @@
+"""Pinning API properties, for every implementation x accelerator x backend.
+
+Each property states one clause of the pinning specification (docs/usage.md, "Pinning"); the docstrings name it.
+A tensor with no elements is never pinned: it has no bytes to copy and torch reports its data pointer as 0.
+"""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conformance.assertions import assert_bitwise_equal, assert_pinned
+from conformance.strategies import dtypes, filled, host_tensors, shapes, views_of
+from reference.errors import ConfigurationError
+
+pytestmark = pytest.mark.conformance_area("pinning")
+
+
+@given(t=host_tensors(), match_shape=st.booleans())
+def test_pin_memory_copy_preserves_values_and_leaves_input(area_api, pin_backend, backend_pins, t, match_shape):
+    """make_copy=True: a new tensor with t's values (flat when match_shape=False); t is untouched."""
+    before = t.clone()
+    ptr = t.data_ptr()
+    out = area_api.pin_memory(t, make_copy=True, match_shape=match_shape)
+    assert out is not t
+    assert out.dtype == t.dtype and out.device.type == "cpu" and out.is_contiguous()
+    expected_shape = t.shape if match_shape else (t.numel(),)
+    assert tuple(out.shape) == tuple(expected_shape)
+    assert_bitwise_equal(out.view(t.shape), t, "pin_memory(make_copy=True) values")
+    assert_bitwise_equal(t, before, "input after pin_memory(make_copy=True)")
+    assert t.data_ptr() == ptr
+    if t.numel():
+        assert out.data_ptr() != ptr
+    assert_pinned(area_api, out, backend_pins and t.numel() > 0, "pin_memory result")
+
+
+@given(t=host_tensors(), match_shape=st.booleans())
+def test_pin_memory_in_place_moves_tensor(area_api, pin_backend, backend_pins, t, match_shape):
+    """make_copy=False: t itself is returned, holding its values, now in pinned memory when the backend pins."""
+    t = t.clone() if t.stride() and 0 in t.stride() else t  # an expanded view cannot own new data in place
+    expected = t.clone()
+    out = area_api.pin_memory(t, make_copy=False, match_shape=match_shape)
+    assert out is t
+    assert tuple(t.shape) == (tuple(expected.shape) if match_shape else (expected.numel(),))
+    assert_bitwise_equal(t.view(expected.shape) if t.is_contiguous() else t.reshape(expected.shape), expected,
+                         "pin_memory(make_copy=False) values")
+    assert_pinned(area_api, t, backend_pins and t.numel() > 0, "tensor pinned in place")
+
+
+@given(shape=shapes, dtype=dtypes)
+def test_pin_empty_and_like(area_api, pin_backend, backend_pins, shape, dtype):
+    """pin_empty/pin_empty_like: host memory of the requested shape and dtype, contiguous, pinned per backend."""
+    for out in (area_api.pin_empty(*shape, dtype=dtype), area_api.pin_empty(shape, dtype=dtype)):
+        assert tuple(out.shape) == shape and out.dtype == dtype and out.device.type == "cpu"
+        assert out.is_contiguous()
+        assert_pinned(area_api, out, backend_pins and out.numel() > 0, "pin_empty result")
+    like = area_api.pin_empty_like(torch.empty(shape, dtype=dtype, device="meta"))
+    assert tuple(like.shape) == shape and like.dtype == dtype
+    assert_pinned(area_api, like, backend_pins and like.numel() > 0, "pin_empty_like(meta) result")
+    other = area_api.pin_empty_like(torch.empty(shape, dtype=dtype), dtype=torch.float64)
+    assert other.dtype == torch.float64 and tuple(other.shape) == shape
+
+
+@given(base_shape=st.lists(st.integers(1, 64), min_size=1, max_size=3).map(tuple), data=st.data())
+def test_views_and_narrows_are_recognised(area_api, pin_backend, backend_pins, base_shape, data):
+    """Any view, slice, narrow or reshape of a pinned buffer is pinned; a pageable copy of it is not."""
+    base = area_api.pin_empty(*base_shape, dtype=torch.float32)
+    view = data.draw(views_of(base))
+    assert_pinned(area_api, view, backend_pins and view.numel() > 0, "view of a pinned buffer")
+    assert_pinned(area_api, view.clone(), False, "pageable clone of a pinned view")
+
+
+def test_extent_past_the_allocation_is_not_pinned(impl, area_api, pin_backend):
+    """The whole extent must be inside one range: one byte past the locked pages is not pinned."""
+    if pin_backend != "native":
+        pytest.skip("the torch backend's extents are torch's own (its allocator rounds sizes)")
+    if not impl.provides("ranges"):
+        pytest.skip(f"{impl.name} does not provide the ranges area")
+    registry = impl.load("ranges").global_registry()
+    page = area_api.pin_empty(4096, dtype=torch.uint8)
+    assert registry.contains(page.data_ptr(), 4096)
+    assert not registry.contains(page.data_ptr(), 4097)
+    assert not registry.contains(page.data_ptr() + 1, 4096)
+    assert_pinned(area_api, page[4095:], True, "last byte of the pinned page")
+
+
+def test_is_pinned_on_data_less_and_device_tensors(area_api, accelerator):
+    """is_pinned returns False for meta, fake and non-CPU tensors without touching their data."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    assert area_api.is_pinned(torch.empty(8, 8, device="meta")) is False
+    with FakeTensorMode() as mode:
+        fake_cpu = torch.empty(8, 8)
+    assert mode is not None
+    assert area_api.is_pinned(fake_cpu) is False
+    if accelerator.device_type != "cpu":
+        assert area_api.is_pinned(torch.empty(4, device=accelerator.device())) is False
+    with pytest.raises(ConfigurationError, match="t must be a torch.Tensor"):
+        area_api.is_pinned([1, 2, 3])
+
+
+def test_pageable_tensors_are_not_pinned(area_api, pin_backend):
+    assert_pinned(area_api, torch.empty(1024), False, "plain torch.empty")
+
+
+def test_unpin_semantics(area_api, pin_backend, backend_pins, leak_check):
+    """unpin drops the pin at once (True), a second unpin is False, and surviving views stay valid."""
+    buf = area_api.pin_empty(3, 1024, dtype=torch.float32)
+    buf.copy_(torch.arange(3 * 1024, dtype=torch.float32).view(3, 1024))
+    view = buf[1]
+    if pin_backend == "torch":
+        assert area_api.unpin(buf) is False, "torch-backend memory is owned by torch; unpin must report False"
+        return
+    assert area_api.unpin(view) is True
+    assert area_api.unpin(buf) is False
+    assert_pinned(area_api, buf, False, "buffer after unpin")
+    assert_pinned(area_api, view, False, "view after unpin")
+    del buf
+    gc.collect()
+    # The allocation is still mapped for the surviving view: reading and writing it must be safe and exact.
+    assert_bitwise_equal(view, torch.arange(1024, 2048, dtype=torch.float32), "view surviving unpin")
+    view.fill_(7.0)
+    assert float(view.sum()) == 7.0 * 1024
+    assert area_api.pinned_stats().unpinned_alive >= 1
+
+
+def test_unpin_of_unpinned_memory_is_false(area_api, pin_backend):
+    assert area_api.unpin(torch.empty(16)) is False
+    assert area_api.unpin(torch.empty(16, device="meta")) is False
+
+
+def test_gc_releases_native_memory_and_stats_are_consistent(impl, area_api, pin_backend, accelerator, leak_check):
+    """Stats count each live native allocation page-rounded; dropping the last view releases it and its range."""
+    import mmap
+
+    if pin_backend != "native":
+        pytest.skip("the torch backend's memory is accounted by torch's allocator, not pinned_stats")
+    page = mmap.PAGESIZE
+    gc.collect()
+    s0 = area_api.pinned_stats()
+    a = area_api.pin_empty(page + 1, dtype=torch.uint8)
+    b = area_api.pin_empty(10, dtype=torch.float64)
+    s1 = area_api.pinned_stats()
+    assert s1.allocations == s0.allocations + 2
+    assert s1.bytes == s0.bytes + 3 * page, f"expected {3 * page} more locked bytes, stats {s0} -> {s1}"
+    registered = accelerator.supports_host_registration
+    assert s1.registered_bytes - s0.registered_bytes == (3 * page if registered else 0)
+    view = a[10:20]
+    ptr, nbytes = view.data_ptr(), 10
+    del a
+    gc.collect()
+    assert area_api.pinned_stats().allocations == s0.allocations + 2, "a live view must keep its allocation"
+    del view, b
+    gc.collect()
+    assert area_api.pinned_stats() == s0
+    assert not area_api.is_pinned(torch.empty(0)), "sanity"
+    if impl.provides("ranges"):
+        registry = impl.load("ranges").global_registry()
+        assert not registry.contains(ptr, nbytes), "a freed allocation's range is still registered"
+
+
+def test_register_device_flag_off_skips_registration(area_api, pin_backend, accelerator, monkeypatch, leak_check):
+    if pin_backend != "native":
+        pytest.skip("registration is a native-backend step")
+    monkeypatch.setenv("HOSTOFFLOAD_PIN_REGISTER_DEVICE", "off")
+    s0 = area_api.pinned_stats()
+    buf = area_api.pin_empty(100, dtype=torch.uint8)
+    s1 = area_api.pinned_stats()
+    assert s1.registered_bytes == s0.registered_bytes and s1.bytes > s0.bytes
+    assert_pinned(area_api, buf, True, "locked but unregistered buffer")
+    del buf
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "allowed"),
+    [
+        ("HOSTOFFLOAD_PIN_BACKEND", "cuda", "torch, native"),
+        ("HOSTOFFLOAD_PIN_BACKEND", "natve", "torch, native"),
+        ("HOSTOFFLOAD_PIN_REGISTER_DEVICE", "maybe", "1, 0, true, false, yes, no, on, off"),
+        ("HOSTOFFLOAD_PIN_REGISTER_DEVICE", "2", "1, 0, true, false, yes, no, on, off"),
+        ("HOSTOFFLOAD_ACCELERATOR", "tpu-v9", "cpu"),
+    ],
+)
+def test_bad_environment_values_fail_at_first_call(impl, area_api, accelerator, monkeypatch, variable, value, allowed):
+    """A bad variable raises a ValueError naming it and the allowed values at the first pinning call."""
+    monkeypatch.setenv("HOSTOFFLOAD_PIN_BACKEND", "native")
+    monkeypatch.setenv(variable, value)
+    gc.collect()
+    before = area_api.pinned_stats()
+    with pytest.raises(ValueError) as info:
+        area_api.pin_empty(16, dtype=torch.float32)
+    message = str(info.value)
+    assert variable in message and repr(value) in message and allowed in message, message
+    gc.collect()
+    assert area_api.pinned_stats() == before, "a rejected call left pinned memory behind"
+
+
+def test_bad_environment_is_not_an_import_error(impl, monkeypatch):
+    """Importing an implementation with bad variables set must succeed: errors belong to the first call."""
+    module = impl.areas["pinning"]
+    code = f"import {module} as m; print('imported')"
+    env = {"HOSTOFFLOAD_PIN_BACKEND": "bogus", "HOSTOFFLOAD_PIN_REGISTER_DEVICE": "bogus",
+           "HOSTOFFLOAD_ACCELERATOR": "bogus"}
+    import os
+
+    proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and "imported" in proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda api: api.pin_empty(4, dtype=torch.float32, device="meta"), "device must be None or 'cpu'"),
+        (lambda api: api.pin_empty(4, dtype=torch.float32, device="cuda"), "device must be None or 'cpu'"),
+        (lambda api: api.pin_empty(-1, dtype=torch.float32), "shape must be ints >= 0"),
+        (lambda api: api.pin_empty(2.5, dtype=torch.float32), "shape must be ints >= 0"),
+        (lambda api: api.pin_empty(4, dtype="float32"), "dtype must be a torch.dtype"),
+        (lambda api: api.pin_memory(torch.empty(2, device="meta")), "t must be a CPU tensor"),
+        (lambda api: api.pin_memory([1.0, 2.0]), "t must be a torch.Tensor"),
+        (lambda api: api.pin_memory(torch.empty(2), make_copy="yes"), "make_copy must be True or False"),
+        (lambda api: api.pin_memory(torch.empty(2), match_shape=None), "match_shape must be True or False"),
+        (lambda api: api.pin_empty_like(3), "t must be a torch.Tensor"),
+    ],
+)
+def test_bad_arguments_name_the_argument(area_api, pin_backend, leak_check, call, match):
+    with pytest.raises(ConfigurationError, match=match):
+        call(area_api)
+
+
+def test_torch_backend_without_torch_pinning_is_a_noop(area_api, accelerator, monkeypatch):
+    """On an accelerator without torch pinning, the torch backend pins nothing but keeps every other promise."""
+    if accelerator.has_torch_pinning:
+        pytest.skip(f"{accelerator.name} has torch pinning; the no-op clause does not apply")
+    monkeypatch.setenv("HOSTOFFLOAD_PIN_BACKEND", "torch")
+    t = filled((4, 5), torch.float32, 1)
+    copy = area_api.pin_memory(t)
+    assert copy is not t and torch.equal(copy, t) and area_api.is_pinned(copy) is False
+    assert area_api.pin_memory(t, make_copy=False) is t
+    assert area_api.is_pinned(area_api.pin_empty(3)) is False
+
+
+def test_registration_failure_warns_once_and_keeps_lock(area_api, pin_backend, accelerator, leak_check):
+    """A device that refuses registration gets one warning per process; the buffer stays locked and usable."""
+    if pin_backend != "native" or not accelerator.supports_host_registration:
+        pytest.skip("needs the native backend on an accelerator that registers host memory")
+    original = type(accelerator).register_host_memory
+    try:
+        type(accelerator).register_host_memory = lambda self, ptr, nbytes: False
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            a = area_api.pin_empty(64, dtype=torch.uint8)
+            b = area_api.pin_empty(64, dtype=torch.uint8)
+        assert area_api.is_pinned(a) and area_api.is_pinned(b)
+        assert len([w for w in caught if "register" in str(w.message)]) <= 1
+    finally:
+        type(accelerator).register_host_memory = original
+    del a, b

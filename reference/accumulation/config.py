@@ -1,0 +1,209 @@
+"""The typed, validated configuration of a ZeRO gradient-accumulation engine.
+
+Keys follow the names DeepSpeed users already write (``train_micro_batch_size_per_gpu``,
+``gradient_accumulation_steps``, ``gradient_clipping`` ...), flattened into one level so that a config is a plain
+mapping that survives pickling to worker processes. Every value is checked when the object is built, so an engine
+never starts with a config that would fail half-way through a run: the rules that forbid option *combinations*
+(docs/accumulation.md, R19) live here too, next to the single-option checks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import torch
+
+from reference.errors import ConfigurationError, allowed_values_error
+
+#: Model / communication / accumulation dtypes the model describes (fp16 needs loss scaling, which is out of scope).
+DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
+OPTIMIZERS: tuple[str, ...] = ("sgd", "adam", "adamw")
+OFFLOAD_DEVICES: tuple[str, ...] = ("none", "cpu")
+ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
+
+
+def _require_bool(name: str, value: object) -> None:
+    if type(value) is not bool:
+        raise ConfigurationError(f"{name}={value!r} must be a bool; allowed values: True, False")
+
+
+def _require_int(name: str, value: object, minimum: int) -> None:
+    if type(value) is not int or value < minimum:
+        raise ConfigurationError(f"{name}={value!r} must be an int >= {minimum}")
+
+
+def _require_float(name: str, value: object, low: float, high: float, *, low_open: bool, high_open: bool) -> None:
+    ok = isinstance(value, (int, float)) and type(value) is not bool and math.isfinite(value)
+    if ok:
+        ok = (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
+    if not ok:
+        lo = "(" if low_open else "["
+        hi = ")" if high_open else "]"
+        raise ConfigurationError(f"{name}={value!r} must be a finite number in {lo}{low}, {high}{hi}")
+
+
+def _reject_unknown_keys(where: str, given: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
+    unknown = sorted(set(given) - set(allowed))
+    if unknown:
+        raise ConfigurationError(
+            f"unknown {where} key(s) {', '.join(map(repr, unknown))}; allowed keys: {', '.join(allowed)}"
+        )
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """Optimizer choice and hyper-parameters (formulas: docs/accumulation.md R16, reference.accumulation.optimizers).
+
+    ``momentum`` is read by SGD only; ``betas`` and ``eps`` by Adam and AdamW only. They are still validated for
+    every optimizer so that a typo never hides behind an optimizer that ignores the field.
+    """
+
+    type: str = "adamw"
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    momentum: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.type not in OPTIMIZERS:
+            raise allowed_values_error("optimizer.type", self.type, OPTIMIZERS)
+        _require_float("optimizer.lr", self.lr, 0.0, math.inf, low_open=False, high_open=True)
+        betas = self.betas
+        if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
+            raise ConfigurationError(f"optimizer.betas={betas!r} must be a pair (beta1, beta2), each in [0, 1)")
+        for i, b in enumerate(betas):
+            _require_float(f"optimizer.betas[{i}]", b, 0.0, 1.0, low_open=False, high_open=True)
+        object.__setattr__(self, "betas", (float(betas[0]), float(betas[1])))
+        _require_float("optimizer.eps", self.eps, 0.0, math.inf, low_open=True, high_open=True)
+        _require_float("optimizer.weight_decay", self.weight_decay, 0.0, math.inf, low_open=False, high_open=True)
+        _require_float("optimizer.momentum", self.momentum, 0.0, 1.0, low_open=False, high_open=True)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> OptimizerConfig:
+        if not isinstance(values, Mapping):
+            raise ConfigurationError(f"optimizer={values!r} must be a mapping with keys: {', '.join(_OPT_KEYS)}")
+        _reject_unknown_keys("optimizer", values, _OPT_KEYS)
+        return cls(**dict(values))
+
+
+_OPT_KEYS: tuple[str, ...] = tuple(f.name for f in fields(OptimizerConfig))
+
+
+@dataclass(frozen=True)
+class AccumulationConfig:
+    """Everything that decides the numbers an accumulation engine produces.
+
+    ``communication_data_type`` and ``grad_accum_dtype`` default to ``None``, meaning "the model dtype" (R11);
+    use :attr:`comm_dtype` / :attr:`accum_dtype` for the resolved torch dtypes.
+    """
+
+    zero_stage: int = 0
+    train_micro_batch_size_per_gpu: int = 1
+    gradient_accumulation_steps: int = 1
+    managed_gradient_accumulation: bool = True
+    dtype: str = "fp32"
+    communication_data_type: str | None = None
+    grad_accum_dtype: str | None = None
+    gradient_clipping: float = 1.0
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    offload_optimizer: str = "none"
+    offload_param: str = "none"
+    overlap_comm: bool = False
+    pipeline_parallel_size: int = 1
+
+    def __post_init__(self) -> None:
+        if type(self.zero_stage) is not int or self.zero_stage not in ZERO_STAGES:
+            raise allowed_values_error("zero_stage", self.zero_stage, ZERO_STAGES)
+        _require_int("train_micro_batch_size_per_gpu", self.train_micro_batch_size_per_gpu, 1)
+        _require_int("gradient_accumulation_steps", self.gradient_accumulation_steps, 1)
+        _require_bool("managed_gradient_accumulation", self.managed_gradient_accumulation)
+        if self.dtype not in DTYPES:
+            raise allowed_values_error("dtype", self.dtype, tuple(DTYPES))
+        for name in ("communication_data_type", "grad_accum_dtype"):
+            value = getattr(self, name)
+            if value is not None and value not in DTYPES:
+                raise allowed_values_error(name, value, (None, *DTYPES))
+        _require_float("gradient_clipping", self.gradient_clipping, 0.0, math.inf, low_open=False, high_open=True)
+        if isinstance(self.optimizer, Mapping):
+            object.__setattr__(self, "optimizer", OptimizerConfig.from_dict(self.optimizer))
+        if not isinstance(self.optimizer, OptimizerConfig):
+            raise ConfigurationError(
+                f"optimizer={self.optimizer!r} must be an OptimizerConfig or a mapping with keys: "
+                f"{', '.join(_OPT_KEYS)}"
+            )
+        for name in ("offload_optimizer", "offload_param"):
+            if getattr(self, name) not in OFFLOAD_DEVICES:
+                raise allowed_values_error(name, getattr(self, name), OFFLOAD_DEVICES)
+        _require_bool("overlap_comm", self.overlap_comm)
+        _require_int("pipeline_parallel_size", self.pipeline_parallel_size, 1)
+        self._check_combinations()
+
+    def _check_combinations(self) -> None:
+        # R19: parameter offload only exists where parameters are partitioned.
+        if self.offload_param != "none" and self.zero_stage < 3:
+            raise ConfigurationError(
+                f"offload_param={self.offload_param!r} requires zero_stage=3 (got zero_stage={self.zero_stage}); "
+                f"allowed values of offload_param at this stage: 'none'"
+            )
+        if not self.managed_gradient_accumulation:
+            # R19: stages 0/1 with overlap_comm reduce from inside backward() as soon as a bucket fills, which
+            # presumes the engine knows the boundary at backward time; unmanaged mode only knows it in step().
+            if self.overlap_comm and self.zero_stage in (0, 1):
+                raise ConfigurationError(
+                    f"overlap_comm=True cannot be combined with managed_gradient_accumulation=False on "
+                    f"zero_stage={self.zero_stage}; allowed: overlap_comm=False, or zero_stage 2/3, or "
+                    f"managed_gradient_accumulation=True"
+                )
+            # R19: the pipeline schedule owns the micro-batch loop and therefore the boundary.
+            if self.pipeline_parallel_size != 1:
+                raise ConfigurationError(
+                    f"pipeline_parallel_size={self.pipeline_parallel_size} cannot be combined with "
+                    f"managed_gradient_accumulation=False; allowed: pipeline_parallel_size=1, or "
+                    f"managed_gradient_accumulation=True"
+                )
+
+    # ---- resolved dtypes ---------------------------------------------------------------------------------
+    @property
+    def model_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def comm_dtype(self) -> torch.dtype:
+        return DTYPES[self.communication_data_type or self.dtype]
+
+    @property
+    def accum_dtype(self) -> torch.dtype:
+        return DTYPES[self.grad_accum_dtype or self.dtype]
+
+    # ---- mapping round trip ------------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> AccumulationConfig:
+        """Build from a flat mapping; unknown keys are rejected (R19) so a misspelt option never goes unnoticed."""
+        if isinstance(values, AccumulationConfig):
+            return values
+        if not isinstance(values, Mapping):
+            raise ConfigurationError(
+                f"config={values!r} must be an AccumulationConfig or a mapping with keys: {', '.join(CONFIG_KEYS)}"
+            )
+        _reject_unknown_keys("config", values, CONFIG_KEYS)
+        return cls(**dict(values))
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["optimizer"] = asdict(self.optimizer)
+        return out
+
+    def replace(self, **changes: Any) -> AccumulationConfig:
+        """A copy with some keys changed, validated again as a whole."""
+        values = self.to_dict()
+        _reject_unknown_keys("config", changes, CONFIG_KEYS)
+        values.update(changes)
+        return AccumulationConfig.from_dict(values)
+
+
+#: Every key :meth:`AccumulationConfig.from_dict` accepts.
+CONFIG_KEYS: tuple[str, ...] = tuple(f.name for f in fields(AccumulationConfig))

@@ -1,0 +1,109 @@
+"""SGD, Adam and AdamW on fp32 master shards, written one rounding at a time (R16).
+
+Every line below is a single elementwise torch operation on fp32 tensors, so each intermediate is rounded to fp32
+exactly once, and no operation can be contracted into a fused multiply-add (torch's ``add(..., alpha=)`` and
+``addcdiv`` may use FMA in their vector kernels; they are deliberately not used), and no tensor is divided by a
+scalar (CUDA rewrites that as a multiplication by the reciprocal; here the reciprocal is explicit instead). Python-float hyper-parameters are
+combined in fp64 first (``1 - beta1``, bias corrections, ``lr / bias_correction1``) and rounded to fp32 when they
+meet a tensor. That makes the formula reproducible elementwise by any implementation that performs the same
+sequence (issue 6's native CPU Adam), and checkable against scalar numpy float32 arithmetic (the conformance suite
+does exactly that).
+
+With ``t`` the 1-based step count of this optimizer (one per boundary), ``g`` the clipped fp32 gradient shard and
+``p`` the fp32 master shard:
+
+SGD (``momentum`` mu, ``weight_decay`` wd, ``lr``)::
+
+    if wd > 0: g = g + p * wd
+    if mu > 0: b = b * mu + g ; d = b        (b starts at zeros)
+    else:      d = g
+    p = p - d * lr
+
+Adam (L2 weight decay folded into the gradient)::
+
+    if wd > 0: g = g + p * wd
+    m = m * beta1 + g * (1 - beta1)
+    v = v * beta2 + (g * g) * (1 - beta2)
+    denom = sqrt(v) * (1 / sqrt(1 - beta2**t)) + eps
+    p = p - (m / denom) * (lr / (1 - beta1**t))
+
+AdamW (decoupled weight decay, applied before the moment update)::
+
+    if wd > 0: p = p * (1 - lr * wd)
+    then the Adam lines without the L2 term.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from reference.accumulation.config import OptimizerConfig
+
+
+@dataclass
+class OptimizerState:
+    """Per-rank state for one master shard: step count and the moment buffers the optimizer needs."""
+
+    step: int = 0
+    buffers: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def to(self, device: torch.device | str) -> OptimizerState:
+        return OptimizerState(self.step, {k: v.to(device) for k, v in self.buffers.items()})
+
+
+def init_state(config: OptimizerConfig, master: torch.Tensor) -> OptimizerState:
+    """Zeroed state for ``master`` on ``master``'s device (the host when ``offload_optimizer='cpu'``, R17)."""
+    if config.type == "sgd":
+        names: tuple[str, ...] = ("momentum_buffer",) if config.momentum > 0 else ()
+    else:
+        names = ("exp_avg", "exp_avg_sq")
+    return OptimizerState(0, {n: torch.zeros_like(master, dtype=torch.float32) for n in names})
+
+
+def optimizer_step(config: OptimizerConfig, master: torch.Tensor, grad: torch.Tensor, state: OptimizerState) -> None:
+    """Apply one step of ``config.type`` to ``master`` in place, advancing ``state``.
+
+    ``master`` and ``grad`` must be fp32 and the same shape; ``grad`` is not modified.
+    """
+    if master.dtype != torch.float32 or grad.dtype != torch.float32:
+        raise TypeError(f"optimizer_step needs fp32 master and gradient, got {master.dtype} and {grad.dtype}")
+    if master.shape != grad.shape:
+        raise ValueError(f"master shape {tuple(master.shape)} != gradient shape {tuple(grad.shape)}")
+    state.step += 1
+    if config.type == "sgd":
+        _sgd(config, master, grad, state)
+    else:
+        _adam(config, master, grad, state, decoupled=config.type == "adamw")
+
+
+def _sgd(config: OptimizerConfig, p: torch.Tensor, g: torch.Tensor, state: OptimizerState) -> None:
+    if config.weight_decay > 0:
+        g = torch.add(g, torch.mul(p, config.weight_decay))
+    if config.momentum > 0:
+        buf = state.buffers["momentum_buffer"]
+        buf.copy_(torch.add(torch.mul(buf, config.momentum), g))
+        direction = buf
+    else:
+        direction = g
+    p.copy_(torch.sub(p, torch.mul(direction, config.lr)))
+
+
+def _adam(config: OptimizerConfig, p: torch.Tensor, g: torch.Tensor, state: OptimizerState, *, decoupled: bool) -> None:
+    beta1, beta2 = config.betas
+    t = state.step
+    if config.weight_decay > 0:
+        if decoupled:
+            p.copy_(torch.mul(p, 1.0 - config.lr * config.weight_decay))
+        else:
+            g = torch.add(g, torch.mul(p, config.weight_decay))
+    m = state.buffers["exp_avg"]
+    v = state.buffers["exp_avg_sq"]
+    m.copy_(torch.add(torch.mul(m, beta1), torch.mul(g, 1.0 - beta1)))
+    v.copy_(torch.add(torch.mul(v, beta2), torch.mul(torch.mul(g, g), 1.0 - beta2)))
+    inv_bias_correction2_sqrt = 1.0 / math.sqrt(1.0 - beta2**t)
+    step_size = config.lr / (1.0 - beta1**t)
+    denom = torch.add(torch.mul(torch.sqrt(v), inv_bias_correction2_sqrt), config.eps)
+    p.copy_(torch.sub(p, torch.mul(torch.div(m, denom), step_size)))
