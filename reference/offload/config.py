@@ -1,9 +1,9 @@
 """The validated configuration of an activation-offload manager (a shared contract).
 
-Both implementations take exactly this object, so a config written for one runs unchanged on the other, and a bad
-knob is rejected with the same :class:`~reference.errors.ConfigurationError` whichever implementation the user
-picked. Validation happens at construction: a knob that is wrong must fail where it is written, not in the middle
-of the first backward pass.
+Both implementations take exactly this object, so a config written for one runs unchanged on the other, and
+a bad knob is rejected with the same :class:`~reference.errors.ConfigurationError` whichever implementation
+the user picked. Validation happens at construction: a knob that is wrong must fail where it is written,
+not in the middle of the first backward pass.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from reference.errors import ConfigurationError, allowed_values_error
 #: Offload every saved activation that passes the never-offload rules and ``min_offload_bytes``.
 MODE_ALL = "all"
 #: Offload only tensors saved as inputs of a checkpointed region (torch's non-reentrant and reentrant
-#: ``torch.utils.checkpoint``, hostoffload's own ``checkpoint``, and hidden states marked by the HF integration).
+#: ``torch.utils.checkpoint``, hostoffload's own ``checkpoint``, and hidden states marked by the HF
+# integration).
 MODE_CHECKPOINT_INPUTS = "checkpoint_inputs"
 MODES: tuple[str, ...] = (MODE_ALL, MODE_CHECKPOINT_INPUTS)
 
@@ -38,7 +39,9 @@ def _check_optional_int(name: str, value: Any, low: int, high: int) -> int | Non
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not (low <= value <= high):
-        raise ConfigurationError(f"{name}={value!r} is invalid; allowed: None (no limit) or an int in [{low}, {high}]")
+        raise ConfigurationError(
+            f"{name}={value!r} is invalid; allowed: None (no limit) or an int in [{low}, {high}]"
+        )
     return value
 
 
@@ -47,19 +50,19 @@ class OffloadConfig:
     """Knobs of an activation-offload manager.
 
     ``mode``: which saved tensors are candidates, :data:`MODE_ALL` or :data:`MODE_CHECKPOINT_INPUTS`.
-    ``min_offload_bytes``: tensors whose bytes to move are below this stay on the device (moving small tensors
-    costs more in latency than it saves in memory).
-    ``keep_last_count``: the newest N candidates stay on the device; the first backward ops need them at once,
-    so copying them out and straight back would only add a stall.
+    ``min_offload_bytes``: tensors whose bytes to move are below this stay on the device (moving small
+    tensors costs more in latency than it saves in memory).
+    ``keep_last_count``: the newest N candidates stay on the device; the first backward ops need them at
+    once, so copying them out and straight back would only add a stall.
     ``prefetch_count``: how many tensors ahead (in backward order) a restore also starts copying back.
-    ``max_inflight_bytes``: cap on bytes of copies issued but not yet consumed/complete (None: no cap); bounds
-    the extra device memory that asynchronous copies keep alive.
-    ``pool_bytes``: cap on host bytes holding offloaded data (None: no cap); a tensor that does not fit stays
-    on the device.
-    ``use_streams``: copy on side streams (True), synchronously (False), or decide from the accelerator (None).
-    The reference implementation is always synchronous; it accepts the knob so configs are portable.
-    ``hf_integration``: patch ``transformers.GradientCheckpointingLayer`` while the manager is active so it marks
-    its hidden-states input as a checkpoint input (needs the optional ``transformers`` dependency).
+    ``max_inflight_bytes``: cap on bytes of copies issued but not yet consumed/complete (None: no cap);
+    bounds the extra device memory that asynchronous copies keep alive.
+    ``pool_bytes``: cap on host bytes holding offloaded data (None: no cap); a tensor that does not fit
+    stays on the device.
+    ``use_streams``: copy on side streams (True), synchronously (False), or decide from the accelerator
+    (None). The reference implementation is always synchronous; it accepts the knob so configs are portable.
+    ``hf_integration``: patch ``transformers.GradientCheckpointingLayer`` while the manager is active so it
+    marks its hidden-states input as a checkpoint input (needs the optional ``transformers`` dependency).
     """
 
     mode: str = MODE_ALL
@@ -80,19 +83,27 @@ class OffloadConfig:
         _check_optional_int("max_inflight_bytes", self.max_inflight_bytes, 1, MAX_BYTES)
         _check_optional_int("pool_bytes", self.pool_bytes, 1, MAX_BYTES)
         if self.use_streams is not None and not isinstance(self.use_streams, bool):
-            raise ConfigurationError(f"use_streams={self.use_streams!r} is invalid; allowed: True, False, None (auto)")
+            raise ConfigurationError(
+                f"use_streams={self.use_streams!r} is invalid; allowed: True, False, None (auto)"
+            )
         if not isinstance(self.hf_integration, bool):
-            raise ConfigurationError(f"hf_integration={self.hf_integration!r} is invalid; allowed: True, False")
+            raise ConfigurationError(
+                f"hf_integration={self.hf_integration!r} is invalid; allowed: True, False"
+            )
 
     @classmethod
     def knob_names(cls) -> tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(cls))
 
     @classmethod
-    def from_knobs(cls, base: OffloadConfig | None = None, knobs: Mapping[str, Any] | None = None) -> OffloadConfig:
-        """``base`` (default config if None) with ``knobs`` replaced; unknown knob names are a ConfigurationError.
+    def from_knobs(
+        cls, base: OffloadConfig | None = None, knobs: Mapping[str, Any] | None = None
+    ) -> OffloadConfig:
+        """``base`` (default config if None) with ``knobs`` replaced; unknown knob names are a
+        ConfigurationError.
 
-        A plain dataclass would raise ``TypeError`` for a misspelt keyword; users deserve the list of real knobs.
+        A plain dataclass would raise ``TypeError`` for a misspelt keyword; users deserve the list of real
+        knobs.
         """
         if base is not None and not isinstance(base, OffloadConfig):
             raise ConfigurationError(f"config={base!r} is invalid; allowed: an OffloadConfig or None")

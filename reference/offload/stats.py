@@ -1,6 +1,7 @@
 """Counters of an offload manager, and the frozen snapshot users read.
 
-The engines update a :class:`StatsRecorder` from the forward thread (pack) and from autograd's device threads
+The engines update a :class:`StatsRecorder` from the forward thread (pack) and from autograd's device
+threads
 (unpack, release), so every update takes one lock. Users get an immutable :class:`OffloadStats` snapshot:
 a value that cannot change under them while they print or compare it.
 """
@@ -18,14 +19,16 @@ _GB = 1e9
 class OffloadStats:
     """What an offload manager did since it was created (or since ``reset_stats``).
 
-    ``*_offloaded``: copied to host. ``*_restored``: copied back to the device (each restore counts, so a second
-    backward with ``retain_graph=True`` counts again). ``*_kept``: candidates that stayed on the device (newest
-    ``keep_last_count``, or host pool full). ``*_skipped``: saved tensors never considered (parameters, buffers,
-    host tensors, small tensors, ...), with the reason in ``skipped_by_reason``.
-    ``d2h_gbps`` / ``h2d_gbps``: bytes over the time the copies themselves took (None until a copy was timed).
+    ``*_offloaded``: copied to host. ``*_restored``: copied back to the device (each restore counts, so a
+    second backward with ``retain_graph=True`` counts again). ``*_kept``: candidates that stayed on the
+    device (newest
+    ``keep_last_count``, or host pool full). ``*_skipped``: saved tensors never considered (parameters,
+    buffers, host tensors, small tensors, ...), with the reason in ``skipped_by_reason``.
+    ``d2h_gbps`` / ``h2d_gbps``: bytes over the time the copies themselves took (None until a copy was
+    timed).
     ``compute_wait_seconds``: time the consumer (compute) stream spent waiting for restored data.
-    ``host_bytes_in_use`` / ``device_bytes_held``: live gauges: host memory holding offloaded data now, and device
-    memory the manager itself references now (kept tensors and prefetched buffers).
+    ``host_bytes_in_use`` / ``device_bytes_held``: live gauges: host memory holding offloaded data now, and
+    device memory the manager itself references now (kept tensors and prefetched buffers).
     """
 
     tensors_offloaded: int = 0
