@@ -73,8 +73,8 @@ def _inplace_error(
     return RuntimeError(
         "one of the variables needed for gradient computation has been modified by an inplace operation: "
         f"[{t_type} [{', '.join(str(s) for s in size)}]]{where} is at version {current}; "
-        f"expected version {saved} instead. Hint: enable anomaly detection to find the operation that failed to compute its gradient, "
-        "with torch.autograd.set_detect_anomaly(True)."
+        f"expected version {saved} instead. Hint: enable anomaly detection to find the operation that "
+        "failed to compute its gradient, with torch.autograd.set_detect_anomaly(True)."
     )
 
 
