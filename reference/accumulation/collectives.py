@@ -1,11 +1,11 @@
 """The collectives of the model, written as the arithmetic they perform (R9, R10, R24).
 
-A real all-reduce leaves the summation order to the transport (ring, tree, NCCL's channel layout). The reference has
-to pick one so that its result is a single well-defined value: every rank's contribution is divided by the world
-size first (averaging before the sum keeps bf16/fp32 sums of large gradients from overflowing, and is where DeepSpeed
-places it), then the quotients are added left to right in rank order. For two ranks the order cannot matter
-(IEEE addition is commutative); from three ranks on it can, which is why other implementations are compared with a
-tolerance there (R24/R25).
+A real all-reduce leaves the summation order to the transport (ring, tree, NCCL's channel layout). The
+reference has to pick one so that its result is a single well-defined value: every rank's contribution is
+divided by the world size first (averaging before the sum keeps bf16/fp32 sums of large gradients from
+overflowing, and is where DeepSpeed places it), then the quotients are added left to right in rank order. For
+two ranks the order cannot matter (IEEE addition is commutative); from three ranks on it can, which is why
+other implementations are compared with a tolerance there (R24/R25).
 """
 
 from __future__ import annotations
@@ -15,8 +15,11 @@ from collections.abc import Sequence
 import torch
 
 
-def average_across_ranks(contributions: Sequence[torch.Tensor], order: Sequence[int] | None = None) -> torch.Tensor:
-    """All-reduce-mean of equally shaped tensors: ``sum over r in order of (x_r / world_size)``, in their dtype.
+def average_across_ranks(
+    contributions: Sequence[torch.Tensor], order: Sequence[int] | None = None
+) -> torch.Tensor:
+    """All-reduce-mean of equally shaped tensors: ``sum over r in order of (x_r / world_size)``, in their
+    dtype.
 
     ``order`` (a permutation of the ranks, default rank order) exists so that the suite can show the W=2
     order-independence property and the W>=3 order dependence on the same function.

@@ -1,10 +1,10 @@
 """The typed, validated configuration of a ZeRO gradient-accumulation engine.
 
 Keys follow the names DeepSpeed users already write (``train_micro_batch_size_per_gpu``,
-``gradient_accumulation_steps``, ``gradient_clipping`` ...), flattened into one level so that a config is a plain
-mapping that survives pickling to worker processes. Every value is checked when the object is built, so an engine
-never starts with a config that would fail half-way through a run: the rules that forbid option *combinations*
-(docs/accumulation.md, R19) live here too, next to the single-option checks.
+``gradient_accumulation_steps``, ``gradient_clipping`` ...), flattened into one level so that a config is a
+plain mapping that survives pickling to worker processes. Every value is checked when the object is built, so
+an engine never starts with a config that would fail half-way through a run: the rules that forbid option
+*combinations* (docs/accumulation.md, R19) live here too, next to the single-option checks.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 
 from reference.errors import ConfigurationError, allowed_values_error
 
-#: Model / communication / accumulation dtypes the model describes (fp16 needs loss scaling, which is out of scope).
+#: Model / communication / accumulation dtypes the model describes (fp16 needs loss scaling: out of scope).
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
 OPTIMIZERS: tuple[str, ...] = ("sgd", "adam", "adamw")
 OFFLOAD_DEVICES: tuple[str, ...] = ("none", "cpu")
@@ -35,7 +35,9 @@ def _require_int(name: str, value: object, minimum: int) -> None:
         raise ConfigurationError(f"{name}={value!r} must be an int >= {minimum}")
 
 
-def _require_float(name: str, value: object, low: float, high: float, *, low_open: bool, high_open: bool) -> None:
+def _require_float(
+    name: str, value: object, low: float, high: float, *, low_open: bool, high_open: bool
+) -> None:
     ok = isinstance(value, (int, float)) and type(value) is not bool and math.isfinite(value)
     if ok:
         ok = (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
@@ -55,10 +57,11 @@ def _reject_unknown_keys(where: str, given: Mapping[str, Any], allowed: tuple[st
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    """Optimizer choice and hyper-parameters (formulas: docs/accumulation.md R16, reference.accumulation.optimizers).
+    """Optimizer choice and hyper-parameters (formulas: docs/accumulation.md R16,
+    reference.accumulation.optimizers).
 
-    ``momentum`` is read by SGD only; ``betas`` and ``eps`` by Adam and AdamW only. They are still validated for
-    every optimizer so that a typo never hides behind an optimizer that ignores the field.
+    ``momentum`` is read by SGD only; ``betas`` and ``eps`` by Adam and AdamW only. They are still validated
+    for every optimizer so that a typo never hides behind an optimizer that ignores the field.
     """
 
     type: str = "adamw"
@@ -74,18 +77,24 @@ class OptimizerConfig:
         _require_float("optimizer.lr", self.lr, 0.0, math.inf, low_open=False, high_open=True)
         betas = self.betas
         if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
-            raise ConfigurationError(f"optimizer.betas={betas!r} must be a pair (beta1, beta2), each in [0, 1)")
+            raise ConfigurationError(
+                f"optimizer.betas={betas!r} must be a pair (beta1, beta2), each in [0, 1)"
+            )
         for i, b in enumerate(betas):
             _require_float(f"optimizer.betas[{i}]", b, 0.0, 1.0, low_open=False, high_open=True)
         object.__setattr__(self, "betas", (float(betas[0]), float(betas[1])))
         _require_float("optimizer.eps", self.eps, 0.0, math.inf, low_open=True, high_open=True)
-        _require_float("optimizer.weight_decay", self.weight_decay, 0.0, math.inf, low_open=False, high_open=True)
+        _require_float(
+            "optimizer.weight_decay", self.weight_decay, 0.0, math.inf, low_open=False, high_open=True
+        )
         _require_float("optimizer.momentum", self.momentum, 0.0, 1.0, low_open=False, high_open=True)
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> OptimizerConfig:
         if not isinstance(values, Mapping):
-            raise ConfigurationError(f"optimizer={values!r} must be a mapping with keys: {', '.join(_OPT_KEYS)}")
+            raise ConfigurationError(
+                f"optimizer={values!r} must be a mapping with keys: {', '.join(_OPT_KEYS)}"
+            )
         _reject_unknown_keys("optimizer", values, _OPT_KEYS)
         return cls(**dict(values))
 
@@ -127,7 +136,9 @@ class AccumulationConfig:
             value = getattr(self, name)
             if value is not None and value not in DTYPES:
                 raise allowed_values_error(name, value, (None, *DTYPES))
-        _require_float("gradient_clipping", self.gradient_clipping, 0.0, math.inf, low_open=False, high_open=True)
+        _require_float(
+            "gradient_clipping", self.gradient_clipping, 0.0, math.inf, low_open=False, high_open=True
+        )
         if isinstance(self.optimizer, Mapping):
             object.__setattr__(self, "optimizer", OptimizerConfig.from_dict(self.optimizer))
         if not isinstance(self.optimizer, OptimizerConfig):
@@ -146,7 +157,8 @@ class AccumulationConfig:
         # R19: parameter offload only exists where parameters are partitioned.
         if self.offload_param != "none" and self.zero_stage < 3:
             raise ConfigurationError(
-                f"offload_param={self.offload_param!r} requires zero_stage=3 (got zero_stage={self.zero_stage}); "
+                f"offload_param={self.offload_param!r} requires zero_stage=3 "
+                f"(got zero_stage={self.zero_stage}); "
                 f"allowed values of offload_param at this stage: 'none'"
             )
         if not self.managed_gradient_accumulation:
@@ -182,12 +194,14 @@ class AccumulationConfig:
     # ---- mapping round trip ------------------------------------------------------------------------------
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> AccumulationConfig:
-        """Build from a flat mapping; unknown keys are rejected (R19) so a misspelt option never goes unnoticed."""
+        """Build from a flat mapping; unknown keys are rejected (R19) so a misspelt option never goes
+        unnoticed."""
         if isinstance(values, AccumulationConfig):
             return values
         if not isinstance(values, Mapping):
             raise ConfigurationError(
-                f"config={values!r} must be an AccumulationConfig or a mapping with keys: {', '.join(CONFIG_KEYS)}"
+                f"config={values!r} must be an AccumulationConfig or a mapping with keys: "
+                f"{', '.join(CONFIG_KEYS)}"
             )
         _reject_unknown_keys("config", values, CONFIG_KEYS)
         return cls(**dict(values))

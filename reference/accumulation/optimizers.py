@@ -1,16 +1,16 @@
 """SGD, Adam and AdamW on fp32 master shards, written one rounding at a time (R16).
 
-Every line below is a single elementwise torch operation on fp32 tensors, so each intermediate is rounded to fp32
-exactly once, and no operation can be contracted into a fused multiply-add (torch's ``add(..., alpha=)`` and
-``addcdiv`` may use FMA in their vector kernels; they are deliberately not used), and no tensor is divided by a
-scalar (CUDA rewrites that as a multiplication by the reciprocal; here the reciprocal is explicit instead). Python-float hyper-parameters are
-combined in fp64 first (``1 - beta1``, bias corrections, ``lr / bias_correction1``) and rounded to fp32 when they
-meet a tensor. That makes the formula reproducible elementwise by any implementation that performs the same
-sequence (issue 6's native CPU Adam), and checkable against scalar numpy float32 arithmetic (the conformance suite
-does exactly that).
+Every line below is a single elementwise torch operation on fp32 tensors, so each intermediate is rounded to
+fp32 exactly once, and no operation can be contracted into a fused multiply-add (torch's ``add(..., alpha=)``
+and ``addcdiv`` may use FMA in their vector kernels; they are deliberately not used), and no tensor is divided
+by a scalar (CUDA rewrites that as a multiplication by the reciprocal; here the reciprocal is explicit
+instead). Python-float hyper-parameters are combined in fp64 first (``1 - beta1``, bias corrections, ``lr /
+bias_correction1``) and rounded to fp32 when they meet a tensor. That makes the formula reproducible
+elementwise by any implementation that performs the same sequence (issue 6's native CPU Adam), and checkable
+against scalar numpy float32 arithmetic (the conformance suite does exactly that).
 
-With ``t`` the 1-based step count of this optimizer (one per boundary), ``g`` the clipped fp32 gradient shard and
-``p`` the fp32 master shard:
+With ``t`` the 1-based step count of this optimizer (one per boundary), ``g`` the clipped fp32 gradient shard
+and ``p`` the fp32 master shard:
 
 SGD (``momentum`` mu, ``weight_decay`` wd, ``lr``)::
 
@@ -63,7 +63,9 @@ def init_state(config: OptimizerConfig, master: torch.Tensor) -> OptimizerState:
     return OptimizerState(0, {n: torch.zeros_like(master, dtype=torch.float32) for n in names})
 
 
-def optimizer_step(config: OptimizerConfig, master: torch.Tensor, grad: torch.Tensor, state: OptimizerState) -> None:
+def optimizer_step(
+    config: OptimizerConfig, master: torch.Tensor, grad: torch.Tensor, state: OptimizerState
+) -> None:
     """Apply one step of ``config.type`` to ``master`` in place, advancing ``state``.
 
     ``master`` and ``grad`` must be fp32 and the same shape; ``grad`` is not modified.
@@ -91,7 +93,9 @@ def _sgd(config: OptimizerConfig, p: torch.Tensor, g: torch.Tensor, state: Optim
     p.copy_(torch.sub(p, torch.mul(direction, config.lr)))
 
 
-def _adam(config: OptimizerConfig, p: torch.Tensor, g: torch.Tensor, state: OptimizerState, *, decoupled: bool) -> None:
+def _adam(
+    config: OptimizerConfig, p: torch.Tensor, g: torch.Tensor, state: OptimizerState, *, decoupled: bool
+) -> None:
     beta1, beta2 = config.betas
     t = state.step
     if config.weight_decay > 0:

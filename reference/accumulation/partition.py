@@ -1,13 +1,14 @@
 """Flat layout of a parameter set: flatten with alignment padding, split into contiguous per-rank ranges (R8).
 
 ZeRO keeps gradients, master weights and optimizer state as one flat buffer per dtype so that collectives move
-one contiguous range per rank. The layout is part of the specification, not an implementation detail, because the
-global gradient norm (R14) is summed per (rank, tensor piece): an implementation that cuts the buffer elsewhere sums
-in a different grouping and differs in the last bits.
+one contiguous range per rank. The layout is part of the specification, not an implementation detail, because
+the global gradient norm (R14) is summed per (rank, tensor piece): an implementation that cuts the buffer
+elsewhere sums in a different grouping and differs in the last bits.
 
-Rule (R8): parameters are laid out in ``named_parameters()`` order; each parameter starts at an offset that is a
-multiple of :data:`FLAT_ALIGNMENT` elements; the total is padded up to a multiple of ``FLAT_ALIGNMENT * world_size``;
-rank ``r`` owns ``[r * P, (r + 1) * P)`` with ``P = total / world_size``. Padding elements are zero in every buffer.
+Rule (R8): parameters are laid out in ``named_parameters()`` order; each parameter starts at an offset that is
+a multiple of :data:`FLAT_ALIGNMENT` elements; the total is padded up to a multiple of ``FLAT_ALIGNMENT *
+world_size``; rank ``r`` owns ``[r * P, (r + 1) * P)`` with ``P = total / world_size``. Padding elements are
+zero in every buffer.
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ class Segment:
 class Piece:
     """The part of one parameter that falls inside one rank's partition.
 
-    ``flat_start`` indexes the flat buffer, ``param_start`` the flattened parameter, ``local_start`` the rank's
-    partition (so ``partition[local_start:local_start + length]`` is this piece).
+    ``flat_start`` indexes the flat buffer, ``param_start`` the flattened parameter, ``local_start`` the
+    rank's partition (so ``partition[local_start:local_start + length]`` is this piece).
     """
 
     name: str
@@ -117,10 +118,11 @@ def flatten(
     dtype: torch.dtype,
     device: torch.device | str = "cpu",
 ) -> torch.Tensor:
-    """A new zero-padded flat buffer holding ``tensors`` cast to ``dtype``; a missing or ``None`` entry is zeros.
+    """A new zero-padded flat buffer holding ``tensors`` cast to ``dtype``; a missing or ``None`` entry is
+    zeros.
 
-    Zeros for a missing gradient is R7: a parameter that took no part in a backward contributes nothing, but it
-    still occupies its range so every rank's buffer has the same shape.
+    Zeros for a missing gradient is R7: a parameter that took no part in a backward contributes nothing, but
+    it still occupies its range so every rank's buffer has the same shape.
     """
     flat = torch.zeros(layout.total, dtype=dtype, device=device)
     for seg in layout.segments:
@@ -128,7 +130,9 @@ def flatten(
         if t is None:
             continue
         if tuple(t.shape) != seg.shape:
-            raise ConfigurationError(f"tensor {seg.name!r} has shape {tuple(t.shape)}; the layout expects {seg.shape}")
+            raise ConfigurationError(
+                f"tensor {seg.name!r} has shape {tuple(t.shape)}; the layout expects {seg.shape}"
+            )
         flat[seg.offset : seg.end].copy_(t.detach().reshape(-1).to(dtype))
     return flat
 
@@ -136,7 +140,9 @@ def flatten(
 def unflatten(layout: FlatLayout, flat: torch.Tensor) -> dict[str, torch.Tensor]:
     """Views of each parameter inside ``flat`` (no copy), keyed by name."""
     if flat.numel() != layout.total:
-        raise ConfigurationError(f"flat buffer has {flat.numel()} elements; the layout expects {layout.total}")
+        raise ConfigurationError(
+            f"flat buffer has {flat.numel()} elements; the layout expects {layout.total}"
+        )
     return {seg.name: flat[seg.offset : seg.end].view(seg.shape) for seg in layout.segments}
 
 
@@ -146,7 +152,9 @@ def shard(layout: FlatLayout, flat: torch.Tensor, rank: int) -> torch.Tensor:
     return flat[start:end]
 
 
-def gather(layout: FlatLayout, shards: Sequence[torch.Tensor], device: torch.device | str = "cpu") -> torch.Tensor:
+def gather(
+    layout: FlatLayout, shards: Sequence[torch.Tensor], device: torch.device | str = "cpu"
+) -> torch.Tensor:
     """All-gather: the ranks' partitions concatenated in rank order into a new flat buffer on ``device``."""
     if len(shards) != layout.world_size:
         raise ConfigurationError(f"got {len(shards)} shards; the layout has world_size={layout.world_size}")
