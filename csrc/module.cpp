@@ -1,13 +1,412 @@
 // Python binding of hostoffload's native layer (optimized._native).
 //
-// This file only binds: every concept lives in its own translation unit and is added to
-// HOSTOFFLOAD_SOURCES in CMakeLists.txt. The module never links against CUDA or torch, so it
-// imports on any machine; device entry points are resolved at run time.
+// This file only binds: every concept lives in its own translation unit (range_registry, host_allocator,
+// dlpack_export, cuda_loader, slab_arena). The module never links against CUDA or torch, so it imports on any
+// machine; device entry points are resolved at run time.
+//
+// Errors are raised as the shared classes of reference.errors (looked up once, at import), so callers catch the
+// same types whichever implementation is underneath.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "cuda_loader.h"
+#include "dlpack_export.h"
+#include "host_allocator.h"
+#include "range_registry.h"
+#include "slab_arena.h"
 
 namespace py = pybind11;
+using namespace hostoffload;
+
+namespace {
+
+// Borrowed forever: exception classes and PinnedRange must outlive every call, including calls made while the
+// interpreter tears modules down, so they are never released.
+PyObject* g_configuration_error = nullptr;
+PyObject* g_lock_error = nullptr;
+PyObject* g_pinned_range = nullptr;
+
+PyObject* pinned_range_type() {
+    if (g_pinned_range == nullptr) {
+        py::object cls = py::module_::import("reference.ranges").attr("PinnedRange");  // NOLINT
+        g_pinned_range = cls.release().ptr();
+    }
+    return g_pinned_range;
+}
+
+[[noreturn]] void raise_configuration_error(const std::string& msg) {
+    PyErr_SetString(g_configuration_error, msg.c_str());
+    throw py::error_already_set();
+}
+
+// Converts a Python int to uint64 without raising: false for non-ints, negatives and values >= 2**64.
+bool to_u64(PyObject* o, std::uint64_t& out) {
+    if (!PyLong_Check(o)) return false;
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow == 0) {
+        if (v == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return false;
+        }
+        if (v < 0) return false;
+        out = static_cast<std::uint64_t>(v);
+        return true;
+    }
+    if (overflow < 0) return false;
+    const unsigned long long u = PyLong_AsUnsignedLongLong(o);
+    if (u == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+        PyErr_Clear();
+        return false;
+    }
+    out = u;
+    return true;
+}
+
+// The reference's argument check (reference.ranges._check_int), same messages, plus the 64-bit address limit.
+std::uint64_t checked_int(const char* name, py::handle value, std::uint64_t minimum) {
+    PyObject* o = value.ptr();
+    if (PyBool_Check(o) || !PyLong_Check(o)) {
+        raise_configuration_error(std::string(name) + " must be an int >= " + std::to_string(minimum) + ", got " +
+                                  Py_TYPE(o)->tp_name + " " + py::repr(value).cast<std::string>());
+    }
+    std::uint64_t out = 0;
+    if (!to_u64(o, out)) {
+        py::int_ zero(0);
+        const int negative = PyObject_RichCompareBool(o, zero.ptr(), Py_LT);
+        if (negative < 0) throw py::error_already_set();
+        if (negative != 0) {
+            raise_configuration_error(std::string(name) + " must be an int >= " + std::to_string(minimum) +
+                                      ", got " + py::str(value).cast<std::string>());
+        }
+        raise_configuration_error(std::string(name) + " must be an int < 2**64 (a 64-bit address or size), got " +
+                                  py::str(value).cast<std::string>());
+    }
+    if (out < minimum) {
+        raise_configuration_error(std::string(name) + " must be an int >= " + std::to_string(minimum) + ", got " +
+                                  std::to_string(out));
+    }
+    return out;
+}
+
+py::object make_range(const RangeEntry& e) {
+    PyObject* r = PyObject_CallFunction(pinned_range_type(), "KKK", static_cast<unsigned long long>(e.start),
+                                        static_cast<unsigned long long>(e.end - e.start),
+                                        static_cast<unsigned long long>(e.owner));
+    if (r == nullptr) throw py::error_already_set();
+    return py::reinterpret_steal<py::object>(r);
+}
+
+void registry_add(RangeRegistry& reg, py::handle start, py::handle nbytes, py::handle owner) {
+    const std::uint64_t s = checked_int("start", start, 1);
+    const std::uint64_t n = checked_int("nbytes", nbytes, 1);
+    const std::uint64_t o = checked_int("owner", owner, 0);
+    if (n > std::numeric_limits<std::uint64_t>::max() - s) {
+        raise_configuration_error("start + nbytes must be <= 2**64 (the range must fit the address space), got " +
+                                  std::to_string(s) + " + " + std::to_string(n));
+    }
+    reg.add(s, n, o);
+}
+
+bool registry_contains(const RangeRegistry& reg, PyObject* ptr, PyObject* nbytes) {
+    // Reference rule for bad extents: ptr <= 0 or nbytes < 0 is never pinned; neither is anything past 2**64.
+    std::uint64_t p = 0;
+    std::uint64_t n = 0;
+    if (!PyLong_Check(ptr) || !PyLong_Check(nbytes)) {
+        throw py::type_error("ptr and nbytes must be ints");
+    }
+    if (!to_u64(ptr, p) || p == 0 || !to_u64(nbytes, n)) return false;
+    return reg.contains(p, n);
+}
+
+// Fast path for `is_pinned`: one METH_FASTCALL call, no argument parsing layer. registry_contains(ptr, nbytes)
+// on the process-wide registry.
+PyObject* fast_registry_contains(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "registry_contains(ptr, nbytes) takes exactly 2 arguments");
+        return nullptr;
+    }
+    std::uint64_t p = 0;
+    std::uint64_t n = 0;
+    if (!PyLong_Check(args[0]) || !PyLong_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "ptr and nbytes must be ints");
+        return nullptr;
+    }
+    if (!to_u64(args[0], p) || p == 0 || !to_u64(args[1], n)) Py_RETURN_FALSE;
+    if (RangeRegistry::global().contains(p, n)) Py_RETURN_TRUE;
+    Py_RETURN_FALSE;
+}
+
+PyMethodDef g_fast_methods[] = {
+    {"registry_contains", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_registry_contains)),
+     METH_FASTCALL,
+     "registry_contains(ptr, nbytes) -> bool: the range rule on the process-wide registry, with no binding layer "
+     "in between (the is_pinned fast path)."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+HugePageMode parse_huge_pages(const std::string& mode) {
+    if (mode == "auto") return HugePageMode::kAuto;
+    if (mode == "thp") return HugePageMode::kTransparent;
+    if (mode == "hugetlb") return HugePageMode::kHugetlb;
+    if (mode == "off") return HugePageMode::kOff;
+    raise_configuration_error("huge_pages=" + mode + " is not allowed; allowed values: auto, thp, hugetlb, off");
+}
+
+bool interpreter_alive() {
+#if PY_VERSION_HEX >= 0x030D0000
+    return Py_IsInitialized() && !Py_IsFinalizing();
+#else
+    return Py_IsInitialized() && !_Py_IsFinalizing();
+#endif
+}
+
+}  // namespace
 
 PYBIND11_MODULE(_native, m) {
     m.doc() = "hostoffload native layer: pinned host memory and the process-wide pinned-range registry";
-    m.attr("ABI_VERSION") = 1;
+    m.attr("ABI_VERSION") = 2;
+
+    py::module_ errors = py::module_::import("reference.errors");
+    g_configuration_error = py::object(errors.attr("ConfigurationError")).release().ptr();
+    g_lock_error = py::object(errors.attr("PinnedMemoryLockError")).release().ptr();
+
+    py::register_exception_translator([](std::exception_ptr p) {
+        try {
+            if (p) std::rethrow_exception(p);
+        } catch (const LockError& e) {
+            const std::string msg = std::string(e.what()) +
+                                    ". The locked-memory limit is too small: raise it with `ulimit -l unlimited` (or "
+                                    "the memlock entry in /etc/security/limits.conf, or the container's --ulimit "
+                                    "memlock), or pin less memory.";
+            PyErr_SetString(g_lock_error, msg.c_str());
+        } catch (const HostAllocError& e) {
+            PyErr_SetString(PyExc_MemoryError, e.what());
+        } catch (const RangeOverlapError& e) {
+            PyErr_SetString(PyExc_ValueError, e.what());
+        } catch (const std::invalid_argument& e) {
+            PyErr_SetString(g_configuration_error, e.what());
+        }
+    });
+
+    // ---- range registry -------------------------------------------------------------------------------------
+    py::class_<RangeRegistry>(m, "RangeRegistry", R"doc(
+A set of non-overlapping byte ranges with whole-extent containment queries (the rule of reference.ranges).
+
+Lookups never take a lock (copy-on-write snapshots with epoch-based reclamation); add/remove serialise on a
+writer mutex. Same methods, arguments, results and errors as reference.ranges.RangeRegistry.)doc")
+        .def(py::init<>())
+        .def(
+            "add", [](RangeRegistry& r, py::handle start, py::handle nbytes, py::handle owner) { registry_add(r, start, nbytes, owner); },
+            py::arg("start"), py::arg("nbytes"), py::arg("owner") = 0,
+            "Register [start, start + nbytes). Raises ValueError if it overlaps a registered range.")
+        .def(
+            "add_many",
+            [](RangeRegistry& r, py::iterable items) {
+                std::vector<RangeEntry> entries;
+                for (py::handle item : items) {
+                    py::tuple t = py::reinterpret_borrow<py::object>(item).cast<py::tuple>();
+                    if (t.size() != 3) throw py::value_error("add_many takes (start, nbytes, owner) triples");
+                    const std::uint64_t s = checked_int("start", t[0], 1);
+                    const std::uint64_t n = checked_int("nbytes", t[1], 1);
+                    const std::uint64_t o = checked_int("owner", t[2], 0);
+                    if (n > std::numeric_limits<std::uint64_t>::max() - s) {
+                        raise_configuration_error("start + nbytes must be <= 2**64, got " + std::to_string(s) + " + " +
+                                                  std::to_string(n));
+                    }
+                    entries.push_back(RangeEntry{s, s + n, o});
+                }
+                py::gil_scoped_release unlocked;
+                r.add_many(std::move(entries));
+            },
+            py::arg("items"),
+            "Register many (start, nbytes, owner) ranges with one rebuild; all or nothing. Not in the reference API: "
+            "it exists so benchmarks can populate a million ranges quickly.")
+        .def(
+            "remove",
+            [](RangeRegistry& r, py::handle start) {
+                std::uint64_t s = 0;
+                if (!to_u64(start.ptr(), s)) return false;
+                return r.remove(s);
+            },
+            py::arg("start"), "Drop the range that begins exactly at start. Returns False if there is none.")
+        .def(
+            "find",
+            [](const RangeRegistry& r, py::handle ptr) -> py::object {
+                std::uint64_t p = 0;
+                if (!PyLong_Check(ptr.ptr())) throw py::type_error("ptr must be an int");
+                if (!to_u64(ptr.ptr(), p)) return py::none();
+                auto e = r.find(p);
+                return e ? make_range(*e) : py::none();
+            },
+            py::arg("ptr"), "The range containing address ptr, or None.")
+        .def(
+            "contains", [](const RangeRegistry& r, py::handle ptr, py::handle nbytes) { return registry_contains(r, ptr.ptr(), nbytes.ptr()); },
+            py::arg("ptr"), py::arg("nbytes"), "True iff [ptr, ptr + nbytes) lies inside one registered range.")
+        .def(
+            "ranges",
+            [](const RangeRegistry& r) {
+                py::list out;
+                for (const RangeEntry& e : r.ranges()) out.append(make_range(e));
+                return out;
+            },
+            "A sorted snapshot of every registered range.")
+        .def("total_bytes", &RangeRegistry::total_bytes)
+        .def("clear", &RangeRegistry::clear, "Remove every range; returns how many there were.")
+        .def("retired_pending", &RangeRegistry::retired_pending,
+             "Retired snapshots not yet reclaimed (diagnostics: stays small unless a reader is stuck).")
+        .def("__len__", &RangeRegistry::size)
+        .def("__contains__", [](const RangeRegistry& r, py::tuple extent) {
+            if (extent.size() != 2) throw py::value_error("expected a (ptr, nbytes) extent");
+            return registry_contains(r, extent[0].ptr(), extent[1].ptr());
+        });
+
+    m.def(
+        "global_registry", []() { return &RangeRegistry::global(); }, py::return_value_policy::reference,
+        "The process-wide registry optimized's native pinning registers into (never destroyed).");
+    if (PyModule_AddFunctions(m.ptr(), g_fast_methods) != 0) throw py::error_already_set();
+
+    // ---- native allocations ---------------------------------------------------------------------------------
+    py::class_<Allocation, std::shared_ptr<Allocation>>(m, "NativeAllocation", R"doc(
+One native pinned allocation. Python only holds it between allocate() and export(); after that the DLPack tensor
+owns it, and the memory is released when the last view of that tensor dies.)doc")
+        .def_property_readonly("id", &Allocation::id)
+        .def_property_readonly("data", &Allocation::data)
+        .def_property_readonly("size", &Allocation::size)
+        .def_property_readonly("pinned", &Allocation::pinned)
+        .def_property_readonly("registered", &Allocation::registered)
+        .def_property_readonly("is_slab", &Allocation::is_slab)
+        .def_property_readonly("page_kind", &Allocation::page_kind)
+        .def_property_readonly("register_error", &Allocation::register_error)
+        .def_property_readonly("phase_seconds",
+                               [](const Allocation& a) {
+                                   const double* s = a.phase_seconds();
+                                   py::dict d;
+                                   d["map"] = s[0];
+                                   d["populate"] = s[1];
+                                   d["lock"] = s[2];
+                                   d["register"] = s[3];
+                                   d["registry"] = s[4];
+                                   return d;
+                               })
+        .def(
+            "export", [](std::shared_ptr<Allocation> a) { return export_dlpack(std::move(a)); },
+            "A 'dltensor' capsule: uint8[size] over the whole allocation (torch.from_dlpack consumes it).")
+        .def(
+            "unpin",
+            [](Allocation& a) {
+                py::gil_scoped_release unlocked;
+                return a.unpin();
+            },
+            "Drop the range, unregister and munlock now; the mapping stays until the last view dies.")
+        .def(
+            "set_external_registration",
+            [](std::shared_ptr<Allocation> a, py::object unregister) {
+                // Called exactly once, before munlock, from unpin or from the last view's deleter (any thread).
+                PyObject* fn = unregister.release().ptr();
+                const unsigned long long ptr = a->data();
+                a->set_external_registration([fn, ptr]() {
+                    if (!interpreter_alive()) return;  // shutdown: the process is going away, leak the callable
+                    PyGILState_STATE st = PyGILState_Ensure();
+                    PyObject* r = PyObject_CallFunction(fn, "K", ptr);
+                    if (r == nullptr) {
+                        PyErr_WriteUnraisable(fn);
+                    } else {
+                        Py_DECREF(r);
+                    }
+                    Py_DECREF(fn);
+                    PyGILState_Release(st);
+                });
+            },
+            py::arg("unregister"),
+            "Record that an accelerator hook registered this allocation; unregister(ptr) undoes it later.");
+
+    m.def(
+        "allocate",
+        [](std::size_t nbytes, const std::string& huge_pages, int populate_threads, bool register_cuda,
+           unsigned cuda_flags, bool slab) {
+            AllocRequest req;
+            req.nbytes = nbytes;
+            req.huge_pages = parse_huge_pages(huge_pages);
+            req.populate_threads = populate_threads;
+            req.register_cuda = register_cuda;
+            req.cuda_flags = cuda_flags;
+            req.slab = slab;
+            py::gil_scoped_release unlocked;  // faulting in gigabytes must not stall other Python threads
+            return Allocation::create(req);
+        },
+        py::arg("nbytes"), py::arg("huge_pages") = "auto", py::arg("populate_threads") = 0,
+        py::arg("register_cuda") = false, py::arg("cuda_flags") = 0, py::arg("slab") = false,
+        "Map, lock, populate (in parallel), optionally register with CUDA, and add to the global registry.");
+
+    m.def(
+        "allocation_of",
+        [](py::handle ptr, py::handle nbytes) -> std::shared_ptr<Allocation> {
+            std::uint64_t p = 0;
+            std::uint64_t n = 0;
+            if (!to_u64(ptr.ptr(), p) || p == 0 || !to_u64(nbytes.ptr(), n)) return nullptr;
+            RangeRegistry& reg = RangeRegistry::global();
+            if (!reg.contains(p, n)) return nullptr;
+            auto e = reg.find(p);
+            return e ? Allocation::lookup(e->owner) : nullptr;
+        },
+        py::arg("ptr"), py::arg("nbytes"),
+        "The live pinned allocation whose range holds the whole extent, or None.");
+
+    m.def(
+        "unpin_extent",
+        [](py::handle ptr, py::handle nbytes) -> int {
+            std::uint64_t p = 0;
+            std::uint64_t n = 0;
+            if (!to_u64(ptr.ptr(), p) || p == 0 || !to_u64(nbytes.ptr(), n)) return 0;
+            py::gil_scoped_release unlocked;
+            RangeRegistry& reg = RangeRegistry::global();
+            if (!reg.contains(p, n)) return 0;
+            auto e = reg.find(p);
+            if (!e) return 0;
+            std::shared_ptr<Allocation> a = Allocation::lookup(e->owner);
+            if (!a) return 0;
+            if (a->is_slab()) return -1;
+            return a->unpin() ? 1 : 0;
+        },
+        py::arg("ptr"), py::arg("nbytes"),
+        "Unpin the allocation holding the extent: 1 if this call unpinned it, 0 if nothing to unpin, -1 if the "
+        "extent belongs to a slab (pieces are freed through the slab).");
+
+    m.def(
+        "pinned_counters",
+        []() {
+            const PinnedCounters c = pinned_counters();
+            return py::make_tuple(c.allocations, c.bytes, c.registered_bytes, c.unpinned_alive, c.release_errors);
+        },
+        "(allocations, bytes, registered_bytes, unpinned_alive, release_errors) of native allocations.");
+    m.def("dlpack_exports_alive", &dlpack_exports_alive);
+    m.def("page_size", &host_page_size);
+    m.def("cuda_runtime_available", &CudaHostApi::available,
+          "True if a CUDA runtime could be found (already loaded by torch, or by soname).");
+    m.def("cuda_runtime_describe", &CudaHostApi::describe, "Where the CUDA runtime came from, or why it did not.");
+    m.attr("CUDA_HOST_REGISTER_PORTABLE") = CudaHostApi::kRegisterPortable;
+    m.attr("CUDA_HOST_REGISTER_MAPPED") = CudaHostApi::kRegisterMapped;
+
+    // ---- slab arena -----------------------------------------------------------------------------------------
+    py::class_<SlabStats>(m, "SlabArenaStats")
+        .def_readonly("capacity", &SlabStats::capacity)
+        .def_readonly("used", &SlabStats::used)
+        .def_readonly("free", &SlabStats::free)
+        .def_readonly("largest_free", &SlabStats::largest_free)
+        .def_readonly("pieces", &SlabStats::pieces)
+        .def_readonly("free_blocks", &SlabStats::free_blocks);
+    py::class_<SlabArena>(m, "SlabArena", "First-fit offset allocator with coalescing (see optimized.slab).")
+        .def(py::init<std::size_t>(), py::arg("capacity"))
+        .def("allocate", &SlabArena::allocate, py::arg("nbytes"), py::arg("alignment"),
+             "Offset of a new piece, or None if no free run fits.")
+        .def("release", &SlabArena::release, py::arg("offset"), "Free the piece at offset; False if none starts there.")
+        .def("piece_size", &SlabArena::piece_size, py::arg("offset"))
+        .def("stats", &SlabArena::stats)
+        .def("reset", &SlabArena::reset);
 }

@@ -1,0 +1,32 @@
+// The CUDA runtime entry points hostoffload needs, resolved with dlopen at run time.
+//
+// Why run time: the extension must import and work on machines without CUDA (CI, CPU-only torch), and it
+// must use the SAME CUDA runtime instance torch uses, so that torch.Tensor.is_pinned() sees our
+// registrations. So nothing is linked: on first use we look for a libcudart that is already loaded into the
+// process (torch's), and only if there is none we dlopen one by soname. The handle is never closed.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace hostoffload {
+
+struct CudaHostApi {
+    // cudaHostRegister flags (values fixed by the CUDA runtime ABI).
+    static constexpr unsigned kRegisterPortable = 0x01;
+    static constexpr unsigned kRegisterMapped = 0x02;
+
+    // True once the runtime was found and every entry point resolved. Thread-safe, loads at most once.
+    static bool available();
+    // Why it is not available (empty when it is), or where it was loaded from (when it is).
+    static std::string describe();
+
+    // Returns an empty string on success, otherwise the runtime's error text (the sticky last-error slot is
+    // cleared again so the failure does not surface later inside an unrelated torch call).
+    static std::string host_register(void* ptr, std::size_t nbytes, unsigned flags);
+    // Same convention. Safe to call during process shutdown: a runtime that is already unloading answers
+    // with an error code, which the caller may ignore.
+    static std::string host_unregister(void* ptr);
+};
+
+}  // namespace hostoffload

@@ -1,0 +1,84 @@
+// Process-wide registry of pinned host byte ranges (optimized counterpart of reference/ranges.py).
+//
+// The rule is the reference's, bit for bit: an extent [ptr, ptr + nbytes) is pinned iff it lies entirely
+// inside ONE registered range; a zero-length extent is pinned iff its address lies inside a range.
+//
+// Why this shape: lookups happen on every copy decision (is_pinned on a view), from many threads, while
+// pin/unpin are comparatively rare. So readers never take a lock. The ranges live in an immutable two-level
+// snapshot (a sorted array of chunk first-addresses pointing at small sorted chunks); a writer, under a
+// mutex, copies only the chunk it changes plus the top-level arrays (O(n / chunk) words), publishes the new
+// snapshot with one atomic pointer store, and retires the old objects. Retired objects are freed once every
+// reader that could still see them has left its read section (epoch-based reclamation, see ReadSection).
+// Lookups are two binary searches: O(log n).
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace hostoffload {
+
+struct RangeEntry {
+    std::uint64_t start;
+    std::uint64_t end;  // exclusive
+    std::uint64_t owner;
+};
+
+// A range that overlaps a registered one. Carries the conflicting entry for the error message.
+class RangeOverlapError : public std::runtime_error {
+public:
+    RangeOverlapError(const RangeEntry& wanted, const RangeEntry& existing);
+};
+
+class RangeRegistry {
+public:
+    RangeRegistry();
+    ~RangeRegistry();
+    RangeRegistry(const RangeRegistry&) = delete;
+    RangeRegistry& operator=(const RangeRegistry&) = delete;
+
+    // Writers (serialised on a mutex). add() throws RangeOverlapError and leaves the registry unchanged.
+    // Callers guarantee nbytes >= 1 and start + nbytes does not wrap.
+    void add(std::uint64_t start, std::uint64_t nbytes, std::uint64_t owner);
+    // Adds many ranges with one snapshot rebuild (O((n + k) log k)); all or nothing.
+    void add_many(std::vector<RangeEntry> entries);
+    bool remove(std::uint64_t start);
+    // Removes every range; returns how many there were.
+    std::size_t clear();
+
+    // Readers (lock-free, never block on writers).
+    bool contains(std::uint64_t ptr, std::uint64_t nbytes) const;
+    std::optional<RangeEntry> find(std::uint64_t ptr) const;
+    std::vector<RangeEntry> ranges() const;
+    std::size_t size() const;
+    std::uint64_t total_bytes() const;
+
+    // Number of retired snapshot objects not yet reclaimed (diagnostics and tests).
+    std::size_t retired_pending() const;
+
+    // The one process-wide instance. Deliberately never destroyed: DLPack deleters may run during interpreter
+    // or process shutdown, after static destructors, and must still be able to drop their range.
+    static RangeRegistry& global();
+
+    struct Chunk;
+    struct Snapshot;
+
+private:
+    struct Retired;
+
+    void publish_locked(Snapshot* next, std::vector<const Chunk*> dead_chunks);
+    void reclaim_locked();
+    template <class F>
+    auto read(F&& f) const;
+
+    std::atomic<Snapshot*> current_;
+    mutable std::mutex writer_mutex_;
+    std::vector<Retired> retired_;
+};
+
+}  // namespace hostoffload
