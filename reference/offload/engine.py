@@ -42,6 +42,7 @@ from reference.offload.stats import OffloadStats, StatsRecorder
 
 ON_DEVICE = "device"
 ON_HOST = "host"
+RELEASED = "released"
 
 
 def _version_probe(t: torch.Tensor) -> torch.Tensor:
@@ -225,14 +226,17 @@ class EngineBase:
         with self._lock:
             first = not record.unpacked
             record.unpacked = True
-            if record.state == ON_DEVICE:
-                if first and not record.kept_counted:
-                    record.kept_counted = True
-                    self.stats.add(tensors_kept=1, bytes_kept=record.nbytes)
-                assert record.dev is not None
-                return record.dev
-        out = self._copy_to_device(record)
-        self.stats.add(tensors_restored=1, bytes_restored=record.nbytes)
+            kept = record.state == ON_DEVICE
+            if kept and first and not record.kept_counted:
+                record.kept_counted = True
+                self.stats.add(tensors_kept=1, bytes_kept=record.nbytes)
+        if kept:
+            assert record.dev is not None
+            out = record.dev
+        else:
+            out = self._copy_to_device(record)
+            self.stats.add(tensors_restored=1, bytes_restored=record.nbytes)
+        self._after_unpack(record)
         return out
 
     def flush(self) -> None:
@@ -270,6 +274,7 @@ class EngineBase:
         with self._lock:
             if record.state == ON_HOST:
                 self._free_host(record)
+                record.state = RELEASED
                 return
             self.stats.add(device_bytes_held=-record.nbytes)
             if not record.kept_counted and not record.unpacked:
@@ -291,6 +296,9 @@ class EngineBase:
     def _free_host(self, record: Record) -> None:
         """Give the record's host memory back (the record is being destroyed)."""
         raise NotImplementedError
+
+    def _after_unpack(self, record: Record) -> None:
+        """Called after each unpack (kept or restored); the optimized engine starts its prefetch here."""
 
 
 class ReferenceEngine(EngineBase):
