@@ -1,0 +1,142 @@
+"""Hypothesis strategies for the accumulation area: configs, call sequences and whole scenarios.
+
+Scenarios stay small on purpose (a 4-6-3 MLP, at most 4 ranks, a handful of micro-batches) so that one example
+runs in tens of milliseconds: the rules are about the *order* of operations, which a tiny model exercises as
+well as a big one, and the ``ci`` profile has to run hundreds of them on 2 cores. Every drawn scenario is
+valid (no rejected option or call sequence); rejections are tested explicitly in
+test_accumulation_rejections.py.
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from reference.accumulation import (
+    AccumulationConfig,
+    Backward,
+    EnterNoSync,
+    ExitNoSync,
+    ModelSpec,
+    OptimizerConfig,
+    Scenario,
+    SetBoundary,
+    Step,
+)
+
+STAGES = (0, 1, 2, 3)
+WORLD_SIZES = (1, 2, 3, 4)
+
+
+@st.composite
+def optimizer_configs(draw: st.DrawFn, types: tuple[str, ...] = ("sgd", "adam", "adamw")) -> OptimizerConfig:
+    kind = draw(st.sampled_from(types))
+    return OptimizerConfig(
+        type=kind,
+        lr=draw(st.sampled_from((1e-3, 1e-2, 0.1))),
+        betas=draw(st.sampled_from(((0.9, 0.999), (0.8, 0.99)))),
+        eps=draw(st.sampled_from((1e-8, 1e-6))),
+        weight_decay=draw(st.sampled_from((0.0, 0.01))),
+        momentum=draw(st.sampled_from((0.0, 0.9))) if kind == "sgd" else 0.0,
+    )
+
+
+@st.composite
+def accumulation_configs(
+    draw: st.DrawFn,
+    stages: tuple[int, ...] = STAGES,
+    managed: bool | None = None,
+    dtypes: tuple[str, ...] = ("fp32", "bf16"),
+    max_gas: int = 3,
+) -> AccumulationConfig:
+    """Valid configs. ``gradient_clipping`` is drawn from off / default / tiny (the tiny one always clips)."""
+    stage = draw(st.sampled_from(stages))
+    is_managed = draw(st.booleans()) if managed is None else managed
+    dtype = draw(st.sampled_from(dtypes))
+    return AccumulationConfig(
+        zero_stage=stage,
+        train_micro_batch_size_per_gpu=draw(st.integers(1, 2)),
+        gradient_accumulation_steps=draw(st.integers(1, max_gas)),
+        managed_gradient_accumulation=is_managed,
+        dtype=dtype,
+        communication_data_type=draw(st.sampled_from((None, "fp32", "bf16"))),
+        grad_accum_dtype=draw(st.sampled_from((None, "fp32", "bf16"))),
+        gradient_clipping=draw(st.sampled_from((0.0, 1.0, 0.05))),
+        optimizer=draw(optimizer_configs()),
+        offload_optimizer=draw(st.sampled_from(("none", "cpu"))),
+        offload_param=draw(st.sampled_from(("none", "cpu"))) if stage == 3 else "none",
+        # overlap_comm changes nothing numerically; it is drawn where it is allowed so that it is exercised.
+        overlap_comm=draw(st.booleans()) if (is_managed or stage >= 2) else False,
+    )
+
+
+@st.composite
+def model_specs(draw: st.DrawFn) -> ModelSpec:
+    return ModelSpec(
+        frozen_layer=draw(st.booleans()),
+        unused_parameter=draw(st.booleans()),
+        checkpoint=draw(st.booleans()),
+    )
+
+
+@st.composite
+def call_sequences(draw: st.DrawFn, config: AccumulationConfig, max_steps: int = 4) -> tuple:
+    """A valid call sequence for ``config``: groups of 0-3 backwards each followed by one step.
+
+    Managed mode sometimes sets the boundary override before a group; stages 0/1 sometimes wrap a group's
+    backwards in ``no_sync()``. At least one step is always a boundary (a trailing override-True group is
+    added when the drawn groups contain none), so every trace has something to compare.
+    """
+    calls: list = []
+    n_steps = draw(st.integers(1, max_steps))
+    micro_steps = 0
+    override: bool | None = None
+    any_boundary = False
+    for _ in range(n_steps):
+        n_back = draw(st.sampled_from((0, 1, 1, 1, 2, 3)))
+        if config.managed_gradient_accumulation and draw(st.integers(0, 3)) == 0:
+            override = draw(st.booleans())
+            calls.append(SetBoundary(override))
+        wrap = config.zero_stage <= 1 and n_back > 0 and draw(st.integers(0, 3)) == 0
+        if wrap:
+            calls.append(EnterNoSync())
+        for _ in range(n_back):
+            calls.append(
+                Backward(scale_wrt_gas=draw(st.booleans()), loss_divisor=draw(st.sampled_from((1, 1, 2))))
+            )
+        if wrap:
+            calls.append(ExitNoSync())
+        calls.append(Step())
+        if config.managed_gradient_accumulation:
+            boundary = (
+                override
+                if override is not None
+                else (micro_steps + 1) % config.gradient_accumulation_steps == 0
+            )
+            micro_steps += 1
+        else:
+            boundary = True
+        any_boundary = any_boundary or boundary
+    if not any_boundary:
+        if config.managed_gradient_accumulation:
+            calls.append(SetBoundary(True))
+        calls.extend([Backward(), Step()])
+    return tuple(calls)
+
+
+@st.composite
+def scenarios(
+    draw: st.DrawFn,
+    stages: tuple[int, ...] = STAGES,
+    world_sizes: tuple[int, ...] = WORLD_SIZES,
+    managed: bool | None = None,
+    dtypes: tuple[str, ...] = ("fp32", "bf16"),
+) -> Scenario:
+    config = draw(accumulation_configs(stages=stages, managed=managed, dtypes=dtypes))
+    return Scenario(
+        config=config,
+        world_size=draw(st.sampled_from(world_sizes)),
+        calls=draw(call_sequences(config)),
+        model=draw(model_specs()),
+        seed=draw(st.integers(0, 2**16)),
+        name="drawn",
+    )
