@@ -78,7 +78,7 @@ class _ReentrantOffloadCheckpoint(torch.autograd.Function):
         ctx.autocast = _autocast_state(dev_type)
         ctx.cpu_autocast = _autocast_state("cpu") if dev_type != "cpu" else None
         ctx.tensor_indices = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-        ctx.requires_grad = [args[i].requires_grad for i in ctx.tensor_indices]
+        ctx.input_requires_grad = [args[i].requires_grad for i in ctx.tensor_indices]
         ctx.other_args = [None if isinstance(a, torch.Tensor) else a for a in args]
         ctx.save_for_backward(*(args[i] for i in ctx.tensor_indices))
         with torch.no_grad():
@@ -93,7 +93,7 @@ class _ReentrantOffloadCheckpoint(torch.autograd.Function):
             )
         saved = ctx.saved_tensors  # restored from host by the engine's unpack
         inputs = list(ctx.other_args)
-        for slot, (i, needs_grad) in enumerate(zip(ctx.tensor_indices, ctx.requires_grad, strict=False)):
+        for slot, (i, needs_grad) in enumerate(zip(ctx.tensor_indices, ctx.input_requires_grad, strict=False)):
             x = saved[slot].detach()
             x.requires_grad_(needs_grad)
             inputs[i] = x
