@@ -322,8 +322,10 @@ def local_gradients_before_first_boundary(scenario: Scenario) -> list[list[torch
     out: list[list[torch.Tensor]] = []
     k = 0
     for call in scenario.calls:
-        if not isinstance(call, Backward):
+        if isinstance(call, Step):
             break
+        if not isinstance(call, Backward):
+            continue
         per_rank = []
         for r in range(scenario.world_size):
             x, y = micro_batch(scenario, k, scenario.data_rank(r))

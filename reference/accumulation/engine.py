@@ -1,0 +1,495 @@
+"""A single-process model of W data-parallel ZeRO ranks with managed and unmanaged gradient accumulation.
+
+Why simulate ranks instead of running a process group: the reference must be the obviously-correct oracle, and
+with every rank in one process each collective is an explicit loop over tensors in a fixed order (R9, R10),
+every buffer can be inspected, and a run needs neither a GPU nor a launcher. What is *not* simplified is the
+order of operations that decides the last bits: where gradients are accumulated, in which dtype, when they are
+reduced, how the norm is grouped, how the optimizer rounds. Those follow docs/accumulation.md rule by rule;
+the rule ids are cited next to the code that implements them.
+
+Each rank has its own replica of the model (``engine.module(rank)``). A training step is written as::
+
+    losses = [loss_fn(engine.module(r), batch[r]) for r in range(engine.world_size)]
+    engine.backward(losses)          # one loss per rank
+    engine.step()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from reference.accumulation.collectives import average_across_ranks
+from reference.accumulation.config import AccumulationConfig
+from reference.accumulation.optimizers import OptimizerState, init_state, optimizer_step
+from reference.accumulation.partition import FlatLayout, build_layout, flatten, gather, shard, unflatten
+from reference.errors import ConfigurationError, UnsupportedOperationError
+
+#: Added to the norm in the clipping coefficient (R15) so a zero gradient never divides by zero.
+CLIP_EPSILON = 1e-6
+
+_HOST = torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one ``step()`` did. Everything but ``boundary`` is ``None`` on a non-boundary step (R4).
+
+    ``gradients``: the reduced, averaged, accumulated gradient of every trainable parameter as fp32 (an exact
+    widening of the accumulation dtype), *before* clipping. ``clip_coef``: the factor the gradients were
+    multiplied by, or ``None`` when clipping was off or not triggered.
+    """
+
+    boundary: bool
+    grad_norm: float | None = None
+    clip_coef: float | None = None
+    gradients: dict[str, torch.Tensor] | None = None
+
+
+def global_grad_norm(layout: FlatLayout, partitions: Sequence[torch.Tensor]) -> float:
+    """R14: the L2 norm of the whole gradient from the per-rank partitions.
+
+    Each rank sums the squares of each of its parameter pieces in fp64 and adds those per-piece sums in flat
+    order; the per-rank sums are then added in rank order (the all-reduce of one fp64 scalar) and the square
+    root is taken.
+    """
+    rank_sums: list[float] = []
+    for r, part in enumerate(partitions):
+        s = 0.0
+        for piece in layout.pieces(r):
+            seg = part[piece.local_start : piece.local_start + piece.length].to(torch.float64)
+            s += float(torch.sum(torch.mul(seg, seg)).item())
+        rank_sums.append(s)
+    total = 0.0
+    for s in rank_sums:
+        total += s
+    return math.sqrt(total)
+
+
+class AccumulationEngine:
+    """W simulated data-parallel ranks of one model under a :class:`AccumulationConfig`.
+
+    ``model`` is either a module (deep-copied once per rank, the caller's object is left untouched) or a
+    zero-argument factory returning one. The engine casts it to ``config.dtype`` on ``device``.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module | Callable[[], nn.Module],
+        config: AccumulationConfig | Mapping[str, Any],
+        world_size: int,
+        *,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.config = AccumulationConfig.from_dict(config)
+        if type(world_size) is not int or world_size < 1:
+            raise ConfigurationError(f"world_size={world_size!r} must be an int >= 1")
+        if self.config.pipeline_parallel_size != 1:
+            raise UnsupportedOperationError(
+                f"pipeline_parallel_size={self.config.pipeline_parallel_size} is not modeled by this engine "
+                f"(data parallelism only); allowed: pipeline_parallel_size=1"
+            )
+        self.world_size = world_size
+        self.device = torch.device(device)
+        cfg = self.config
+        self.stage = cfg.zero_stage
+        base = copy.deepcopy(model) if isinstance(model, nn.Module) else model()
+        if not isinstance(base, nn.Module):
+            raise ConfigurationError(f"model={model!r} must be an nn.Module or a factory returning one")
+        base = base.to(device=self.device, dtype=cfg.model_dtype)
+        named = list(base.named_parameters())
+        trainable = [(n, p) for n, p in named if p.requires_grad]
+        frozen = [(n, p) for n, p in named if not p.requires_grad]
+        if not trainable:
+            raise ConfigurationError("model has no parameter with requires_grad=True; allowed: at least one")
+        self.parameter_names: tuple[str, ...] = tuple(n for n, _ in named)
+        self.trainable_names: tuple[str, ...] = tuple(n for n, _ in trainable)
+        self.frozen_names: tuple[str, ...] = tuple(n for n, _ in frozen)
+        # R8: one layout for gradients, master weights and optimizer state; frozen parameters are partitioned
+        # (stage 3 only) in a layout of their own because they have no gradient or optimizer state.
+        self.layout = build_layout([(n, p.shape) for n, p in trainable], world_size)
+        self.frozen_layout = build_layout([(n, p.shape) for n, p in frozen], world_size)
+
+        # R17: offload moves where state lives, never what is computed.
+        self.master_device = _HOST if cfg.offload_optimizer == "cpu" else self.device
+        self.param_device = _HOST if cfg.offload_param == "cpu" else self.device
+
+        self.replicas: tuple[nn.Module, ...] = tuple(copy.deepcopy(base) for _ in range(world_size))
+        self._params: list[dict[str, nn.Parameter]] = [dict(m.named_parameters()) for m in self.replicas]
+
+        # R11/R12: fp32 master weights; stage 0 keeps the whole buffer on every rank, stages >= 1 one
+        # partition.
+        master_full = flatten(self.layout, dict(trainable), torch.float32, self.device)
+        if self.stage == 0:
+            masters = [master_full.clone().to(self.master_device) for _ in range(world_size)]
+        else:
+            masters = [
+                shard(self.layout, master_full, r).clone().to(self.master_device) for r in range(world_size)
+            ]
+        self._masters: list[torch.Tensor] = masters
+        self._opt_states: list[OptimizerState] = [init_state(cfg.optimizer, m) for m in masters]
+
+        # Gradient accumulation state (R9 / R10).
+        self._local_acc: list[torch.Tensor | None] = [None] * world_size
+        self._shard_acc: list[torch.Tensor] = []
+        if self.stage >= 2:
+            self._shard_acc = [self._zero_partition() for _ in range(world_size)]
+
+        # R12: stage 3 keeps only partitions of the parameters; replicas hold empty tensors between uses.
+        self._hooks: list[Any] = []
+        self._in_backward = False
+        if self.stage == 3:
+            self._param_shards = [
+                shard(self.layout, flatten(self.layout, dict(trainable), cfg.model_dtype, self.device), r)
+                .clone()
+                .to(self.param_device)
+                for r in range(world_size)
+            ]
+            self._frozen_shards = [
+                shard(
+                    self.frozen_layout,
+                    flatten(self.frozen_layout, dict(frozen), cfg.model_dtype, self.device),
+                    r,
+                )
+                .clone()
+                .to(self.param_device)
+                for r in range(world_size)
+            ]
+            for rank in range(world_size):
+                self._install_stage3_hooks(rank)
+                self._release(rank, self.parameter_names)
+
+        self._micro_steps = 0
+        self._global_steps = 0
+        self._global_samples = 0
+        self._backwards_since_boundary = 0
+        self._boundary_override: bool | None = None
+        self._in_step = False
+        self._in_no_sync = False
+        self._destroyed = False
+
+    # ---- public surface ----------------------------------------------------------------------------------
+    @property
+    def micro_steps(self) -> int:
+        return self._micro_steps
+
+    @property
+    def global_steps(self) -> int:
+        return self._global_steps
+
+    @property
+    def global_samples(self) -> int:
+        return self._global_samples
+
+    def module(self, rank: int) -> nn.Module:
+        """Rank ``rank``'s replica: call it to run that rank's forward."""
+        if type(rank) is not int or not 0 <= rank < self.world_size:
+            raise ConfigurationError(f"rank={rank!r} must be an int in [0, {self.world_size - 1}]")
+        return self.replicas[rank]
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        """R2 (managed) / R6 (unmanaged)."""
+        if not self.config.managed_gradient_accumulation:
+            return self._in_step
+        if self._boundary_override is not None:
+            return self._boundary_override
+        return (self._micro_steps + 1) % self.config.gradient_accumulation_steps == 0
+
+    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
+        """R2: override the counter-driven boundary until called again. Rejected in unmanaged mode (R20)."""
+        if not self.config.managed_gradient_accumulation:
+            raise UnsupportedOperationError(
+                "set_gradient_accumulation_boundary() cannot be used with "
+                "managed_gradient_accumulation=False: "
+                "every step() is the boundary there; allowed: managed_gradient_accumulation=True"
+            )
+        if type(is_boundary) is not bool:
+            raise ConfigurationError(
+                f"is_boundary={is_boundary!r} must be a bool; allowed values: True, False"
+            )
+        self._boundary_override = is_boundary
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """R18: a region of backwards that must not communicate. Stages 0/1 only, not nested, no step()
+        inside."""
+        self._check_alive()
+        if self.stage >= 2:
+            raise UnsupportedOperationError(
+                f"no_sync() is not supported with zero_stage={self.stage}: stages 2/3 reduce every backward; "
+                f"allowed: zero_stage 0 or 1"
+            )
+        if self._in_no_sync:
+            raise UnsupportedOperationError(
+                "no_sync() contexts cannot be nested; allowed: one no_sync() at a time"
+            )
+        self._in_no_sync = True
+        try:
+            yield
+        finally:
+            self._in_no_sync = False
+
+    def backward(self, losses: Sequence[torch.Tensor], scale_wrt_gas: bool = True) -> None:
+        """Back-propagate one loss per rank and accumulate the gradients (R5, R7, R9, R10)."""
+        self._check_alive()
+        losses = list(losses)
+        if len(losses) != self.world_size:
+            raise ConfigurationError(
+                f"losses has {len(losses)} entries; allowed: exactly world_size={self.world_size} "
+                "(one per rank)"
+            )
+        if type(scale_wrt_gas) is not bool:
+            raise ConfigurationError(
+                f"scale_wrt_gas={scale_wrt_gas!r} must be a bool; allowed values: True, False"
+            )
+        for r, loss in enumerate(losses):
+            if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
+                raise ConfigurationError(f"losses[{r}] must be a one-element tensor that requires grad")
+        grads: list[torch.Tensor] = []
+        self._in_backward = True
+        try:
+            for loss in losses:
+                # R5: the same division a user writes as ``loss / gas``, in the loss dtype.
+                (loss / self.config.gradient_accumulation_steps if scale_wrt_gas else loss).backward()
+            for r in range(self.world_size):
+                grads.append(self._take_local_gradient(r))
+        finally:
+            self._in_backward = False
+            for r in range(self.world_size):
+                for p in self._params[r].values():
+                    p.grad = None
+                if self.stage == 3:
+                    self._release(r, self.parameter_names)
+        self._accumulate(grads)
+        self._backwards_since_boundary += 1
+
+    def step(self) -> StepOutcome:
+        """R2-R4 / R6 and, at a boundary, the epilogue R13."""
+        self._check_alive()
+        if self._in_no_sync:
+            raise UnsupportedOperationError(
+                "step() was called inside no_sync(); allowed: call step() after the no_sync() context "
+                "has exited"
+            )
+        cfg = self.config
+        self._in_step = True
+        try:
+            boundary = self.is_gradient_accumulation_boundary()
+            outcome = self._boundary_epilogue() if boundary else StepOutcome(boundary=False)
+        finally:
+            self._in_step = False
+        if boundary:
+            self._global_steps += 1
+            per_boundary = (
+                cfg.gradient_accumulation_steps
+                if cfg.managed_gradient_accumulation
+                else (self._backwards_since_boundary)
+            )
+            self._global_samples += cfg.train_micro_batch_size_per_gpu * self.world_size * per_boundary
+            self._backwards_since_boundary = 0
+        if cfg.managed_gradient_accumulation:
+            self._micro_steps += 1
+        return outcome
+
+    def full_parameters(self, rank: int = 0) -> dict[str, torch.Tensor]:
+        """Copies of every parameter (model dtype, full shape) as rank ``rank`` would see it gathered."""
+        self.module(rank)
+        if self.stage == 3:
+            out = dict(unflatten(self.layout, gather(self.layout, self._param_shards, self.device)))
+            out.update(
+                unflatten(self.frozen_layout, gather(self.frozen_layout, self._frozen_shards, self.device))
+            )
+            return {n: out[n].clone() for n in self.parameter_names}
+        return {n: p.detach().clone() for n, p in self._params[rank].items()}
+
+    def master_partitions(self) -> list[torch.Tensor]:
+        """The fp32 master buffers per rank (full at stage 0, one partition from stage 1), for inspection."""
+        return [m.clone() for m in self._masters]
+
+    def optimizer_states(self) -> list[OptimizerState]:
+        return [
+            OptimizerState(s.step, {k: v.clone() for k, v in s.buffers.items()}) for s in self._opt_states
+        ]
+
+    def destroy(self) -> None:
+        """Remove the stage-3 hooks and drop every buffer; the engine cannot be used afterwards."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+        self._masters = []
+        self._opt_states = []
+        self._local_acc = []
+        self._shard_acc = []
+        self._destroyed = True
+
+    # ---- gradients ---------------------------------------------------------------------------------------
+    def _zero_partition(self) -> torch.Tensor:
+        return torch.zeros(self.layout.partition_size, dtype=self.config.accum_dtype, device=self.device)
+
+    def _take_local_gradient(self, rank: int) -> torch.Tensor:
+        """R7: this backward's gradient of ``rank`` as a flat model-dtype buffer; no gradient means zeros."""
+        params = self._params[rank]
+        return flatten(
+            self.layout,
+            {n: params[n].grad for n in self.trainable_names},
+            self.config.model_dtype,
+            self.device,
+        )
+
+    def _accumulate(self, grads: list[torch.Tensor]) -> None:
+        cfg = self.config
+        if self.stage <= 1:
+            # R9: accumulate locally in the accumulation dtype; nothing crosses ranks until the boundary.
+            for r, g in enumerate(grads):
+                acc = self._local_acc[r]
+                if acc is None:
+                    acc = torch.zeros(self.layout.total, dtype=cfg.accum_dtype, device=self.device)
+                self._local_acc[r] = torch.add(acc, g.to(cfg.accum_dtype))
+        else:
+            # R10: reduce this backward's gradient (communication dtype), accumulate the owned partition.
+            reduced = average_across_ranks([g.to(cfg.comm_dtype) for g in grads])
+            for r in range(self.world_size):
+                part = shard(self.layout, reduced, r).to(cfg.accum_dtype)
+                self._shard_acc[r] = torch.add(self._shard_acc[r], part)
+
+    def _boundary_epilogue(self) -> StepOutcome:
+        """R13: finish reduction; norm; clip; optimizer; cast back and all-gather; clear gradient state."""
+        cfg = self.config
+        world = self.world_size
+        layout = self.layout
+        # 1. Finish the reduction: per rank, the gradient it owns, in the accumulation dtype.
+        if self.stage <= 1:
+            accs = [
+                a if a is not None else torch.zeros(layout.total, dtype=cfg.accum_dtype, device=self.device)
+                for a in self._local_acc
+            ]
+            reduced = average_across_ranks([a.to(cfg.comm_dtype) for a in accs]).to(cfg.accum_dtype)
+            partitions = [shard(layout, reduced, r) for r in range(world)]
+            owned = (
+                [reduced.clone() for _ in range(world)]
+                if self.stage == 0
+                else [p.clone() for p in partitions]
+            )
+        else:
+            partitions = list(self._shard_acc)
+            owned = [p.clone() for p in partitions]
+        full_grad = gather(layout, partitions, self.device).to(torch.float32)
+        gradients = {n: t.clone() for n, t in unflatten(layout, full_grad).items()}
+        # 2. Global norm from the partitions (R14), for every stage.
+        norm = global_grad_norm(layout, partitions)
+        # 3. Clipping (R15), on the host when the optimizer is offloaded (R17).
+        grads32 = [o.to(device=self.master_device, dtype=torch.float32) for o in owned]
+        clip_coef: float | None = None
+        if cfg.gradient_clipping > 0:
+            coef = cfg.gradient_clipping / (norm + CLIP_EPSILON)
+            if coef < 1.0:
+                clip_coef = coef
+                grads32 = [torch.mul(g, coef) for g in grads32]
+        # 4. Optimizer on the fp32 master of each rank (R16).
+        for r in range(world):
+            optimizer_step(cfg.optimizer, self._masters[r], grads32[r], self._opt_states[r])
+        # 5. Cast back to the model dtype and all-gather (R12).
+        if self.stage == 0:
+            for r in range(world):
+                self._write_replica(r, self._masters[r].to(device=self.device, dtype=cfg.model_dtype))
+        elif self.stage in (1, 2):
+            full = gather(layout, [m.to(cfg.model_dtype) for m in self._masters], self.device)
+            for r in range(world):
+                self._write_replica(r, full)
+        else:
+            self._param_shards = [
+                m.to(device=self.param_device, dtype=cfg.model_dtype) for m in self._masters
+            ]
+        # 6. Clear the gradient state.
+        self._local_acc = [None] * world
+        if self.stage >= 2:
+            self._shard_acc = [self._zero_partition() for _ in range(world)]
+        return StepOutcome(boundary=True, grad_norm=norm, clip_coef=clip_coef, gradients=gradients)
+
+    def _write_replica(self, rank: int, flat: torch.Tensor) -> None:
+        views = unflatten(self.layout, flat)
+        params = self._params[rank]
+        with torch.no_grad():
+            for n in self.trainable_names:
+                params[n].copy_(views[n])
+
+    # ---- stage 3 parameter lifecycle (R12, R21) ----------------------------------------------------------
+    def _install_stage3_hooks(self, rank: int) -> None:
+        names_of = {id(p): n for n, p in self._params[rank].items()}
+        for mod in self.replicas[rank].modules():
+            direct = tuple(names_of[id(p)] for p in mod.parameters(recurse=False) if id(p) in names_of)
+            if not direct:
+                continue
+            self._hooks.append(mod.register_forward_pre_hook(self._make_pre_forward(rank, direct)))
+            self._hooks.append(mod.register_forward_hook(self._make_post_forward(rank, direct)))
+
+    def _make_pre_forward(self, rank: int, names: tuple[str, ...]) -> Callable[..., None]:
+        def pre_forward(module: nn.Module, args: Any) -> None:
+            # R21: every parameter of the module, frozen or not, is gathered before its forward runs,
+            # including the forward that activation checkpointing replays during backward.
+            self._gather(rank, names)
+
+        return pre_forward
+
+    def _make_post_forward(self, rank: int, names: tuple[str, ...]) -> Callable[..., None]:
+        def regather(grad: torch.Tensor) -> None:
+            self._gather(rank, names)
+
+        def post_forward(module: nn.Module, args: Any, output: Any) -> None:
+            if self._in_backward:
+                # A checkpoint recompute: keep the parameters until backward() ends, its nodes still need
+                # them.
+                return
+            self._release(rank, names)
+            # The module's backward reads the (released) parameters it saved; gather them again as soon as the
+            # gradient reaches its output, i.e. before any of its backward nodes run.
+            for t in _tensors_in(output):
+                if t.requires_grad:
+                    t.register_hook(regather)
+
+        return post_forward
+
+    def _gather(self, rank: int, names: Sequence[str]) -> None:
+        params = self._params[rank]
+        missing = [n for n in names if params[n].numel() == 0]
+        if not missing:
+            return
+        views = {}
+        if any(n in self.layout.names for n in missing):
+            views.update(unflatten(self.layout, gather(self.layout, self._param_shards, self.device)))
+        if any(n in self.frozen_layout.names for n in missing):
+            views.update(
+                unflatten(self.frozen_layout, gather(self.frozen_layout, self._frozen_shards, self.device))
+            )
+        for n in missing:
+            params[n].data = views[n].clone()
+
+    def _release(self, rank: int, names: Sequence[str]) -> None:
+        params = self._params[rank]
+        for n in names:
+            p = params[n]
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+
+    def _check_alive(self) -> None:
+        if self._destroyed:
+            raise UnsupportedOperationError(
+                "the engine was destroyed; allowed: build a new AccumulationEngine"
+            )
+
+
+def _tensors_in(output: Any) -> Iterator[torch.Tensor]:
+    if isinstance(output, torch.Tensor):
+        yield output
+    elif isinstance(output, (tuple, list)):
+        for o in output:
+            yield from _tensors_in(o)
+    elif isinstance(output, Mapping):
+        for o in output.values():
+            yield from _tensors_in(o)
