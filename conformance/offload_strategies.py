@@ -1,12 +1,12 @@
 """Hypothesis strategies for the offload suite: small layer stacks that stress what offload can get wrong.
 
-A drawn :class:`StackSpec` describes a stack of blocks ``layer_norm -> linear -> gelu -> (view trick) -> linear``
-with optional residuals and dropout, each block optionally checkpointed (torch's non-reentrant checkpoint as
-users write it, or the implementation's own checkpoint, reentrant or not). The view tricks make autograd save
-exactly the awkward tensors: a view with a storage offset, a strided slice, a transposed view and a stride-0
-expanded tensor. The input may itself be a strided view, and may be shared with a side branch (saved twice).
-:func:`run_step` runs one forward/backward and returns every gradient and the output, detached, for bitwise
-comparison between a run with and a run without an offload manager.
+A drawn :class:`StackSpec` describes a stack of blocks ``layer_norm -> linear -> gelu -> (view trick) ->
+linear`` with optional residuals and dropout, each block optionally checkpointed (torch's non-reentrant
+checkpoint as users write it, or the implementation's own checkpoint, reentrant or not). The view tricks
+make autograd save exactly the awkward tensors: a view with a storage offset, a strided slice, a transposed
+view and a stride-0 expanded tensor. The input may itself be a strided view, and may be shared with a side
+branch (saved twice). :func:`run_step` runs one forward/backward and returns every gradient and the output,
+detached, for bitwise comparison between a run with and a run without an offload manager.
 """
 
 from __future__ import annotations
@@ -160,7 +160,10 @@ def run_step(
             loss.backward()
     if not backward_inside:
         loss.backward()
-    results: dict[str, torch.Tensor | None] = {"output": out.detach().clone(), "input.grad": leaf.grad.clone()}
+    results: dict[str, torch.Tensor | None] = {
+        "output": out.detach().clone(),
+        "input.grad": leaf.grad.clone(),
+    }
     for name, p in model.named_parameters():
         results[f"{name}.grad"] = None if p.grad is None else p.grad.detach().clone()
     return results

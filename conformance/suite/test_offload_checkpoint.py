@@ -18,8 +18,13 @@ def _block(w1, w2):
 
 def _setup(device, depth=3, width=16):
     g = torch.Generator().manual_seed(0)
-    ws = [(torch.randn(width, width, generator=g).to(device).requires_grad_(),
-           torch.randn(width, width, generator=g).to(device).requires_grad_()) for _ in range(depth)]
+    ws = [
+        (
+            torch.randn(width, width, generator=g).to(device).requires_grad_(),
+            torch.randn(width, width, generator=g).to(device).requires_grad_(),
+        )
+        for _ in range(depth)
+    ]
     leaf = torch.randn(4, width, generator=g).to(device).requires_grad_()
     return ws, leaf
 
@@ -32,7 +37,7 @@ def _run(ws, leaf, ckpt):
     h = leaf * 1
     for a, b in ws:
         h = ckpt(_block(a, b), h)
-    (h ** 2).sum().backward()
+    (h**2).sum().backward()
     return [leaf.grad.clone()] + [p.grad.clone() for pair in ws for p in pair]
 
 
@@ -42,11 +47,14 @@ def test_checkpoint_bitwise_equal_to_torch_checkpoint(area_api, accelerator, use
     ws, leaf = _setup(device)
     expected = _run(ws, leaf, lambda f, h: torch_checkpoint.checkpoint(f, h, use_reentrant=use_reentrant))
     offload = area_api.ActivationOffload(accelerator=accelerator, min_offload_bytes=0, keep_last_count=0)
-    actual = _run(ws, leaf, lambda f, h: area_api.checkpoint(f, h, use_reentrant=use_reentrant, offload=offload))
+    actual = _run(
+        ws, leaf, lambda f, h: area_api.checkpoint(f, h, use_reentrant=use_reentrant, offload=offload)
+    )
     for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
         assert torch.equal(a, e), f"gradient {i} differs (use_reentrant={use_reentrant})"
     stats = offload.stats
-    # depth 3: the inputs of the 2nd and 3rd blocks are non-leaf activations; the 1st is leaf * 1 (also non-leaf)
+    # depth 3: the inputs of the 2nd and 3rd blocks are non-leaf activations; the 1st is leaf * 1 (also
+    # non-leaf)
     assert stats.tensors_offloaded == 3 and stats.tensors_restored == 3, stats
 
 
@@ -67,7 +75,9 @@ def test_reentrant_checkpoint_leaves_inputs_untouched(area_api, accelerator):
     assert x.device == snapshot.device and x.shape == snapshot.shape and torch.equal(x, snapshot)
     assert torch.equal(seen[0], snapshot), "forward saw different input values"
     out.sum().backward()
-    assert len(seen) == 2 and torch.equal(seen[1], snapshot), "recompute did not run on the restored input values"
+    assert len(seen) == 2 and torch.equal(seen[1], snapshot), (
+        "recompute did not run on the restored input values"
+    )
     assert offload.stats.tensors_restored == 1
 
 

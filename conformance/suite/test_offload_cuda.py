@@ -1,7 +1,8 @@
-"""Stream-path properties that only a device with streams can show (skipped on accelerators without streams).
+"""Stream-path properties that only a device with streams can show (skipped on accelerators without
+streams).
 
-- race: device-side delays injected on the compute stream (``torch.cuda._sleep``) between producing, offloading,
-  and consuming activations must not change a bit of the gradients;
+- race: device-side delays injected on the compute stream (``torch.cuda._sleep``) between producing,
+  offloading, and consuming activations must not change a bit of the gradients;
 - memory: peak allocated memory with offload is at most the peak without offload minus the offloaded bytes,
   within one layer's worth of slack;
 - host tensors are never offloaded.
@@ -59,8 +60,9 @@ def test_race_with_injected_delays(area_api, accelerator, checkpointed):
     layers = torch.nn.ModuleList(_Layer(512) for _ in range(6)).cuda()
     leaf = torch.randn(64, 512, device="cuda", requires_grad=True)
     expected = _run(layers, leaf, checkpointed)
-    manager = area_api.ActivationOffload(accelerator=accelerator, min_offload_bytes=0, keep_last_count=0,
-                                         prefetch_count=3)
+    manager = area_api.ActivationOffload(
+        accelerator=accelerator, min_offload_bytes=0, keep_last_count=0, prefetch_count=3
+    )
     for step in range(3):
         actual = _run(layers, leaf, checkpointed, sleep_cycles=2_000_000, manager=manager)
         for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
@@ -86,8 +88,9 @@ def test_peak_memory_drops_by_offloaded_bytes(area_api, accelerator):
         return torch.cuda.max_memory_allocated() - base
 
     without = peak(None)
-    manager = area_api.ActivationOffload(accelerator=accelerator, mode="checkpoint_inputs", min_offload_bytes=0,
-                                         keep_last_count=1)
+    manager = area_api.ActivationOffload(
+        accelerator=accelerator, mode="checkpoint_inputs", min_offload_bytes=0, keep_last_count=1
+    )
     with_offload = peak(manager)
     offloaded = manager.stats.bytes_offloaded // 2  # two runs counted
     assert offloaded >= (depth - 2) * layer_bytes, manager.stats

@@ -1,9 +1,9 @@
 """Offload must not change a single bit: outputs and gradients equal the same model run without offload.
 
 Hypothesis draws layer stacks (depth, widths, fp32/bf16, saved views with offsets, strides, transposes and
-stride 0, strided and shared inputs, residuals, dropout, every checkpoint flavour) and knob combinations, and
-runs several steps with one manager (so the optimized pool is reused) on every selected accelerator (cpu runs
-the engine logic with streams off; cuda runs the stream path).
+stride 0, strided and shared inputs, residuals, dropout, every checkpoint flavour) and knob combinations,
+and runs several steps with one manager (so the optimized pool is reused) on every selected accelerator
+(cpu runs the engine logic with streams off; cuda runs the stream path).
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from conformance.offload_strategies import build_stack, make_input, offload_knob
 pytestmark = pytest.mark.conformance_area("offload")
 
 STEPS = 2
-# Each example runs 2 x STEPS forward/backward passes of a whole stack; a third of the profile's example count keeps
-# this module within the CI budget (about a minute per implementation on 2 cores) while the profile still scales.
+# Each example runs 2 x STEPS forward/backward passes of a whole stack; a third of the profile's example
+# count keeps this module within the CI budget (about a minute per implementation on 2 cores) while the
+# profile still scales.
 _FEWER = settings(max_examples=max(5, settings.default.max_examples // 3))
 
 
@@ -44,7 +45,9 @@ def test_offloads_something_when_everything_qualifies(area_api, accelerator, spe
     """Guards the equivalence test against passing vacuously: with no threshold every stack offloads."""
     device = accelerator.device()
     model = build_stack(spec, device)
-    manager = area_api.ActivationOffload(accelerator=accelerator, mode="all", min_offload_bytes=0, keep_last_count=0)
+    manager = area_api.ActivationOffload(
+        accelerator=accelerator, mode="all", min_offload_bytes=0, keep_last_count=0
+    )
     expected = run_step(model, make_input(spec, 0, device), area_api, 0)
     actual = run_step(model, make_input(spec, 0, device), area_api, 0, manager=manager)
     assert_results_bitwise_equal(actual, expected, f"spec={spec}")
@@ -66,8 +69,14 @@ def test_same_decisions_as_reference(area_api, reference_api, accelerator):
         manager = api.ActivationOffload(accelerator=accelerator, min_offload_bytes=64, keep_last_count=2)
         run_step(model, make_input(spec, 0, device), api, 0, manager=manager)
         s = manager.stats
-        counts[name] = (s.tensors_offloaded, s.bytes_offloaded, s.tensors_kept, s.tensors_skipped,
-                        s.skipped_by_reason, s.tensors_restored)
+        counts[name] = (
+            s.tensors_offloaded,
+            s.bytes_offloaded,
+            s.tensors_kept,
+            s.tensors_skipped,
+            s.skipped_by_reason,
+            s.tensors_restored,
+        )
     assert counts["impl"] == counts["reference"], f"decisions differ: {counts}"
 
 

@@ -16,8 +16,14 @@ def _transformers():
 
 def _tiny_llama(transformers, device, use_reentrant):
     config = transformers.LlamaConfig(
-        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, attn_implementation="eager",
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        attn_implementation="eager",
     )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).to(device)
@@ -41,7 +47,10 @@ def test_llama_bitwise_equal_with_manager(area_api, accelerator, use_reentrant):
     ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1)).to(device)
     expected = _grads(model, ids)
     manager = area_api.ActivationOffload(
-        accelerator=accelerator, mode="checkpoint_inputs", hf_integration=True, min_offload_bytes=0,
+        accelerator=accelerator,
+        mode="checkpoint_inputs",
+        hf_integration=True,
+        min_offload_bytes=0,
         keep_last_count=0,
     )
     for step in range(2):
@@ -64,7 +73,9 @@ def test_patch_installed_only_while_active(area_api, accelerator):
         inner = area_api.ActivationOffload(accelerator=accelerator, hf_integration=True)
         with inner:
             pass
-        assert getattr(layer_cls.__call__, "__hostoffload_patch__", False), "inner exit removed the outer's patch"
+        assert getattr(layer_cls.__call__, "__hostoffload_patch__", False), (
+            "inner exit removed the outer's patch"
+        )
     assert layer_cls.__dict__.get("__call__") is before
     with pytest.raises(KeyError), manager:
         raise KeyError("boom")

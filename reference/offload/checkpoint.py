@@ -93,7 +93,8 @@ class _ReentrantOffloadCheckpoint(torch.autograd.Function):
             )
         saved = ctx.saved_tensors  # restored from host by the engine's unpack
         inputs = list(ctx.other_args)
-        for slot, (i, needs_grad) in enumerate(zip(ctx.tensor_indices, ctx.input_requires_grad, strict=False)):
+        pairs = zip(ctx.tensor_indices, ctx.input_requires_grad, strict=True)
+        for slot, (i, needs_grad) in enumerate(pairs):
             x = saved[slot].detach()
             x.requires_grad_(needs_grad)
             inputs[i] = x

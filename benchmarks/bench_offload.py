@@ -1,0 +1,176 @@
+"""Activation-offload benchmark: step time and peak device memory per arm, with and without host syncs.
+
+Model: ``--blocks`` blocks of ``x + fc2(gelu(fc1(layer_norm(x))))`` (hidden 2048, fc1 2048->8192, bf16,
+batch 8, sequence 4096 by default), every block checkpointed with ``torch.utils.checkpoint(...,
+use_reentrant=False)``. Arms: no checkpointing; checkpointing only; checkpointing +
+``torch.autograd.graph.save_on_cpu(pin_memory=True)``; checkpointing + reference offload; checkpointing +
+optimized offload. Each arm runs ``--warmup`` steps, then
+``--steps`` measured steps (forward + backward, no optimizer); reported: median step time and peak allocated
+memory. The ``host_sync`` variant synchronises the host after every block in forward and after every block's
+backward (a gradient hook on each block output), so the host can never run ahead of the device.
+
+Usage: ``python benchmarks/bench_offload.py --out results.json`` (needs a CUDA device). Prints one line per
+arm and writes everything (with date, hardware and the exact command) as JSON for
+``benchmarks/plot_offload.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import platform
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint as torch_checkpoint
+
+
+class Block(torch.nn.Module):
+    def __init__(self, hidden: int, inner: int) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(hidden)
+        self.fc1 = torch.nn.Linear(hidden, inner)
+        self.fc2 = torch.nn.Linear(inner, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
+
+
+def run_step(blocks: torch.nn.ModuleList, x: torch.Tensor, checkpointed: bool, host_sync: bool) -> None:
+    h = x
+    for block in blocks:
+        h = torch_checkpoint.checkpoint(block, h, use_reentrant=False) if checkpointed else block(h)
+        if host_sync:
+            torch.cuda.synchronize()
+            if h.requires_grad:
+                h.register_hook(_sync_hook)
+    loss = h.sum(dtype=torch.float32)
+    loss.backward()
+
+
+def _sync_hook(grad: torch.Tensor) -> torch.Tensor:
+    torch.cuda.synchronize()
+    return grad
+
+
+def measure(
+    name: str,
+    blocks: torch.nn.ModuleList,
+    x: torch.Tensor,
+    checkpointed: bool,
+    host_sync: bool,
+    context: Any,
+    warmup: int,
+    steps: int,
+) -> dict[str, Any]:
+    times = []
+    peaks = []
+    for i in range(warmup + steps):
+        blocks.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        with context() if context is not None else contextlib.nullcontext():
+            run_step(blocks, x, checkpointed, host_sync)
+        torch.cuda.synchronize()
+        elapsed = time.perf_counter() - start
+        if i >= warmup:
+            times.append(elapsed * 1000)
+            peaks.append(torch.cuda.max_memory_allocated() / 2**30)
+    return {
+        "arm": name,
+        "variant": "host_sync" if host_sync else "async",
+        "median_ms": statistics.median(times),
+        "peak_gib": max(peaks),
+        "step_ms": times,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--blocks", type=int, default=24)
+    parser.add_argument("--hidden", type=int, default=2048)
+    parser.add_argument("--inner", type=int, default=8192)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=4096)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--arms", default="no_ckpt,ckpt,save_on_cpu,reference,optimized,optimized_p1")
+    parser.add_argument("--variants", default="async,host_sync")
+    parser.add_argument("--out", default=None, help="write the results as JSON here")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_offload: needs a CUDA device", file=sys.stderr)
+        return 2
+
+    import optimized.offload as optimized_offload
+    import reference.offload as reference_offload
+
+    torch.manual_seed(0)
+    blocks = torch.nn.ModuleList(Block(args.hidden, args.inner) for _ in range(args.blocks))
+    blocks = blocks.to(device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(
+        args.batch, args.seq, args.hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True
+    )
+    managers = {
+        "reference": reference_offload.ActivationOffload(),
+        "optimized": optimized_offload.ActivationOffload(),
+        # the same engine with a one-tensor look-ahead: less device memory held by prefetched inputs
+        "optimized_p1": optimized_offload.ActivationOffload(prefetch_count=1),
+    }
+    arms = {
+        "no_ckpt": (False, None),
+        "ckpt": (True, None),
+        "save_on_cpu": (True, lambda: torch.autograd.graph.save_on_cpu(pin_memory=True)),
+        "reference": (True, lambda: managers["reference"]),
+        "optimized": (True, lambda: managers["optimized"]),
+        "optimized_p1": (True, lambda: managers["optimized_p1"]),
+    }
+    results = []
+    for variant in args.variants.split(","):
+        for arm in args.arms.split(","):
+            checkpointed, context = arms[arm]
+            for m in managers.values():
+                m.reset_stats()
+            row = measure(
+                arm, blocks, x, checkpointed, variant == "host_sync", context, args.warmup, args.steps
+            )
+            if arm in managers:
+                stats = managers[arm].stats.as_dict()
+                row["offload_stats"] = stats
+            results.append(row)
+            print(
+                f"{variant:9s} {arm:12s} median {row['median_ms']:8.1f} ms  peak {row['peak_gib']:6.2f} GiB",
+                flush=True,
+            )
+    for variant in args.variants.split(","):
+        base = next((r for r in results if r["arm"] == "ckpt" and r["variant"] == variant), None)
+        if base:
+            for r in results:
+                if r["variant"] == variant:
+                    r["time_vs_ckpt_pct"] = 100.0 * (r["median_ms"] / base["median_ms"] - 1.0)
+    report = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "hardware": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "command": " ".join([sys.executable.rsplit("/", 1)[-1], *sys.argv]),
+        "config": vars(args),
+        "results": results,
+    }
+    for r in results:
+        print(f"{r['variant']:9s} {r['arm']:12s} {r.get('time_vs_ckpt_pct', 0.0):+6.1f} % vs ckpt")
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(report, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
