@@ -1,0 +1,215 @@
+"""Contention: eight threads pinning, viewing, looking up, unpinning and dropping at once.
+
+The registry and the pinned-memory accounting are process-wide and shared by every thread, so their invariants
+must survive interleavings no sequential test produces: a lookup racing an unpin of a *different* allocation,
+a range dropped by one thread while another thread's view of a neighbouring buffer is probed, deleters running
+on whichever thread drops the last view. Each thread owns its allocations, so what it observes about them is
+deterministic and is checked on every step; after the threads join, the registry must equal the model (nothing
+but the baseline) and pinned bytes, allocation counts and VmLck must be back at their starting values.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import threading
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conformance.assertions import vm_locked_kib
+
+pytestmark = pytest.mark.conformance_area("pinning")
+
+THREADS = 8
+OPS_PER_THREAD = 150
+MAX_BYTES = 3 * 4096 + 17
+
+
+class _Worker(threading.Thread):
+    """Runs a seeded random sequence of pinning operations on its own allocations and checks each outcome."""
+
+    def __init__(self, api, registry, seed: int, barrier: threading.Barrier) -> None:
+        super().__init__(name=f"pin-worker-{seed}")
+        self.api = api
+        self.registry = registry
+        self.rng = random.Random(seed)
+        self.barrier = barrier
+        self.error: BaseException | None = None
+        self.ops: dict[str, int] = {}
+
+    def _check(self, condition: bool, message: str) -> None:
+        if not condition:
+            raise AssertionError(f"{self.name}: {message}")
+
+    def run(self) -> None:
+        try:
+            self.barrier.wait(timeout=60)
+            self._run()
+        except BaseException as exc:  # reported by the main thread
+            self.error = exc
+
+    def _run(self) -> None:
+        api, rng = self.api, self.rng
+        live: list[list] = []  # [tensor, pinned, (start, nbytes) of the whole buffer]
+        views: list[tuple[list, torch.Tensor, torch.Tensor]] = []  # (owner, view, bytes at view time)
+        for _ in range(OPS_PER_THREAD):
+            op = rng.choice(("pin", "pin", "view", "lookup", "lookup", "unpin", "drop", "drop_view", "copy"))
+            if op in ("view", "lookup", "unpin", "drop", "copy") and not live:
+                op = "pin"
+            self.ops[op] = self.ops.get(op, 0) + 1
+            if op == "pin":
+                n = rng.randint(1, MAX_BYTES)
+                t = api.pin_empty(n, dtype=torch.uint8)
+                t.fill_(len(live) % 251)
+                self._check(api.is_pinned(t), f"fresh pin_empty({n}) is not pinned")
+                live.append([t, True, (t.data_ptr(), n)])
+            elif op == "copy":
+                entry = rng.choice(live)
+                src = torch.arange(entry[0].numel(), dtype=torch.int64).remainder(251).to(torch.uint8)
+                out = api.pin_memory(src)
+                self._check(torch.equal(out, src), "pin_memory copy differs from its source")
+                self._check(api.is_pinned(out), "pin_memory result is not pinned")
+                live.append([out, True, (out.data_ptr(), out.numel())])
+            elif op == "view":
+                entry = rng.choice(live)
+                base = entry[0]
+                start = rng.randrange(base.numel())
+                length = rng.randint(1, base.numel() - start)
+                v = base[start : start + length]
+                views.append((entry, v, v.clone()))
+            elif op == "lookup":
+                entry = rng.choice(live)
+                self._check(api.is_pinned(entry[0]) is entry[1], f"is_pinned(buffer) != model ({entry[1]})")
+                ptr, nbytes = entry[2]
+                if self.registry is not None:
+                    self._check(
+                        self.registry.contains(ptr, nbytes) is entry[1],
+                        f"registry.contains({ptr:#x}, {nbytes}) != model ({entry[1]})",
+                    )
+                for owner, v, _ in views[-4:]:
+                    self._check(api.is_pinned(v) is owner[1], f"is_pinned(view) != model ({owner[1]})")
+            elif op == "unpin":
+                entry = rng.choice(live)
+                target = entry[0]
+                got = api.unpin(target)
+                self._check(got is entry[1], f"unpin returned {got}, model says {entry[1]}")
+                entry[1] = False
+                self._check(not api.is_pinned(target), "buffer still pinned after unpin")
+            elif op == "drop":
+                live.pop(rng.randrange(len(live)))
+            elif op == "drop_view" and views:
+                views.pop(rng.randrange(len(views)))
+        # Views must still read their buffer's bytes, pinned or not, whatever happened in other threads.
+        for _, v, expected in views:
+            self._check(torch.equal(v, expected), "a surviving view reads changed bytes")
+        live.clear()
+        views.clear()
+
+
+def _registry_of(impl):
+    return impl.load("ranges").global_registry() if impl.provides("ranges") else None
+
+
+def _snapshot(api, registry) -> tuple:
+    gc.collect()
+    ranges = sorted((r.start, r.nbytes) for r in registry.ranges()) if registry is not None else []
+    return api.pinned_stats(), ranges, vm_locked_kib()
+
+
+# Each example runs 8 threads x 150 operations that lock real pages: a handful of examples already produces
+# thousands of interleaved operations, so the profile's example count is capped here.
+@settings(max_examples=5)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_eight_threads_pin_view_lookup_unpin_drop(impl, area_api, accelerator, conformance_property, seed):
+    if "native" not in impl.capabilities.get("pin_backends", ()):
+        pytest.skip(f"{impl.name} has no native pinning backend (the one with a process-wide registry)")
+    import os
+
+    from reference.envvars import PIN_BACKEND_ENV
+
+    old = os.environ.get(PIN_BACKEND_ENV)
+    os.environ[PIN_BACKEND_ENV] = "native"
+    try:
+        registry = _registry_of(impl)
+        stats0, ranges0, locked0 = _snapshot(area_api, registry)
+        barrier = threading.Barrier(THREADS)
+        workers = [_Worker(area_api, registry, seed * THREADS + i, barrier) for i in range(THREADS)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(timeout=600)
+        hung = [w.name for w in workers if w.is_alive()]
+        assert not hung, f"threads did not finish: {hung}"
+        errors = [w.error for w in workers if w.error is not None]
+        if errors:
+            raise errors[0]
+        del workers
+        stats1, ranges1, locked1 = _snapshot(area_api, registry)
+    finally:
+        if old is None:
+            os.environ.pop(PIN_BACKEND_ENV, None)
+        else:
+            os.environ[PIN_BACKEND_ENV] = old
+    assert ranges1 == ranges0, (
+        f"registry differs from the model after the threads joined: "
+        f"extra {sorted(set(ranges1) - set(ranges0))}, "
+        f"missing {sorted(set(ranges0) - set(ranges1))}"
+    )
+    assert stats1 == stats0, f"pinned_stats not back to the start: before {stats0}, after {stats1}"
+    assert locked1 == locked0, f"VmLck not back to the start: before {locked0} KiB, after {locked1} KiB"
+    conformance_property(f"contention operations ({impl.name})", THREADS * OPS_PER_THREAD)
+
+
+def test_lookups_never_miss_while_other_threads_churn(impl, area_api, accelerator):
+    """Readers probing a buffer that stays pinned must see it pinned on every probe while writers add and
+    remove
+    neighbouring ranges (a torn or half-published registry would make a probe miss)."""
+    if "native" not in impl.capabilities.get("pin_backends", ()):
+        pytest.skip(f"{impl.name} has no native pinning backend")
+    import os
+
+    from reference.envvars import PIN_BACKEND_ENV
+
+    old = os.environ.get(PIN_BACKEND_ENV)
+    os.environ[PIN_BACKEND_ENV] = "native"
+    try:
+        stable = area_api.pin_empty(4096 * 2, dtype=torch.uint8)
+        views = [stable[i * 512 : i * 512 + 700] for i in range(8)]
+        stop = threading.Event()
+        misses: list[str] = []
+
+        def reader() -> None:
+            n = 0
+            while not stop.is_set() or n < 200:
+                for v in views:
+                    if not area_api.is_pinned(v):
+                        misses.append(f"view at {v.data_ptr():#x} missed")
+                n += 1
+
+        def writer(seed: int) -> None:
+            rng = random.Random(seed)
+            for _ in range(60):
+                t = area_api.pin_empty(rng.randint(1, 20000), dtype=torch.uint8)
+                if rng.random() < 0.5:
+                    area_api.unpin(t)
+                del t
+
+        readers = [threading.Thread(target=reader) for _ in range(4)]
+        writers = [threading.Thread(target=writer, args=(i,)) for i in range(4)]
+        for th in readers + writers:
+            th.start()
+        for th in writers:
+            th.join(timeout=300)
+        stop.set()
+        for th in readers:
+            th.join(timeout=300)
+        assert not misses, f"{len(misses)} lookups of a pinned buffer missed, first: {misses[0]}"
+        assert area_api.unpin(stable) is True
+    finally:
+        if old is None:
+            os.environ.pop(PIN_BACKEND_ENV, None)
+        else:
+            os.environ[PIN_BACKEND_ENV] = old

@@ -1,0 +1,151 @@
+"""The pinning API, optimized: same functions, arguments, errors and environment variables as
+:mod:`reference.pinning`, over the native allocator and lock-free registry of ``optimized._native``.
+
+``HOSTOFFLOAD_PIN_BACKEND`` picks where new pinned memory comes from (``torch``: torch's pinned allocator,
+exactly as in the reference; ``native``: :mod:`optimized.pinning.native_backend`). Queries recognise memory
+from either backend. Argument checks and environment parsing are the reference's own helpers, so messages
+cannot drift.
+
+``is_pinned`` is the hot call (every copy decision asks it), so plain CPU tensors take a short path: one
+native registry lookup on ``(data_ptr, nbytes)`` for contiguous tensors. Everything else (subclasses such as
+fake tensors, meta and device tensors, non-tensors) goes through the reference's checks.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from optimized import _native
+from optimized.pinning import native_backend
+from optimized.ranges import tensor_extent
+from reference import envvars
+from reference.accelerators import Accelerator, get_accelerator
+from reference.pinning import raise_bool, torch_backend
+from reference.pinning.native_backend import PinnedStats
+from reference.pinning.tensors import (
+    check_dtype,
+    check_host_device,
+    check_host_tensor,
+    check_tensor,
+    is_data_less,
+    normalize_shape,
+)
+
+__all__ = [
+    "PinnedStats",
+    "is_pinned",
+    "pin_empty",
+    "pin_empty_like",
+    "pin_memory",
+    "pinned_stats",
+    "unpin",
+]
+
+_Tensor = torch.Tensor
+_Parameter = torch.nn.Parameter
+_registry_contains = _native.registry_contains
+
+
+def _allocate(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Fresh pinned memory from the selected backend. Reads the environment now (see module docstring)."""
+    backend = envvars.pin_backend()
+    accelerator: Accelerator = get_accelerator()
+    if backend == "native":
+        return native_backend.empty(shape, dtype, accelerator, envvars.register_with_device())
+    return torch_backend.empty(shape, dtype, accelerator)
+
+
+def pin_empty(
+    *shape: int | tuple[int, ...], dtype: torch.dtype | None = None, device: object = None
+) -> torch.Tensor:
+    """An uninitialised pinned host tensor. ``device`` may only be None or 'cpu'."""
+    dims = normalize_shape(shape)
+    dt = check_dtype(dtype)
+    check_host_device(device)
+    return _allocate(dims, dt)
+
+
+def pin_empty_like(t: torch.Tensor, *, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A pinned host tensor with ``t``'s shape (contiguous), and ``t``'s dtype unless ``dtype`` is given.
+
+    ``t`` may live on any device (including meta): only its shape and dtype are read.
+    """
+    check_tensor("t", t)
+    return _allocate(tuple(t.shape), check_dtype(dtype if dtype is not None else t.dtype))
+
+
+def pin_memory(t: torch.Tensor, *, make_copy: bool = True, match_shape: bool = True) -> torch.Tensor:
+    """``t``'s values in pinned host memory (see :func:`reference.pinning.pin_memory` for the contract).
+
+    The copy goes straight from ``t``'s strided layout into the pinned buffer: no pageable temporary.
+    """
+    check_host_tensor("t", t)
+    if not isinstance(make_copy, bool):
+        raise_bool("make_copy", make_copy)
+    if not isinstance(match_shape, bool):
+        raise_bool("match_shape", match_shape)
+    shape = tuple(t.shape) if match_shape else (t.numel(),)
+    if not make_copy and is_pinned(t) and t.is_contiguous():
+        if not match_shape:
+            t.data = t.data.view(shape)
+        return t
+    dst = _allocate(shape, t.dtype)
+    dst.view(t.shape).copy_(t)
+    if make_copy:
+        return dst
+    with torch.no_grad():
+        t.data = dst
+    return t
+
+
+def _is_pinned_checked(t: object) -> bool:
+    """The reference's path: argument check, data-less and device checks, then the registry rule."""
+    check_tensor("t", t)
+    if is_data_less(t) or t.device.type != "cpu":
+        return False
+    ptr, nbytes = tensor_extent(t)
+    if _registry_contains(ptr, nbytes):
+        return True
+    return _torch_reports_pinned(t)
+
+
+def _torch_reports_pinned(t: torch.Tensor) -> bool:
+    return get_accelerator().has_torch_pinning and bool(t.is_pinned())
+
+
+def is_pinned(t: torch.Tensor) -> bool:
+    """True iff ``t``'s whole byte extent is pinned host memory. Never touches data of meta/fake tensors."""
+    tp = type(t)
+    # Plain tensors on the CPU cannot be fake (FakeTensor is a subclass) and are not meta (is_cpu is False).
+    if (tp is _Tensor or tp is _Parameter) and t.is_cpu:
+        try:
+            ptr = t.data_ptr()
+        except RuntimeError:  # a storage-less wrapper (e.g. functionalization): take the checked path
+            return _is_pinned_checked(t)
+        if t.is_contiguous():
+            if _registry_contains(ptr, t.nbytes):
+                return True
+        elif _registry_contains(*tensor_extent(t)):
+            return True
+        return _torch_reports_pinned(t)
+    return _is_pinned_checked(t)
+
+
+def unpin(t: torch.Tensor) -> bool:
+    """Unpin the native allocation holding ``t`` now; True if this call unpinned it.
+
+    The device registration, the page lock and the registry entry go at once; the memory stays valid until the
+    last view dies. False for a second call, for torch-backend memory (torch owns and frees it), for memory
+    hostoffload did not pin, and for pieces of a :class:`optimized.slab.PinnedSlab` (the slab owns the pin:
+    free the piece, or close the slab).
+    """
+    check_tensor("t", t)
+    if is_data_less(t) or t.device.type != "cpu":
+        return False
+    ptr, nbytes = tensor_extent(t)
+    return native_backend.unpin_extent(ptr, nbytes)
+
+
+def pinned_stats() -> PinnedStats:
+    """Counters of memory the native backend pinned (torch's allocator keeps its own: ``memory_stats()``)."""
+    return native_backend.stats()

@@ -1,0 +1,152 @@
+"""optimized's native pinning backend: the C++ allocator of ``optimized._native`` behind the reference's API.
+
+Same contract as :mod:`reference.pinning.native_backend` (page-rounded, locked, registered, recorded in the
+process-wide registry; registration failure warns once and keeps the lock; lock failure raises
+``PinnedMemoryLockError`` with everything released; unpin releases at once, the mapping lives until the last
+view dies). What is different is where the time goes:
+
+- pages are faulted in by several threads at once, as 2 MiB transparent huge pages where the kernel allows,
+  and locked as they fault (``mlock2(MLOCK_ONFAULT)``), instead of mlock faulting 4 KiB pages on one thread;
+- on the stock CUDA accelerator, registration calls ``cudaHostRegister`` from C++ through the runtime torch
+  already loaded, so the memory is unregistered by the DLPack deleter on whatever thread drops the last view,
+  without the GIL. Any other accelerator (a plugin, or a patched one) is registered through its Python hook.
+- the buffer reaches torch as a DLPack capsule, so the allocation lives exactly as long as the tensor storage.
+
+Tuning knobs specific to this implementation (read at each call, like every pinning variable):
+
+``HOSTOFFLOAD_PIN_HUGE_PAGES`` in {auto, thp, hugetlb, off} (default auto): ``auto``/``thp`` ask for
+transparent huge pages on buffers of 2 MiB and more; ``hugetlb`` tries reserved hugetlbfs pages first (falls
+back to THP when none are reserved; sizes then round to 2 MiB); ``off`` uses 4 KiB pages.
+``HOSTOFFLOAD_PIN_POPULATE_THREADS``: an int >= 0, threads faulting pages in (0 or unset: one per 64 MiB, at
+most 16 and at most the CPU count).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+
+import torch
+
+from optimized import _native
+from reference.accelerators import Accelerator
+from reference.accelerators.cuda import CudaAccelerator
+from reference.envvars import read_choice
+from reference.errors import ConfigurationError
+from reference.pinning.native_backend import PinnedStats
+
+HUGE_PAGES_ENV = "HOSTOFFLOAD_PIN_HUGE_PAGES"
+HUGE_PAGE_MODES: tuple[str, ...] = ("auto", "thp", "hugetlb", "off")
+POPULATE_THREADS_ENV = "HOSTOFFLOAD_PIN_POPULATE_THREADS"
+
+# The reference CUDA accelerator registers with cudaHostRegisterDefault; the native path uses the same flags
+# so both implementations produce the same kind of registration.
+_CUDA_REGISTER_FLAGS = 0
+
+_warn_lock = threading.Lock()
+_warned_registration = False
+_itemsizes: dict[torch.dtype, int] = {}
+
+
+def huge_page_mode() -> str:
+    return read_choice(HUGE_PAGES_ENV, HUGE_PAGE_MODES, "auto")
+
+
+def populate_threads() -> int:
+    raw = os.environ.get(POPULATE_THREADS_ENV)
+    if raw is None or raw.strip() == "":
+        return 0
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ConfigurationError(
+            f"{POPULATE_THREADS_ENV}={raw!r} is not allowed; allowed values: an int >= 0 (0: automatic)"
+        )
+    return value
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    size = _itemsizes.get(dtype)
+    if size is None:
+        size = torch.empty((), dtype=dtype).element_size()
+        _itemsizes[dtype] = size
+    return size
+
+
+def _uses_native_cuda(accelerator: Accelerator) -> bool:
+    """True if registration may bypass the Python hook: the stock CUDA accelerator, hook not overridden."""
+    return (
+        isinstance(accelerator, CudaAccelerator)
+        and type(accelerator).register_host_memory is CudaAccelerator.register_host_memory
+        and type(accelerator).unregister_host_memory is CudaAccelerator.unregister_host_memory
+        and _native.cuda_runtime_available()
+    )
+
+
+def _warn_registration_failed(accelerator: Accelerator, nbytes: int, detail: str) -> None:
+    global _warned_registration
+    with _warn_lock:
+        if _warned_registration:
+            return
+        _warned_registration = True
+    reason = f" ({detail})" if detail else ""
+    warnings.warn(
+        f"registering {nbytes} bytes of locked host memory with accelerator {accelerator.name!r} "
+        f"failed{reason}; the buffer stays page-locked but device copies from it may be staged. "
+        "This warning is shown once per process; set HOSTOFFLOAD_PIN_REGISTER_DEVICE=0 to skip registration.",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+
+
+def allocate(nbytes: int, accelerator: Accelerator, register: bool, *, slab: bool = False) -> torch.Tensor:
+    """A flat uint8 tensor over a fresh native pinned allocation of ``nbytes`` (page-rounded length).
+
+    The tensor spans the whole page-rounded allocation; callers slice it. Reads the tuning variables now.
+    """
+    huge = huge_page_mode()
+    threads = populate_threads()
+    want_registration = register and accelerator.supports_host_registration
+    native_cuda = want_registration and _uses_native_cuda(accelerator)
+    alloc = _native.allocate(nbytes, huge, threads, native_cuda, _CUDA_REGISTER_FLAGS, slab)
+    # Until export() hands it to torch, `alloc` is the only owner: any exception below drops it, and its
+    # destructor unregisters, unlocks, drops the range and unmaps.
+    if native_cuda:
+        if not alloc.registered:
+            _warn_registration_failed(accelerator, alloc.size, alloc.register_error)
+    elif want_registration:
+        if accelerator.register_host_memory(alloc.data, alloc.size):
+            alloc.set_external_registration(accelerator.unregister_host_memory)
+        else:
+            _warn_registration_failed(accelerator, alloc.size, "")
+    return torch.utils.dlpack.from_dlpack(alloc.export())
+
+
+def empty(
+    shape: tuple[int, ...], dtype: torch.dtype, accelerator: Accelerator, register: bool
+) -> torch.Tensor:
+    """A contiguous tensor of ``shape``/``dtype`` in a fresh native pinned allocation."""
+    numel = 1
+    for s in shape:
+        numel *= s
+    nbytes = numel * _itemsize(dtype)
+    flat = allocate(nbytes, accelerator, register)
+    return flat[:nbytes].view(dtype).view(shape)
+
+
+def allocation_of(ptr: int, nbytes: int) -> _native.NativeAllocation | None:
+    """The live pinned allocation whose range holds the whole extent, if any (diagnostics and tests)."""
+    return _native.allocation_of(ptr, nbytes)
+
+
+def unpin_extent(ptr: int, nbytes: int) -> bool:
+    """Unpin the (non-slab) allocation holding the extent; True iff this call unpinned it."""
+    return _native.unpin_extent(ptr, nbytes) == 1
+
+
+def stats() -> PinnedStats:
+    allocations, nbytes, registered, unpinned_alive, _errors = _native.pinned_counters()
+    return PinnedStats(allocations, nbytes, registered, unpinned_alive)
