@@ -1,0 +1,15 @@
+"""An out-of-tree hostoffload implementation, registered by entry point.
+
+A vendor shipping its own implementation declares which areas it provides and points each at a module with the
+area's API. This example provides pinning and ranges by reusing the reference modules, which is a legitimate
+starting point for a port: the suite then checks the vendor's accelerator underneath them.
+"""
+
+from reference.implementation import Implementation
+
+IMPLEMENTATION = Implementation(
+    name="example",
+    version="0.1.0",
+    areas={"pinning": "reference.pinning", "ranges": "reference.ranges"},
+    capabilities={"pin_backends": ("torch", "native")},
+)
