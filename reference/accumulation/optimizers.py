@@ -24,7 +24,7 @@ Adam (L2 weight decay folded into the gradient)::
     if wd > 0: g = g + p * wd
     m = m * beta1 + g * (1 - beta1)
     v = v * beta2 + (g * g) * (1 - beta2)
-    denom = sqrt(v) * (1 / sqrt(1 - beta2**t)) + eps
+    denom = sqrt(v) * (1 / sqrt(1 - beta2**t)) + eps      (sqrt correctly rounded, see correctly_rounded_sqrt)
     p = p - (m / denom) * (lr / (1 - beta1**t))
 
 AdamW (decoupled weight decay, applied before the moment update)::
@@ -52,6 +52,17 @@ class OptimizerState:
 
     def to(self, device: torch.device | str) -> OptimizerState:
         return OptimizerState(self.step, {k: v.to(device) for k, v in self.buffers.items()})
+
+
+def correctly_rounded_sqrt(x: torch.Tensor) -> torch.Tensor:
+    """fp32 square root rounded once, to nearest.
+
+    torch's fp32 CPU ``sqrt`` is not correctly rounded on every build (this project's CI torch returns a value
+    one ulp off for some inputs), and R16 requires one correct rounding per operation. The fp64 square root is
+    correctly rounded and fp64 has more than 2 * 24 + 2 significand bits, so rounding it to fp32 gives the
+    correctly rounded fp32 square root (double rounding is innocuous for sqrt at that precision).
+    """
+    return torch.sqrt(x.to(torch.float64)).to(torch.float32)
 
 
 def init_state(config: OptimizerConfig, master: torch.Tensor) -> OptimizerState:
@@ -109,5 +120,5 @@ def _adam(
     v.copy_(torch.add(torch.mul(v, beta2), torch.mul(torch.mul(g, g), 1.0 - beta2)))
     inv_bias_correction2_sqrt = 1.0 / math.sqrt(1.0 - beta2**t)
     step_size = config.lr / (1.0 - beta1**t)
-    denom = torch.add(torch.mul(torch.sqrt(v), inv_bias_correction2_sqrt), config.eps)
+    denom = torch.add(torch.mul(correctly_rounded_sqrt(v), inv_bias_correction2_sqrt), config.eps)
     p.copy_(torch.sub(p, torch.mul(torch.div(m, denom), step_size)))
