@@ -42,12 +42,20 @@ class Block(torch.nn.Module):
         return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
 
 
+DEVICE = "cuda"
+
+
+def _sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
 def run_step(blocks: torch.nn.ModuleList, x: torch.Tensor, checkpointed: bool, host_sync: bool) -> None:
     h = x
     for block in blocks:
         h = torch_checkpoint.checkpoint(block, h, use_reentrant=False) if checkpointed else block(h)
         if host_sync:
-            torch.cuda.synchronize()
+            _sync()
             if h.requires_grad:
                 h.register_hook(_sync_hook)
     loss = h.sum(dtype=torch.float32)
@@ -55,7 +63,7 @@ def run_step(blocks: torch.nn.ModuleList, x: torch.Tensor, checkpointed: bool, h
 
 
 def _sync_hook(grad: torch.Tensor) -> torch.Tensor:
-    torch.cuda.synchronize()
+    _sync()
     return grad
 
 
@@ -73,16 +81,17 @@ def measure(
     peaks = []
     for i in range(warmup + steps):
         blocks.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
+        _sync()
+        if DEVICE == "cuda":
+            torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
         with context() if context is not None else contextlib.nullcontext():
             run_step(blocks, x, checkpointed, host_sync)
-        torch.cuda.synchronize()
+        _sync()
         elapsed = time.perf_counter() - start
         if i >= warmup:
             times.append(elapsed * 1000)
-            peaks.append(torch.cuda.max_memory_allocated() / 2**30)
+            peaks.append(torch.cuda.max_memory_allocated() / 2**30 if DEVICE == "cuda" else 0.0)
     return {
         "arm": name,
         "variant": "host_sync" if host_sync else "async",
@@ -101,11 +110,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--arms", default="no_ckpt,ckpt,save_on_cpu,reference,optimized,optimized_p1")
+    parser.add_argument("--arms", default="no_ckpt,ckpt,save_on_cpu,reference,optimized")
     parser.add_argument("--variants", default="async,host_sync")
     parser.add_argument("--out", default=None, help="write the results as JSON here")
+    parser.add_argument("--smoke-cpu", action="store_true", help="run on the CPU to check the script only")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
+    global DEVICE
+    if args.smoke_cpu:
+        DEVICE = "cpu"
+    elif not torch.cuda.is_available():
         print("bench_offload: needs a CUDA device", file=sys.stderr)
         return 2
 
@@ -114,27 +127,31 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.manual_seed(0)
     blocks = torch.nn.ModuleList(Block(args.hidden, args.inner) for _ in range(args.blocks))
-    blocks = blocks.to(device="cuda", dtype=torch.bfloat16)
+    blocks = blocks.to(device=DEVICE, dtype=torch.bfloat16)
     x = torch.randn(
-        args.batch, args.seq, args.hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True
+        args.batch, args.seq, args.hidden, device=DEVICE, dtype=torch.bfloat16, requires_grad=True
     )
+    arm_names = args.arms.split(",")
     managers = {
-        "reference": reference_offload.ActivationOffload(),
-        "optimized": optimized_offload.ActivationOffload(),
-        # the same engine with a one-tensor look-ahead: less device memory held by prefetched inputs
-        "optimized_p1": optimized_offload.ActivationOffload(prefetch_count=1),
+        "reference": reference_offload.ActivationOffload(accelerator=DEVICE),
+        "optimized": optimized_offload.ActivationOffload(accelerator=DEVICE),
     }
-    arms = {
+    for name in arm_names:
+        # optimized_pN: the optimized engine with a look-ahead of N tensors (memory/time trade-off)
+        suffix = name.removeprefix("optimized_p")
+        if name.startswith("optimized_p") and suffix.isdigit():
+            lookahead = int(suffix)
+            managers[name] = optimized_offload.ActivationOffload(accelerator=DEVICE, prefetch_count=lookahead)
+    arms: dict[str, tuple[bool, Any]] = {
         "no_ckpt": (False, None),
         "ckpt": (True, None),
         "save_on_cpu": (True, lambda: torch.autograd.graph.save_on_cpu(pin_memory=True)),
-        "reference": (True, lambda: managers["reference"]),
-        "optimized": (True, lambda: managers["optimized"]),
-        "optimized_p1": (True, lambda: managers["optimized_p1"]),
     }
+    for name, manager in managers.items():
+        arms[name] = (True, lambda manager=manager: manager)
     results = []
     for variant in args.variants.split(","):
-        for arm in args.arms.split(","):
+        for arm in arm_names:
             checkpointed, context = arms[arm]
             for m in managers.values():
                 m.reset_stats()
@@ -157,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                     r["time_vs_ckpt_pct"] = 100.0 * (r["median_ms"] / base["median_ms"] - 1.0)
     report = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "hardware": torch.cuda.get_device_name(),
+        "hardware": torch.cuda.get_device_name() if DEVICE == "cuda" else platform.processor() or "cpu",
         "torch": torch.__version__,
         "python": platform.python_version(),
         "command": " ".join([sys.executable.rsplit("/", 1)[-1], *sys.argv]),
