@@ -42,6 +42,64 @@ from reference.offload.stats import OffloadStats
 _MAX_READ_EVENTS = 4
 # Resolve copy timings once this many are pending, so the list stays short between stats reads.
 _TIMING_BACKLOG = 256
+# How many autograd nodes after a restore get a one-shot post-hook that may issue the planned prefetch.
+_PREFETCH_HOOK_NODES = 8
+
+
+def _current_autograd_node() -> Any:
+    getter = getattr(torch._C, "_current_autograd_node", None)
+    return getter() if getter is not None else None
+
+
+class _DeferredPrefetch:
+    """Prefetch planned at a restore, issued once memory has dropped below the level already reached.
+
+    Allocating the look-ahead buffers at the moment a tensor is restored would add them on top of the peak of
+    the backward ops that follow (the restored tensor's consumers allocate their gradients right after). So
+    the buffers are allocated from one-shot post-hooks on the next autograd nodes, at the first one where
+    ``allocated + buffer <= highest allocation seen since the restore``: the prefetch fills headroom under a
+    peak that already happened instead of raising it, and its copy still overlaps the rest of the backward
+    work before the tensor is needed. If no node gets there first, the next restore copies on demand.
+    """
+
+    def __init__(self, engine: StreamedEngine, candidates: list[Record], epoch: int, start: int) -> None:
+        self._engine = weakref.ref(engine)
+        self._pending = [weakref.ref(c) for c in candidates]
+        self._epoch = epoch
+        self._high = start
+
+    def attach(self, node: Any) -> None:
+        queue = [node]
+        seen: set[int] = set()
+        attached = 0
+        while queue and attached < _PREFETCH_HOOK_NODES:
+            current = queue.pop(0)
+            if current is None or id(current) in seen:
+                continue
+            seen.add(id(current))
+            if type(current).__name__ != "AccumulateGrad":
+                current.register_hook(self._on_node_done)
+                attached += 1
+            queue.extend(fn for fn, _ in current.next_functions)
+
+    def _on_node_done(self, grad_inputs: Any, grad_outputs: Any) -> None:
+        engine = self._engine()
+        if engine is None or not self._pending:
+            return
+        allocated = engine._allocated_bytes()
+        if allocated is None:
+            return
+        self._high = max(self._high, allocated)
+        while self._pending:
+            candidate = self._pending[0]()
+            if candidate is None:
+                self._pending.pop(0)
+                continue
+            if allocated + candidate.nbytes > self._high:
+                return
+            self._pending.pop(0)
+            engine._issue_deferred(candidate, self._epoch)
+            allocated += candidate.nbytes
 
 
 class StreamedEngine(EngineBase):
@@ -62,6 +120,7 @@ class StreamedEngine(EngineBase):
         self._order_ref: list[weakref.ref[Record]] = []
         self._live_offloaded = 0
         self._timings: list[tuple[str, Any, Any, int]] = []
+        self._epoch = 0
         module = getattr(torch, accelerator.device_type, None)
         self._timing_event_cls = getattr(module, "Event", None) if self.use_streams else None
 
@@ -237,13 +296,26 @@ class StreamedEngine(EngineBase):
         if self.config.prefetch_count == 0:
             return
         with self._lock:
-            self._prefetch_before(record.seq)
+            self._epoch += 1
+            record.restore_epoch = self._epoch
+            candidates = self._prefetch_candidates(record.seq)
+            if not candidates:
+                return
+            start = self._allocated_bytes()
+            node = _current_autograd_node() if start is not None else None
+            if node is None or start is None:
+                for candidate in candidates:
+                    self._issue_prefetch(candidate)
+                return
+        _DeferredPrefetch(self, candidates, self._epoch, start).attach(node)
 
-    def _prefetch_before(self, seq: int) -> None:
-        """Start restoring the next ``prefetch_count`` offloaded records older than ``seq`` (lock held)."""
+    def _prefetch_candidates(self, seq: int) -> list[Record]:
+        """The next ``prefetch_count`` offloaded records older than ``seq`` not yet prefetched (lock held)."""
         cap = self.config.max_inflight_bytes
         j = bisect.bisect_left(self._order_seq, seq) - 1
         seen = 0
+        planned = self._prefetch_bytes
+        out = []
         while j >= 0 and seen < self.config.prefetch_count:
             candidate = self._order_ref[j]()
             j -= 1
@@ -252,8 +324,27 @@ class StreamedEngine(EngineBase):
             seen += 1
             if candidate.prefetched is not None:
                 continue
-            if cap is not None and self._prefetch_bytes + candidate.nbytes > cap:
+            if cap is not None and planned + candidate.nbytes > cap:
                 break
+            planned += candidate.nbytes
+            out.append(candidate)
+        return out
+
+    def _allocated_bytes(self) -> int | None:
+        """Device bytes allocated now, if the device reports it cheaply (CUDA); None otherwise."""
+        if self.device_type != "cuda":
+            return None
+        return int(torch.cuda.memory_allocated())
+
+    def _issue_deferred(self, candidate: Record, epoch: int) -> None:
+        """Issue a planned prefetch unless it became pointless (restored, freed or prefetched meanwhile)."""
+        with self._lock:
+            if (
+                candidate.state != ON_HOST
+                or candidate.prefetched is not None
+                or candidate.restore_epoch > epoch
+            ):
+                return
             self._issue_prefetch(candidate)
 
     def _issue_prefetch(self, record: Record) -> None:

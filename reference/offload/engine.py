@@ -97,6 +97,7 @@ class Record:
         "probe",
         "producer_stream",
         "read_events",
+        "restore_epoch",
         "seq",
         "span",
         "state",
@@ -120,6 +121,7 @@ class Record:
         self.read_events: list[Any] = []
         self.kept_counted = False
         self.unpacked = False
+        self.restore_epoch = -1
         self.version = t._version
         self.probe = _version_probe(t)
         self.type_name = t.type()
