@@ -1,0 +1,99 @@
+"""CUDA-only pinning properties: registration is real, and DMA through registered buffers is exact.
+
+On a CUDA accelerator the native backend registers its pages with the device. That registration is what lets
+the copy engines read host memory directly, so it is checked from torch's side (``torch.Tensor.is_pinned()``
+asks the CUDA runtime, not hostoffload), and asynchronous copies in and out of native buffers must give the
+same bytes as a plain pageable round trip. Skipped (as a capability, not a stub) on accelerators that are not
+CUDA.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conformance.assertions import assert_bitwise_equal
+from conformance.strategies import dtypes, filled, nonempty_shapes
+
+pytestmark = pytest.mark.conformance_area("pinning")
+
+
+@pytest.fixture
+def cuda_native(impl, accelerator, monkeypatch):
+    """The native backend with device registration on, on a CUDA accelerator."""
+    if accelerator.device_type != "cuda":
+        pytest.skip(f"CUDA-only property; accelerator {accelerator.name} is {accelerator.device_type}")
+    if "native" not in impl.capabilities.get("pin_backends", ()):
+        pytest.skip(f"{impl.name} has no native pinning backend")
+    monkeypatch.setenv("HOSTOFFLOAD_PIN_BACKEND", "native")
+    monkeypatch.delenv("HOSTOFFLOAD_PIN_REGISTER_DEVICE", raising=False)
+    return accelerator
+
+
+def _round_trip_async(accelerator, pinned_src: torch.Tensor, pinned_dst: torch.Tensor) -> None:
+    """H2D then D2H with non_blocking=True on a side stream, synchronised only at the end."""
+    device = accelerator.device()
+    side = accelerator.new_stream()
+    with accelerator.stream(side):
+        on_device = pinned_src.to(device, non_blocking=True)
+        on_device = on_device + 0  # a kernel between the copies, so the D2H really waits on the stream
+        pinned_dst.copy_(on_device, non_blocking=True)
+    side.synchronize()
+
+
+def test_registered_native_buffer_is_pinned_for_torch(area_api, cuda_native):
+    """torch.Tensor.is_pinned() is True for a registered native buffer and its views; False after unpin."""
+    buf = area_api.pin_empty(3, 1 << 20, dtype=torch.uint8)
+    assert buf.is_pinned(), "torch does not see the native buffer as pinned: it was not registered with CUDA"
+    assert buf[1].is_pinned() and buf[2, 100:200].is_pinned()
+    stats = area_api.pinned_stats()
+    assert stats.registered_bytes >= 3 << 20, f"registered bytes not accounted: {stats}"
+    assert area_api.unpin(buf) is True
+    assert not buf.is_pinned(), "torch still sees the buffer as pinned after unpin (not unregistered)"
+    del buf
+
+
+def test_unregistered_buffer_is_locked_but_not_pinned_for_torch(area_api, cuda_native, monkeypatch):
+    """REGISTER_DEVICE=off: hostoffload reports pinned (locked), torch does not (not registered)."""
+    monkeypatch.setenv("HOSTOFFLOAD_PIN_REGISTER_DEVICE", "off")
+    buf = area_api.pin_empty(1 << 20, dtype=torch.uint8)
+    assert area_api.is_pinned(buf)
+    assert not buf.is_pinned()
+    del buf
+
+
+@given(shape=nonempty_shapes, dtype=dtypes, seed=st.integers(0, 2**16), big=st.booleans())
+def test_non_blocking_round_trip_is_exact(area_api, cuda_native, shape, dtype, seed, big):
+    """Async H2D/D2H through native buffers gives exactly the bytes of a pageable round trip."""
+    if big:
+        shape = (*shape[:-1], shape[-1] * 4096)  # multi-page buffers: DMA crosses page boundaries
+    src = filled(shape, dtype, seed)
+    expected = src.to(cuda_native.device()).cpu()  # the pageable round trip
+    pinned_src = area_api.pin_memory(src)
+    pinned_dst = area_api.pin_empty_like(src)
+    assert pinned_src.is_pinned() and pinned_dst.is_pinned()
+    _round_trip_async(cuda_native, pinned_src, pinned_dst)
+    assert_bitwise_equal(pinned_dst, expected, "non_blocking round trip through native pinned buffers")
+    # Strided views of a registered buffer copy exactly too.
+    view = pinned_src.view(-1)[1::2] if pinned_src.numel() > 1 else pinned_src.view(-1)
+    assert_bitwise_equal(view.to(cuda_native.device(), non_blocking=True).cpu(), view, "strided view H2D")
+
+
+def test_slab_pieces_are_registered_and_copy_exactly(impl, area_api, cuda_native):
+    """Pieces of a pinned slab (capability ``pinned_slab``) are pinned for torch and copy exactly."""
+    module = impl.capabilities.get("pinned_slab")
+    if module is None:
+        pytest.skip(f"{impl.name} declares no pinned_slab capability")
+    slab_cls = importlib.import_module(module).PinnedSlab
+    with slab_cls(8 << 20) as slab:
+        a = slab.allocate(1000, 257, dtype=torch.float32)
+        b = slab.allocate(1000, 257, dtype=torch.float32)
+        assert a.is_pinned() and b.is_pinned() and area_api.is_pinned(a)
+        a.copy_(filled((1000, 257), torch.float32, 3))
+        _round_trip_async(cuda_native, a, b)
+        assert_bitwise_equal(b, a, "slab piece round trip")
+    assert not a.is_pinned(), "closing the slab must unregister it"
