@@ -35,10 +35,12 @@ from reference.accumulation import (
     optimizer_step,
     shard,
 )
-from reference.accumulation.engine import CLIP_EPSILON
 
-# ---- tensors
-# ----------------------------------------------------------------------------------------------------
+#: R15's epsilon in the clipping coefficient, stated here independently of the reference's constant.
+CLIP_EPSILON = 1e-6
+
+
+# ---- tensors -----------------------------------------------------------------------------------------------
 
 
 def _first_mismatch(mask: torch.Tensor) -> tuple[int, ...]:
@@ -125,8 +127,7 @@ def assert_named_tensors(
             assert_tensor_close(actual[name], expected[name], f"{what}[{name!r}]", rtol=tol[0], atol=tol[1])
 
 
-# ---- traces
-# -----------------------------------------------------------------------------------------------------
+# ---- traces ------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -247,8 +248,7 @@ def cross_implementation_tolerance(scenario: Scenario, impl: Any, accelerator: A
     )
 
 
-# ---- replay of the boundary epilogue (R13-R16)
-# --------------------------------------------------------------------
+# ---- replay of the boundary epilogue (R13-R16) -------------------------------------------------------------
 
 
 def replay_boundaries(trace: Trace) -> list[tuple[float, float | None, dict[str, torch.Tensor]]]:
@@ -287,6 +287,11 @@ def replay_boundaries(trace: Trace) -> list[tuple[float, float | None, dict[str,
     return out
 
 
+def replay_applies(impl: Any) -> bool:
+    """R25: the exact replay of R13-R16 applies unless the implementation declares an optimizer ulp bound."""
+    return not (getattr(impl, "capabilities", {}) or {}).get("accumulation_optimizer_ulps")
+
+
 def assert_replay_consistent(trace: Trace) -> None:
     """R13-R16 hold exactly on ``trace``: norm, clip coefficient and parameters follow from its own
     gradients."""
@@ -304,8 +309,7 @@ def assert_replay_consistent(trace: Trace) -> None:
         previous = rec.parameters
 
 
-# ---- an independent oracle for the first boundary (R7, R9-R11, R23)
-# -------------------------------------------------
+# ---- an independent oracle for the first boundary (R7, R9-R11, R23) ----------------------------------------
 
 
 def local_gradients_before_first_boundary(scenario: Scenario) -> list[list[torch.Tensor]]:

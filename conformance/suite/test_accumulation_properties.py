@@ -22,6 +22,7 @@ from conformance.accumulation_assertions import (
     assert_tensor_equal,
     assert_traces_match,
     local_gradients_before_first_boundary,
+    replay_applies,
     summation_error_bound,
 )
 from conformance.accumulation_strategies import (
@@ -55,8 +56,7 @@ def _at_stage(cfg: AccumulationConfig, stage: int) -> AccumulationConfig:
     return cfg.replace(zero_stage=stage, offload_param=cfg.offload_param if stage == 3 else "none")
 
 
-# ---- R2, R3, R6: boundaries and counters
-# ------------------------------------------------------------------------
+# ---- R2, R3, R6: boundaries and counters -------------------------------------------------------------------
 
 
 def _expected_flags_and_counters(sc: Scenario) -> list[tuple[bool, tuple[int, int, int] | None]]:
@@ -119,8 +119,7 @@ def test_R2_R3_R6_boundary_flags_and_counters(area_api, sc):
             assert got == counters, f"record {rec.call_index}: counters {got} != expected {counters}"
 
 
-# ---- R4: a non-boundary step changes nothing
-# --------------------------------------------------------------------
+# ---- R4: a non-boundary step changes nothing ---------------------------------------------------------------
 
 
 @given(cfg=accumulation_configs(managed=True), world=worlds, seed=seeds, n_back=st.integers(0, 2))
@@ -186,8 +185,7 @@ def test_R4_non_boundary_step_changes_nothing(reference_api, cfg, world, seed, n
     )
 
 
-# ---- R5: scale_wrt_gas
-# -------------------------------------------------------------------------------------------
+# ---- R5: scale_wrt_gas -------------------------------------------------------------------------------------
 
 
 @given(cfg=accumulation_configs(), world=worlds, seed=seeds, n=st.integers(1, 3))
@@ -202,8 +200,7 @@ def test_R5_scale_wrt_gas_is_division_by_configured_gas(area_api, cfg, world, se
     assert_traces_match(area_api.run_scenario(scaled), area_api.run_scenario(manual))
 
 
-# ---- R22: unmanaged == managed with override
-# --------------------------------------------------------------------
+# ---- R22: unmanaged == managed with override ---------------------------------------------------------------
 
 
 @given(
@@ -237,8 +234,7 @@ def test_R22_unmanaged_equals_managed_with_override(
     assert_boundaries_match(a, b, "R22 unmanaged vs managed+override")
 
 
-# ---- R23: stages agree
-# --------------------------------------------------------------------------------------------
+# ---- R23: stages agree -------------------------------------------------------------------------------------
 
 
 @given(
@@ -313,8 +309,7 @@ def test_R23_stages_01_vs_23_within_summation_bound(area_api, cfg, world, seed, 
     assert_traces_match(traces[3], traces[2])  # same order (R10) at stages 2 and 3
 
 
-# ---- R7, R9, R10, R11: the reduced gradient, from an independent oracle
-# --------------------------------------------
+# ---- R7, R9, R10, R11: the reduced gradient, from an independent oracle ------------------------------------
 
 
 def _fold(terms: list[torch.Tensor], world: int) -> torch.Tensor:
@@ -377,8 +372,7 @@ def test_R7_frozen_parameters_never_change_and_have_no_gradient(area_api, cfg, w
             assert not bool(rec.gradients["unused"].any())
 
 
-# ---- R1: ranks start equal and stay equal
-# -------------------------------------------------------------------------
+# ---- R1: ranks start equal and stay equal ------------------------------------------------------------------
 
 
 @given(cfg=accumulation_configs(), world=worlds, seed=seeds, spec=model_specs())
@@ -413,8 +407,7 @@ def test_R1_R12_every_rank_holds_the_same_parameters_after_steps(reference_api, 
     assert sizes == {engine.layout.total if cfg.zero_stage == 0 else engine.layout.partition_size}
 
 
-# ---- R24: rank order
-# ------------------------------------------------------------------------------------------------
+# ---- R24: rank order ---------------------------------------------------------------------------------------
 
 
 @given(cfg=accumulation_configs(), seed=seeds, spec=model_specs())
@@ -458,8 +451,7 @@ def test_R24_three_rank_average_depends_on_order(reference_api):
     assert in_order.item() == 0.0 and other.item() != 0.0
 
 
-# ---- R17: offload
-# ---------------------------------------------------------------------------------------------------
+# ---- R17: offload ------------------------------------------------------------------------------------------
 
 
 @given(cfg=accumulation_configs(), world=worlds, seed=seeds, spec=model_specs())
@@ -488,8 +480,7 @@ def test_R17_offloaded_state_lives_on_the_host(reference_api):
     assert all(b.device.type == "cpu" for s in engine.optimizer_states() for b in s.buffers.values())
 
 
-# ---- R18: no_sync
-# ---------------------------------------------------------------------------------------------------
+# ---- R18: no_sync ------------------------------------------------------------------------------------------
 
 
 @given(cfg=accumulation_configs(stages=(0, 1)), world=worlds, seed=seeds, n=st.integers(1, 3))
@@ -507,12 +498,11 @@ def test_R18_no_sync_changes_no_value_on_stages_0_1(area_api, cfg, world, seed, 
     ]
 
 
-# ---- R13-R16: the boundary epilogue
-# ---------------------------------------------------------------------------------
+# ---- R13-R16: the boundary epilogue ------------------------------------------------------------------------
 
 
 @given(cfg=accumulation_configs(), world=worlds, seed=seeds, opt=optimizer_configs())
-def test_R13_R14_R15_R16_epilogue_replays_from_recorded_gradients(area_api, cfg, world, seed, opt):
+def test_R13_R14_R15_R16_epilogue_replays_from_recorded_gradients(area_api, impl, cfg, world, seed, opt):
     """R13 (order), R14 (norm over partitions), R15 (clip coefficient), R16 (optimizer): norm, clip
     coefficient and parameters of every boundary follow exactly from the recorded gradients; with
     gradient_clipping=0.05
@@ -523,7 +513,8 @@ def test_R13_R14_R15_R16_epilogue_replays_from_recorded_gradients(area_api, cfg,
         trace = area_api.run_scenario(
             Scenario(c, world, (*lead, Backward(), Backward(), Step(), Backward(), Step()), seed=seed)
         )
-        assert_replay_consistent(trace)
+        if replay_applies(impl):
+            assert_replay_consistent(trace)
         for rec in trace.boundaries():
             assert (rec.clip_coef is not None) == (clip > 0), (
                 f"clip_coef {rec.clip_coef} with clipping {clip}"

@@ -16,6 +16,7 @@ from conformance.accumulation_assertions import (
     assert_replay_consistent,
     assert_traces_match,
     cross_implementation_tolerance,
+    replay_applies,
 )
 from conformance.accumulation_strategies import scenarios
 from reference.accumulation import BackwardRecord, ControlRecord, Scenario, StepRecord, Trace
@@ -33,7 +34,8 @@ def test_R25_R26_drawn_scenario_matches_reference_trace(area_api, reference_api,
     expected = reference_api.run_scenario(scenario)
     actual = area_api.run_scenario(scenario)
     assert_traces_match(actual, expected, cross_implementation_tolerance(scenario, impl, accelerator))
-    assert_replay_consistent(actual)
+    if replay_applies(impl):
+        assert_replay_consistent(actual)
 
 
 @given(scenario=scenarios(world_sizes=(1, 2)))

@@ -178,7 +178,7 @@ class AccumulationConfig:
                     f"managed_gradient_accumulation=True"
                 )
 
-    # ---- resolved dtypes ---------------------------------------------------------------------------------
+    # ---- resolved dtypes -----------------------------------------------------------------------------------
     @property
     def model_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
@@ -191,7 +191,7 @@ class AccumulationConfig:
     def accum_dtype(self) -> torch.dtype:
         return DTYPES[self.grad_accum_dtype or self.dtype]
 
-    # ---- mapping round trip ------------------------------------------------------------------------------
+    # ---- mapping round trip --------------------------------------------------------------------------------
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> AccumulationConfig:
         """Build from a flat mapping; unknown keys are rejected (R19) so a misspelt option never goes

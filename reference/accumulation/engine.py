@@ -175,7 +175,7 @@ class AccumulationEngine:
         self._in_no_sync = False
         self._destroyed = False
 
-    # ---- public surface ----------------------------------------------------------------------------------
+    # ---- public surface ------------------------------------------------------------------------------------
     @property
     def micro_steps(self) -> int:
         return self._micro_steps
@@ -329,7 +329,7 @@ class AccumulationEngine:
         self._shard_acc = []
         self._destroyed = True
 
-    # ---- gradients ---------------------------------------------------------------------------------------
+    # ---- gradients -----------------------------------------------------------------------------------------
     def _zero_partition(self) -> torch.Tensor:
         return torch.zeros(self.layout.partition_size, dtype=self.config.accum_dtype, device=self.device)
 
@@ -420,7 +420,7 @@ class AccumulationEngine:
             for n in self.trainable_names:
                 params[n].copy_(views[n])
 
-    # ---- stage 3 parameter lifecycle (R12, R21) ----------------------------------------------------------
+    # ---- stage 3 parameter lifecycle (R12, R21) ------------------------------------------------------------
     def _install_stage3_hooks(self, rank: int) -> None:
         names_of = {id(p): n for n, p in self._params[rank].items()}
         for mod in self.replicas[rank].modules():

@@ -28,8 +28,7 @@ from reference.accumulation.config import AccumulationConfig
 from reference.accumulation.engine import AccumulationEngine
 from reference.errors import ConfigurationError
 
-# ---- the model
-# ------------------------------------------------------------------------------------------------
+# ---- the model ---------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -122,8 +121,7 @@ def compute_loss(module: nn.Module, x: torch.Tensor, y: torch.Tensor, dtype: tor
     return torch.mean(diff * diff)
 
 
-# ---- calls
-# ----------------------------------------------------------------------------------------------------
+# ---- calls -------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -217,8 +215,7 @@ def _call_token(c: Call) -> str:
     return "[" if isinstance(c, EnterNoSync) else "]"
 
 
-# ---- the trace
-# ------------------------------------------------------------------------------------------------
+# ---- the trace ---------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -305,8 +302,7 @@ class ScenarioRunner(Protocol):
     def __call__(self, scenario: Scenario) -> Trace: ...
 
 
-# ---- the reference runner
-# -------------------------------------------------------------------------------------
+# ---- the reference runner ----------------------------------------------------------------------------------
 
 
 def _counters(engine: AccumulationEngine) -> Counters:
