@@ -1,7 +1,7 @@
 """Every rejection of docs/accumulation.md R19/R20, for every implementation, with its message checked.
 
 Config rejections go through the implementation's ``AccumulationConfig.from_dict`` (the config object is part
-of the area's API) and through ``run_scenario`` with a raw mapping; call-sequence rejections go through
+of the area's API, R26) and the shared ``Scenario``; call-sequence rejections go through
 ``run_scenario`` (a multi-process runner must bring the worker's error class back, R26) and, for the
 reference, through the engine directly to check R20's "state unchanged" clause.
 """
@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from conformance.accumulation_assertions import assert_boundaries_match
+from reference.accumulation import Scenario, scenario_calls
 from reference.errors import ConfigurationError, UnsupportedOperationError
 
 pytestmark = pytest.mark.conformance_area("accumulation")
@@ -74,14 +75,14 @@ def _assert_mentions(message: str, words: list[str]) -> None:
 
 @pytest.mark.parametrize(("changes", "words"), CONFIG_REJECTIONS)
 def test_R19_config_rejection_names_option(area_api, changes, words):
-    """R19: each rejected configuration raises ConfigurationError naming the option(s) and the allowed values,
-    both from the config object and from run_scenario given the raw mapping."""
+    """R19: each rejected configuration raises ConfigurationError (a ValueError) naming the option(s) and the
+    allowed values, from the implementation's config object and from the shared Scenario that carries it."""
     with pytest.raises(ConfigurationError) as info:
         area_api.AccumulationConfig.from_dict(changes)
     _assert_mentions(str(info.value), words)
     assert isinstance(info.value, ValueError)
     with pytest.raises(ConfigurationError) as info:
-        area_api.run_scenario(area_api.Scenario(config=changes, world_size=1, calls=()))
+        Scenario(config=changes, world_size=1, calls=())
     _assert_mentions(str(info.value), words)
 
 
@@ -92,7 +93,7 @@ def test_R19_unmanaged_overlap_comm_allowed_on_stages_2_3(area_api, stage):
     cfg = area_api.AccumulationConfig.from_dict(
         {"zero_stage": stage, "managed_gradient_accumulation": False, "overlap_comm": True}
     )
-    trace = area_api.run_scenario(area_api.Scenario(cfg, 2, area_api.scenario_calls("BBS")))
+    trace = area_api.run_scenario(Scenario(cfg, 2, scenario_calls("BBS")))
     assert trace.boundaries()
 
 
@@ -101,7 +102,7 @@ def test_R19_managed_pipeline_parallel_is_not_modeled(area_api):
     pipelines: UnsupportedOperationError naming the option."""
     cfg = area_api.AccumulationConfig.from_dict({"pipeline_parallel_size": 2})
     with pytest.raises(UnsupportedOperationError, match="pipeline_parallel_size"):
-        area_api.run_scenario(area_api.Scenario(cfg, 1, area_api.scenario_calls("BS")))
+        area_api.run_scenario(Scenario(cfg, 1, scenario_calls("BS")))
 
 
 CALL_REJECTIONS = [
@@ -128,9 +129,7 @@ CALL_REJECTIONS = [
 def test_R20_call_sequence_rejection_names_call(area_api, changes, pattern, words):
     """R20: each rejected call sequence raises UnsupportedOperationError (a RuntimeError) naming the call,
     out of run_scenario, whichever process the engine ran in."""
-    sc = area_api.Scenario(
-        area_api.AccumulationConfig.from_dict(changes), 2, area_api.scenario_calls(pattern)
-    )
+    sc = Scenario(area_api.AccumulationConfig.from_dict(changes), 2, scenario_calls(pattern))
     with pytest.raises(UnsupportedOperationError) as info:
         area_api.run_scenario(sc)
     assert isinstance(info.value, RuntimeError)
