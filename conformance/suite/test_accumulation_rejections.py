@@ -214,3 +214,67 @@ def test_R1_engine_argument_errors_name_argument(reference_api, call, words):
     with pytest.raises(ConfigurationError) as info:
         call(engine)
     _assert_mentions(str(info.value), words)
+
+
+@pytest.mark.parametrize(
+    ("build", "words"),
+    [
+        (lambda api: api.Scenario(api.AccumulationConfig(), 0, ()), ["world_size=0", ">= 1"]),
+        (lambda api: api.Scenario(api.AccumulationConfig(), 2, ("B",)), ["calls[0]", "Backward", "Step"]),
+        (
+            lambda api: api.Scenario(api.AccumulationConfig(), 2, (), data_ranks=(0, 0)),
+            ["data_ranks", "permutation"],
+        ),
+        (lambda api: api.ModelSpec(hidden=0), ["ModelSpec.hidden", ">= 1"]),
+        (lambda api: api.scenario_calls("BX"), ["'X'", "allowed"]),
+        (
+            lambda api: api.run_scenario(api.Scenario(api.AccumulationConfig(), 1, (api.ExitNoSync(),))),
+            ["ExitNoSync"],
+        ),
+        (lambda api: api.run_scenario("BS"), ["scenario", "Scenario"]),
+        (
+            lambda api: api.AccumulationEngine(torch.nn.Linear(2, 2).requires_grad_(False), {}, 1),
+            ["requires_grad"],
+        ),
+        (lambda api: api.AccumulationEngine(torch.nn.Linear(2, 2), {}, 0), ["world_size=0"]),
+        (lambda api: api.average_across_ranks([]), ["contributions", "one tensor per rank"]),
+        (
+            lambda api: api.average_across_ranks([torch.ones(2)] * 2, order=[0, 0]),
+            ["order=[0, 0]", "permutation"],
+        ),
+        (
+            lambda api: api.average_across_ranks([torch.ones(2), torch.ones(3)]),
+            ["contributions[1]", "shape (3,)", "shape (2,)"],
+        ),
+    ],
+    ids=[
+        "scenario-world",
+        "scenario-call",
+        "scenario-data_ranks",
+        "model-spec",
+        "pattern",
+        "unmatched-exit",
+        "not-a-scenario",
+        "no-trainable",
+        "engine-world",
+        "empty-reduce",
+        "bad-order",
+        "shape-mismatch",
+    ],
+)
+def test_R26_bad_scenarios_and_engine_inputs_name_the_argument(reference_api, build, words):
+    """R26/R1: malformed scenarios, model specs, engine inputs and collective inputs raise ConfigurationError
+    naming the argument and what is allowed."""
+    with pytest.raises(ConfigurationError) as info:
+        build(reference_api)
+    _assert_mentions(str(info.value), words)
+
+
+def test_R20_destroyed_engine_refuses_calls(reference_api):
+    """R20: after destroy() every call is an UnsupportedOperationError saying how to continue."""
+    api = reference_api
+    engine = api.build_engine(api.Scenario(api.AccumulationConfig(zero_stage=3), 2, ()))
+    engine.destroy()
+    for call in (lambda: engine.step(), lambda: engine.backward([]), lambda: engine.no_sync().__enter__()):
+        with pytest.raises(UnsupportedOperationError, match="destroyed"):
+            call()

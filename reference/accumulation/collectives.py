@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 import torch
 
+from reference.errors import ConfigurationError
+
 
 def average_across_ranks(
     contributions: Sequence[torch.Tensor], order: Sequence[int] | None = None
@@ -26,15 +28,15 @@ def average_across_ranks(
     """
     world = len(contributions)
     if world == 0:
-        raise ValueError("average_across_ranks needs at least one contribution")
+        raise ConfigurationError("contributions is empty; allowed: one tensor per rank (at least one)")
     order = list(range(world)) if order is None else list(order)
     if sorted(order) != list(range(world)):
-        raise ValueError(f"order={order!r} must be a permutation of range({world})")
+        raise ConfigurationError(f"order={order!r} must be a permutation of range({world})")
     first = contributions[0]
     for r, t in enumerate(contributions):
         if t.shape != first.shape or t.dtype != first.dtype:
-            raise ValueError(
-                f"contribution of rank {r} has shape {tuple(t.shape)} dtype {t.dtype}; "
+            raise ConfigurationError(
+                f"contributions[{r}] has shape {tuple(t.shape)} dtype {t.dtype}; "
                 f"rank 0 has shape {tuple(first.shape)} dtype {first.dtype}"
             )
     total = torch.div(contributions[order[0]], world)
