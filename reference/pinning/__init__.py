@@ -100,7 +100,9 @@ def raise_bool(name: str, value: object) -> None:
 def is_pinned(t: torch.Tensor) -> bool:
     """True iff ``t``'s whole byte extent is pinned host memory. Never touches data of meta/fake tensors."""
     check_tensor("t", t)
-    if is_data_less(t) or t.device.type != "cpu":
+    if is_data_less(t) or t.device.type != "cpu" or t.numel() == 0:
+        # No elements, no bytes to copy: torch reports data pointer 0, but its own is_pinned() looks at the
+        # storage and may say True; the specification answers False on every backend and accelerator.
         return False
     ptr, nbytes = tensor_extent(t)
     if global_registry().contains(ptr, nbytes):
