@@ -45,10 +45,11 @@ class ShapeRecordingMap(AffineMap):
 class CheckpointedNet(nn.Module):
     """inp (trainable) -> tanh -> checkpoint[ frozen (requires_grad=False) -> tanh -> out (trainable) ]."""
 
-    def __init__(self, use_checkpoint: bool) -> None:
+    def __init__(self, use_checkpoint: bool, checkpoint_fn=None) -> None:
         super().__init__()
         gen = torch.Generator().manual_seed(7)
         self.use_checkpoint = use_checkpoint
+        self.checkpoint_fn = checkpoint_fn or (lambda f, h: checkpoint(f, h, use_reentrant=False))
         self.inp = ShapeRecordingMap(4, 6, gen)
         self.frozen = ShapeRecordingMap(6, 6, gen)
         self.frozen.requires_grad_(False)
@@ -59,7 +60,7 @@ class CheckpointedNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.tanh(self.inp(x))
-        return checkpoint(self._tail, h, use_reentrant=False) if self.use_checkpoint else self._tail(h)
+        return self.checkpoint_fn(self._tail, h) if self.use_checkpoint else self._tail(h)
 
 
 def _run(api, engine, steps: int, world: int):
@@ -106,6 +107,29 @@ def test_R21_recompute_sees_full_frozen_parameters_under_zero3(reference_api, dt
         assert_named_tensors(a.gradients, b.gradients, "gradients with vs without checkpointing")
     assert_named_tensors(
         ck.full_parameters(), plain.full_parameters(), "parameters with vs without checkpointing"
+    )
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_R21_project_offload_checkpoint_sees_full_frozen_parameters(reference_api, use_reentrant):
+    """R21 with the project's activation-offload checkpoint (reference.offload.checkpoint, reentrant and
+    non-reentrant): the recompute sees full frozen and trainable parameters, nothing stays gathered after
+    backward(), and the run equals the one without checkpointing, bitwise."""
+    from reference.offload import checkpoint as offload_checkpoint
+
+    api = reference_api
+    cfg = AccumulationConfig(zero_stage=3)
+    fn = lambda f, h: offload_checkpoint(f, h, use_reentrant=use_reentrant)
+    ck = api.AccumulationEngine(lambda: CheckpointedNet(True, fn), cfg, 2)
+    plain = api.AccumulationEngine(lambda: CheckpointedNet(False), cfg, 2)
+    out_ck, out_plain = _run(api, ck, 2, 2), _run(api, plain, 2, 2)
+    for r in range(2):
+        assert ck.module(r).frozen.seen == [((6, 6), (6,))] * 4, f"rank {r}: {ck.module(r).frozen.seen}"
+    for a, b in zip(out_ck, out_plain, strict=True):
+        assert a.grad_norm == b.grad_norm
+        assert_named_tensors(a.gradients, b.gradients, "gradients with vs without the offload checkpoint")
+    assert_named_tensors(
+        ck.full_parameters(), plain.full_parameters(), "parameters with vs without checkpoint"
     )
 
 
