@@ -142,7 +142,7 @@ def tensor_extent(t: torch.Tensor) -> tuple[int, int]:
     ptr = t.data_ptr()
     if t.numel() == 0:
         return ptr, 0
-    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
     return ptr, (last + 1) * t.element_size()
 
 

@@ -102,7 +102,7 @@ def test_is_pinned_on_data_less_and_device_tensors(area_api, accelerator):
     assert area_api.is_pinned(fake_cpu) is False
     if accelerator.device_type != "cpu":
         assert area_api.is_pinned(torch.empty(4, device=accelerator.device())) is False
-    with pytest.raises(ConfigurationError, match="t must be a torch.Tensor"):
+    with pytest.raises(ConfigurationError, match=r"t must be a torch\.Tensor"):
         area_api.is_pinned([1, 2, 3])
 
 

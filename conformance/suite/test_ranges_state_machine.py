@@ -14,6 +14,7 @@ ranges are never found, live views of pinned allocations are always found.
 from __future__ import annotations
 
 import gc
+import itertools
 import os
 
 import pytest
@@ -41,7 +42,7 @@ def _check_structure(registry, model: dict[int, tuple[int, int]]) -> None:
     snapshot = [(r.start, r.nbytes, r.owner) for r in registry.ranges()]
     expected = sorted((s, n, o) for s, (n, o) in model.items())
     assert snapshot == expected, f"registry ranges {snapshot} != model {expected}"
-    for (s1, n1, _), (s2, _, _) in zip(snapshot, snapshot[1:]):
+    for (s1, n1, _), (s2, _, _) in itertools.pairwise(snapshot):
         assert s1 + n1 <= s2, f"ranges overlap: [{s1:#x}, +{n1}) and [{s2:#x}, ...)"
     assert registry.total_bytes() == sum(n for n, _ in model.values())
     assert len(registry) == len(model)
@@ -209,7 +210,7 @@ def make_pinning_machine(pinning_api, ranges_api, counter):
             assert not (unpinned & starts), f"unpinned allocations still registered: {sorted(unpinned & starts)}"
             sizes = {e[2]: e[3] for e in self.alive.values()}
             ordered = sorted(current)
-            for (s1, n1), nxt in zip(ordered, ordered[1:] + [(None, None)]):
+            for (s1, n1), nxt in zip(ordered, [*ordered[1:], (None, None)], strict=True):
                 assert n1 >= sizes.get(s1, 0), f"range at {s1:#x} is smaller than its allocation"
                 assert nxt[0] is None or s1 + n1 <= nxt[0], "registered ranges overlap"
 

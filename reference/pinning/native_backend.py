@@ -171,7 +171,7 @@ def _block_type(size: int) -> type:
     cls = _block_types.get(size)
     if cls is None:
 
-        def __del__(self: ctypes.Array) -> None:  # noqa: N807 - ctypes finaliser
+        def __del__(self: ctypes.Array) -> None:
             alloc = self.__dict__.get("allocation")
             if alloc is not None:
                 alloc.free()
