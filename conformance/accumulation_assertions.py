@@ -101,9 +101,7 @@ def assert_float_match(actual: float | None, expected: float | None, what: str, 
         return
     if rtol is None:
         if actual != expected:
-            raise AssertionError(
-                f"{what}: {actual!r} != expected {expected!r} (difference {actual - expected:.3e})"
-            )
+            raise AssertionError(f"{what}: {actual!r} != expected {expected!r} (difference {actual - expected:.3e})")
     elif not abs(actual - expected) <= rtol * abs(expected) + 1e-300:
         raise AssertionError(f"{what}: {actual!r} vs expected {expected!r} differ by more than rtol={rtol}")
 
@@ -171,16 +169,12 @@ def assert_traces_match(actual: Trace, expected: Trace, tolerance: TraceToleranc
             raise AssertionError(f"{label}: counters {a.counters} != expected {e.counters}")
         if isinstance(e, BackwardRecord):
             if len(a.losses) != len(e.losses):
-                raise AssertionError(
-                    f"{label}: {len(a.losses)} losses != expected {len(e.losses)} (one per rank)"
-                )
+                raise AssertionError(f"{label}: {len(a.losses)} losses != expected {len(e.losses)} (one per rank)")
             for r, (la, le) in enumerate(zip(a.losses, e.losses, strict=True)):
                 if tol is None or tol.losses is None:
                     assert_tensor_equal(la, le, f"{label} loss of rank {r}")
                 else:
-                    assert_tensor_close(
-                        la, le, f"{label} loss of rank {r}", rtol=tol.losses[0], atol=tol.losses[1]
-                    )
+                    assert_tensor_close(la, le, f"{label} loss of rank {r}", rtol=tol.losses[0], atol=tol.losses[1])
             continue
         assert isinstance(e, StepRecord)
         assert_float_match(a.grad_norm, e.grad_norm, f"{label} grad_norm", tol.norm_rtol if tol else None)
@@ -231,6 +225,12 @@ def cross_implementation_tolerance(scenario: Scenario, impl: Any, accelerator: A
     if on_cpu and (scenario.world_size <= 2 or caps.get("accumulation_rank_ordered_reduction", False)):
         if not caps.get("accumulation_optimizer_ulps"):
             return None
+    return arithmetic_tolerance(scenario)
+
+
+def arithmetic_tolerance(scenario: Scenario) -> TraceTolerance:
+    """R25's tolerance for two runs of ``scenario`` whose arithmetic may differ (see
+    :func:`cross_implementation_tolerance` for the justification of the numbers)."""
     bf16 = scenario.config.dtype == "bf16" or "bf16" in (
         scenario.config.communication_data_type,
         scenario.config.grad_accum_dtype,
@@ -339,9 +339,7 @@ def local_gradients_before_first_boundary(scenario: Scenario) -> list[list[torch
             if call.scale_wrt_gas:
                 loss = loss / cfg.gradient_accumulation_steps
             grads = torch.autograd.grad(loss, [p for _, p in trainable], allow_unused=True)
-            per_rank.append(
-                flatten(layout, {n: g for (n, _), g in zip(trainable, grads, strict=True)}, dtype)
-            )
+            per_rank.append(flatten(layout, {n: g for (n, _), g in zip(trainable, grads, strict=True)}, dtype))
         out.append(per_rank)
         k += 1
     return out

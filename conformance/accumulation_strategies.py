@@ -100,18 +100,12 @@ def call_sequences(draw: st.DrawFn, config: AccumulationConfig, max_steps: int =
         if wrap:
             calls.append(EnterNoSync())
         for _ in range(n_back):
-            calls.append(
-                Backward(scale_wrt_gas=draw(st.booleans()), loss_divisor=draw(st.sampled_from((1, 1, 2))))
-            )
+            calls.append(Backward(scale_wrt_gas=draw(st.booleans()), loss_divisor=draw(st.sampled_from((1, 1, 2)))))
         if wrap:
             calls.append(ExitNoSync())
         calls.append(Step())
         if config.managed_gradient_accumulation:
-            boundary = (
-                override
-                if override is not None
-                else (micro_steps + 1) % config.gradient_accumulation_steps == 0
-            )
+            boundary = override if override is not None else (micro_steps + 1) % config.gradient_accumulation_steps == 0
             micro_steps += 1
         else:
             boundary = True

@@ -75,9 +75,7 @@ def _run(api, engine, steps: int, world: int):
         # R12: after backward() returns, nothing is left gathered on any rank.
         for r in range(world):
             for name, p in engine.module(r).named_parameters():
-                assert p.numel() == 0, (
-                    f"rank {r} parameter {name} still gathered after backward(): {tuple(p.shape)}"
-                )
+                assert p.numel() == 0, f"rank {r} parameter {name} still gathered after backward(): {tuple(p.shape)}"
         outs.append(engine.step())
     return outs
 
@@ -90,9 +88,7 @@ def test_R21_recompute_sees_full_frozen_parameters_under_zero3(reference_api, dt
     gathered after backward(); the result equals the same run without checkpointing, bitwise."""
     api = reference_api
     world = 2
-    cfg = AccumulationConfig(
-        zero_stage=3, dtype=dtype, offload_param=offload_param, offload_optimizer=offload_param
-    )
+    cfg = AccumulationConfig(zero_stage=3, dtype=dtype, offload_param=offload_param, offload_optimizer=offload_param)
     ck = api.AccumulationEngine(lambda: CheckpointedNet(True), cfg, world)
     plain = api.AccumulationEngine(lambda: CheckpointedNet(False), cfg, world)
     out_ck = _run(api, ck, 2, world)
@@ -105,9 +101,7 @@ def test_R21_recompute_sees_full_frozen_parameters_under_zero3(reference_api, dt
     for a, b in zip(out_ck, out_plain, strict=True):
         assert a.grad_norm == b.grad_norm
         assert_named_tensors(a.gradients, b.gradients, "gradients with vs without checkpointing")
-    assert_named_tensors(
-        ck.full_parameters(), plain.full_parameters(), "parameters with vs without checkpointing"
-    )
+    assert_named_tensors(ck.full_parameters(), plain.full_parameters(), "parameters with vs without checkpointing")
 
 
 @pytest.mark.parametrize("use_reentrant", [False, True])
@@ -128,9 +122,7 @@ def test_R21_project_offload_checkpoint_sees_full_frozen_parameters(reference_ap
     for a, b in zip(out_ck, out_plain, strict=True):
         assert a.grad_norm == b.grad_norm
         assert_named_tensors(a.gradients, b.gradients, "gradients with vs without the offload checkpoint")
-    assert_named_tensors(
-        ck.full_parameters(), plain.full_parameters(), "parameters with vs without checkpoint"
-    )
+    assert_named_tensors(ck.full_parameters(), plain.full_parameters(), "parameters with vs without checkpoint")
 
 
 class _ReleasesFrozenBeforeRecompute:
@@ -152,9 +144,7 @@ def test_R21_the_test_detects_a_recompute_with_released_frozen_parameters(refere
     with pytest.raises(Exception) as info:  # torch raises CheckpointError or a shape RuntimeError here
         _run(api, engine, 1, 2)
     assert (
-        "checkpoint" in type(info.value).__name__.lower()
-        or "size" in str(info.value)
-        or "shape" in str(info.value)
+        "checkpoint" in type(info.value).__name__.lower() or "size" in str(info.value) or "shape" in str(info.value)
     ), f"unexpected failure: {info.value!r}"
 
 

@@ -98,9 +98,7 @@ def _expected_flags_and_counters(sc: Scenario) -> list[tuple[bool, tuple[int, in
 def counter_scenarios(draw):
     cfg = draw(accumulation_configs(dtypes=("fp32",)))
     cfg = cfg.replace(gradient_accumulation_steps=draw(st.integers(1, 4)))
-    return Scenario(
-        cfg, draw(st.sampled_from((1, 2))), draw(call_sequences(cfg, max_steps=6)), seed=draw(seeds)
-    )
+    return Scenario(cfg, draw(st.sampled_from((1, 2))), draw(call_sequences(cfg, max_steps=6)), seed=draw(seeds))
 
 
 @given(sc=counter_scenarios())
@@ -111,9 +109,7 @@ def test_R2_R3_R6_boundary_flags_and_counters(area_api, sc):
     trace = area_api.run_scenario(sc)
     expected = _expected_flags_and_counters(sc)
     for rec, (flag, counters) in zip(trace.records, expected, strict=True):
-        assert rec.boundary == flag, (
-            f"record {rec.call_index} ({type(rec).__name__}): boundary {rec.boundary}"
-        )
+        assert rec.boundary == flag, f"record {rec.call_index} ({type(rec).__name__}): boundary {rec.boundary}"
         if counters is not None:
             got = (rec.counters.micro_steps, rec.counters.global_steps, rec.counters.global_samples)
             assert got == counters, f"record {rec.call_index}: counters {got} != expected {counters}"
@@ -134,8 +130,7 @@ def test_R4_non_boundary_step_changes_nothing(reference_api, cfg, world, seed, n
 
     def backward(index):
         losses = [
-            api.compute_loss(engine.module(r), *api.micro_batch(sc, index, r), cfg.model_dtype)
-            for r in range(world)
+            api.compute_loss(engine.module(r), *api.micro_batch(sc, index, r), cfg.model_dtype) for r in range(world)
         ]
         engine.backward(losses)
 
@@ -212,9 +207,7 @@ def test_R5_scale_wrt_gas_is_division_by_configured_gas(area_api, cfg, world, se
     steps_between=st.booleans(),
     spec=model_specs(),
 )
-def test_R22_unmanaged_equals_managed_with_override(
-    area_api, base, world, seed, n, rounds, steps_between, spec
-):
+def test_R22_unmanaged_equals_managed_with_override(area_api, base, world, seed, n, rounds, steps_between, spec):
     """R22: N backwards of loss/N + one step in unmanaged mode == the same backwards in managed mode with the
     override False before each but the last (optionally a non-boundary step after each) and True before the
     last;
@@ -269,9 +262,7 @@ def test_R23_all_stages_bitwise_equal_at_world_size_1(area_api, cfg, seed, n, sp
     cfg = cfg.replace(offload_param="none")
     calls = (*[Backward()] * n, Step(), *[Backward()] * n, Step())
     traces = [
-        area_api.run_scenario(
-            Scenario(cfg.replace(zero_stage=s, overlap_comm=False), 1, calls, model=spec, seed=seed)
-        )
+        area_api.run_scenario(Scenario(cfg.replace(zero_stage=s, overlap_comm=False), 1, calls, model=spec, seed=seed))
         for s in (0, 1, 2, 3)
     ]
     for s in (1, 2, 3):
@@ -364,9 +355,7 @@ def test_R7_frozen_parameters_never_change_and_have_no_gradient(area_api, cfg, w
     frozen = ("frozen.weight", "frozen.bias")
     for rec in trace.steps():
         for name in frozen:
-            assert_tensor_equal(
-                rec.parameters[name], trace.initial_parameters[name], f"record {rec.call_index} {name}"
-            )
+            assert_tensor_equal(rec.parameters[name], trace.initial_parameters[name], f"record {rec.call_index} {name}")
         if rec.gradients is not None:
             assert not set(frozen) & set(rec.gradients), "frozen parameters must have no gradient entry"
             assert not bool(rec.gradients["unused"].any())
@@ -380,9 +369,7 @@ def test_R1_initial_parameters_are_the_seeded_model_in_model_dtype(area_api, cfg
     """R1: every rank starts from the model built once from the seed, cast to the model dtype."""
     trace = area_api.run_scenario(Scenario(cfg, world, (), model=spec, seed=seed))
     built = dict(spec.build(seed).to(cfg.model_dtype).named_parameters())
-    assert_named_tensors(
-        trace.initial_parameters, {k: v.detach() for k, v in built.items()}, "initial parameters"
-    )
+    assert_named_tensors(trace.initial_parameters, {k: v.detach() for k, v in built.items()}, "initial parameters")
 
 
 @given(cfg=accumulation_configs(stages=(0, 1, 2)), world=st.sampled_from((2, 3, 4)), seed=seeds)
@@ -394,10 +381,7 @@ def test_R1_R12_every_rank_holds_the_same_parameters_after_steps(reference_api, 
     engine = api.build_engine(sc)
     for k in range(2):
         engine.backward(
-            [
-                api.compute_loss(engine.module(r), *api.micro_batch(sc, k, r), cfg.model_dtype)
-                for r in range(world)
-            ]
+            [api.compute_loss(engine.module(r), *api.micro_batch(sc, k, r), cfg.model_dtype) for r in range(world)]
         )
         engine.step()
     p0 = engine.full_parameters(0)
@@ -516,9 +500,7 @@ def test_R13_R14_R15_R16_epilogue_replays_from_recorded_gradients(area_api, impl
         if replay_applies(impl):
             assert_replay_consistent(trace)
         for rec in trace.boundaries():
-            assert (rec.clip_coef is not None) == (clip > 0), (
-                f"clip_coef {rec.clip_coef} with clipping {clip}"
-            )
+            assert (rec.clip_coef is not None) == (clip > 0), f"clip_coef {rec.clip_coef} with clipping {clip}"
             assert rec.grad_norm > 0
 
 

@@ -21,28 +21,18 @@ pytestmark = pytest.mark.conformance_area("accumulation")
 
 # (config changes, words the message must contain). Each case is one rejection of R19.
 CONFIG_REJECTIONS = [
-    pytest.param(
-        {"gradient_acumulation_steps": 2}, ["gradient_acumulation_steps", "allowed keys"], id="unknown-key"
-    ),
-    pytest.param(
-        {"optimizer": {"type": "adam", "betaz": (0.9, 0.9)}}, ["betaz", "allowed keys"], id="unknown-opt-key"
-    ),
+    pytest.param({"gradient_acumulation_steps": 2}, ["gradient_acumulation_steps", "allowed keys"], id="unknown-key"),
+    pytest.param({"optimizer": {"type": "adam", "betaz": (0.9, 0.9)}}, ["betaz", "allowed keys"], id="unknown-opt-key"),
     pytest.param({"zero_stage": 4}, ["zero_stage", "allowed values", "0, 1, 2, 3"], id="stage"),
     pytest.param({"gradient_accumulation_steps": 0}, ["gradient_accumulation_steps", ">= 1"], id="gas"),
-    pytest.param(
-        {"train_micro_batch_size_per_gpu": 1.5}, ["train_micro_batch_size_per_gpu", ">= 1"], id="mb"
-    ),
-    pytest.param(
-        {"managed_gradient_accumulation": 1}, ["managed_gradient_accumulation", "True, False"], id="managed"
-    ),
+    pytest.param({"train_micro_batch_size_per_gpu": 1.5}, ["train_micro_batch_size_per_gpu", ">= 1"], id="mb"),
+    pytest.param({"managed_gradient_accumulation": 1}, ["managed_gradient_accumulation", "True, False"], id="managed"),
     pytest.param({"dtype": "fp16"}, ["dtype", "allowed values", "fp32", "bf16"], id="dtype"),
     pytest.param({"communication_data_type": "fp64"}, ["communication_data_type", "fp32", "bf16"], id="comm"),
     pytest.param({"grad_accum_dtype": "int8"}, ["grad_accum_dtype", "fp32", "bf16"], id="accum"),
     pytest.param({"gradient_clipping": -1.0}, ["gradient_clipping"], id="clip"),
     pytest.param({"optimizer": {"type": "lamb"}}, ["optimizer.type", "sgd", "adam", "adamw"], id="opt-type"),
-    pytest.param(
-        {"optimizer": {"type": "adam", "betas": (0.9, 1.0)}}, ["optimizer.betas[1]", "[0.0, 1.0)"], id="beta"
-    ),
+    pytest.param({"optimizer": {"type": "adam", "betas": (0.9, 1.0)}}, ["optimizer.betas[1]", "[0.0, 1.0)"], id="beta"),
     pytest.param({"optimizer": {"type": "adam", "eps": 0.0}}, ["optimizer.eps"], id="eps"),
     pytest.param({"offload_optimizer": "nvme"}, ["offload_optimizer", "none", "cpu"], id="offload-opt"),
     pytest.param(

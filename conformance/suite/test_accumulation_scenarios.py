@@ -63,3 +63,17 @@ def test_R26_scenario_survives_pickling(reference_api, scenario):
     copy = pickle.loads(pickle.dumps(scenario))
     assert isinstance(copy, Scenario) and copy == scenario
     assert_traces_match(reference_api.run_scenario(copy), reference_api.run_scenario(scenario))
+
+
+@pytest.mark.gpu
+@given(scenario=scenarios(world_sizes=(1, 2)))
+def test_R17_R25_reference_engine_on_device_matches_host_run(reference_api, accelerator, scenario):
+    """R17/R25: the reference engine placed on a device accelerator (offload keeping state on the host) agrees
+    with its host run within R25's tolerance, with the same records, flags and counters."""
+    if accelerator.device_type == "cpu":
+        pytest.skip("needs a device accelerator; the host run is the reference itself")
+    from conformance.accumulation_assertions import arithmetic_tolerance
+
+    host = reference_api.run_scenario(scenario)
+    device = reference_api.run_scenario(scenario, device=accelerator.device())
+    assert_traces_match(device, host, arithmetic_tolerance(scenario))

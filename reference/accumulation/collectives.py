@@ -17,9 +17,7 @@ import torch
 from reference.errors import ConfigurationError
 
 
-def average_across_ranks(
-    contributions: Sequence[torch.Tensor], order: Sequence[int] | None = None
-) -> torch.Tensor:
+def average_across_ranks(contributions: Sequence[torch.Tensor], order: Sequence[int] | None = None) -> torch.Tensor:
     """All-reduce-mean of equally shaped tensors: ``sum over r in order of (x_r / world_size)``, in their
     dtype.
 

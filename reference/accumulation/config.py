@@ -35,9 +35,7 @@ def _require_int(name: str, value: object, minimum: int) -> None:
         raise ConfigurationError(f"{name}={value!r} must be an int >= {minimum}")
 
 
-def _require_float(
-    name: str, value: object, low: float, high: float, *, low_open: bool, high_open: bool
-) -> None:
+def _require_float(name: str, value: object, low: float, high: float, *, low_open: bool, high_open: bool) -> None:
     ok = isinstance(value, (int, float)) and type(value) is not bool and math.isfinite(value)
     if ok:
         ok = (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
@@ -77,24 +75,18 @@ class OptimizerConfig:
         _require_float("optimizer.lr", self.lr, 0.0, math.inf, low_open=False, high_open=True)
         betas = self.betas
         if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
-            raise ConfigurationError(
-                f"optimizer.betas={betas!r} must be a pair (beta1, beta2), each in [0, 1)"
-            )
+            raise ConfigurationError(f"optimizer.betas={betas!r} must be a pair (beta1, beta2), each in [0, 1)")
         for i, b in enumerate(betas):
             _require_float(f"optimizer.betas[{i}]", b, 0.0, 1.0, low_open=False, high_open=True)
         object.__setattr__(self, "betas", (float(betas[0]), float(betas[1])))
         _require_float("optimizer.eps", self.eps, 0.0, math.inf, low_open=True, high_open=True)
-        _require_float(
-            "optimizer.weight_decay", self.weight_decay, 0.0, math.inf, low_open=False, high_open=True
-        )
+        _require_float("optimizer.weight_decay", self.weight_decay, 0.0, math.inf, low_open=False, high_open=True)
         _require_float("optimizer.momentum", self.momentum, 0.0, 1.0, low_open=False, high_open=True)
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> OptimizerConfig:
         if not isinstance(values, Mapping):
-            raise ConfigurationError(
-                f"optimizer={values!r} must be a mapping with keys: {', '.join(_OPT_KEYS)}"
-            )
+            raise ConfigurationError(f"optimizer={values!r} must be a mapping with keys: {', '.join(_OPT_KEYS)}")
         _reject_unknown_keys("optimizer", values, _OPT_KEYS)
         return cls(**dict(values))
 
@@ -136,9 +128,7 @@ class AccumulationConfig:
             value = getattr(self, name)
             if value is not None and value not in DTYPES:
                 raise allowed_values_error(name, value, (None, *DTYPES))
-        _require_float(
-            "gradient_clipping", self.gradient_clipping, 0.0, math.inf, low_open=False, high_open=True
-        )
+        _require_float("gradient_clipping", self.gradient_clipping, 0.0, math.inf, low_open=False, high_open=True)
         if isinstance(self.optimizer, Mapping):
             object.__setattr__(self, "optimizer", OptimizerConfig.from_dict(self.optimizer))
         if not isinstance(self.optimizer, OptimizerConfig):
@@ -200,8 +190,7 @@ class AccumulationConfig:
             return values
         if not isinstance(values, Mapping):
             raise ConfigurationError(
-                f"config={values!r} must be an AccumulationConfig or a mapping with keys: "
-                f"{', '.join(CONFIG_KEYS)}"
+                f"config={values!r} must be an AccumulationConfig or a mapping with keys: {', '.join(CONFIG_KEYS)}"
             )
         _reject_unknown_keys("config", values, CONFIG_KEYS)
         return cls(**dict(values))

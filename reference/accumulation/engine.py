@@ -130,9 +130,7 @@ class AccumulationEngine:
         if self.stage == 0:
             masters = [master_full.clone().to(self.master_device) for _ in range(world_size)]
         else:
-            masters = [
-                shard(self.layout, master_full, r).clone().to(self.master_device) for r in range(world_size)
-            ]
+            masters = [shard(self.layout, master_full, r).clone().to(self.master_device) for r in range(world_size)]
         self._masters: list[torch.Tensor] = masters
         self._opt_states: list[OptimizerState] = [init_state(cfg.optimizer, m) for m in masters]
 
@@ -211,9 +209,7 @@ class AccumulationEngine:
                 "every step() is the boundary there; allowed: managed_gradient_accumulation=True"
             )
         if type(is_boundary) is not bool:
-            raise ConfigurationError(
-                f"is_boundary={is_boundary!r} must be a bool; allowed values: True, False"
-            )
+            raise ConfigurationError(f"is_boundary={is_boundary!r} must be a bool; allowed values: True, False")
         self._boundary_override = is_boundary
 
     @contextlib.contextmanager
@@ -227,9 +223,7 @@ class AccumulationEngine:
                 f"allowed: zero_stage 0 or 1"
             )
         if self._in_no_sync:
-            raise UnsupportedOperationError(
-                "no_sync() contexts cannot be nested; allowed: one no_sync() at a time"
-            )
+            raise UnsupportedOperationError("no_sync() contexts cannot be nested; allowed: one no_sync() at a time")
         self._in_no_sync = True
         try:
             yield
@@ -242,13 +236,10 @@ class AccumulationEngine:
         losses = list(losses)
         if len(losses) != self.world_size:
             raise ConfigurationError(
-                f"losses has {len(losses)} entries; allowed: exactly world_size={self.world_size} "
-                "(one per rank)"
+                f"losses has {len(losses)} entries; allowed: exactly world_size={self.world_size} (one per rank)"
             )
         if type(scale_wrt_gas) is not bool:
-            raise ConfigurationError(
-                f"scale_wrt_gas={scale_wrt_gas!r} must be a bool; allowed values: True, False"
-            )
+            raise ConfigurationError(f"scale_wrt_gas={scale_wrt_gas!r} must be a bool; allowed values: True, False")
         for r, loss in enumerate(losses):
             if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
                 raise ConfigurationError(f"losses[{r}] must be a one-element tensor that requires grad")
@@ -275,8 +266,7 @@ class AccumulationEngine:
         self._check_alive()
         if self._in_no_sync:
             raise UnsupportedOperationError(
-                "step() was called inside no_sync(); allowed: call step() after the no_sync() context "
-                "has exited"
+                "step() was called inside no_sync(); allowed: call step() after the no_sync() context has exited"
             )
         cfg = self.config
         self._in_step = True
@@ -303,9 +293,7 @@ class AccumulationEngine:
         self.module(rank)
         if self.stage == 3:
             out = dict(unflatten(self.layout, gather(self.layout, self._param_shards, self.device)))
-            out.update(
-                unflatten(self.frozen_layout, gather(self.frozen_layout, self._frozen_shards, self.device))
-            )
+            out.update(unflatten(self.frozen_layout, gather(self.frozen_layout, self._frozen_shards, self.device)))
             return {n: out[n].clone() for n in self.parameter_names}
         return {n: p.detach().clone() for n, p in self._params[rank].items()}
 
@@ -314,9 +302,7 @@ class AccumulationEngine:
         return [m.clone() for m in self._masters]
 
     def optimizer_states(self) -> list[OptimizerState]:
-        return [
-            OptimizerState(s.step, {k: v.clone() for k, v in s.buffers.items()}) for s in self._opt_states
-        ]
+        return [OptimizerState(s.step, {k: v.clone() for k, v in s.buffers.items()}) for s in self._opt_states]
 
     def destroy(self) -> None:
         """Remove the stage-3 hooks and drop every buffer; the engine cannot be used afterwards."""
@@ -372,11 +358,7 @@ class AccumulationEngine:
             ]
             reduced = average_across_ranks([a.to(cfg.comm_dtype) for a in accs]).to(cfg.accum_dtype)
             partitions = [shard(layout, reduced, r) for r in range(world)]
-            owned = (
-                [reduced.clone() for _ in range(world)]
-                if self.stage == 0
-                else [p.clone() for p in partitions]
-            )
+            owned = [reduced.clone() for _ in range(world)] if self.stage == 0 else [p.clone() for p in partitions]
         else:
             partitions = list(self._shard_acc)
             owned = [p.clone() for p in partitions]
@@ -404,9 +386,7 @@ class AccumulationEngine:
             for r in range(world):
                 self._write_replica(r, full)
         else:
-            self._param_shards = [
-                m.to(device=self.param_device, dtype=cfg.model_dtype) for m in self._masters
-            ]
+            self._param_shards = [m.to(device=self.param_device, dtype=cfg.model_dtype) for m in self._masters]
         # 6. Clear the gradient state.
         self._local_acc = [None] * world
         if self.stage >= 2:
@@ -465,9 +445,7 @@ class AccumulationEngine:
         if any(n in self.layout.names for n in missing):
             views.update(unflatten(self.layout, gather(self.layout, self._param_shards, self.device)))
         if any(n in self.frozen_layout.names for n in missing):
-            views.update(
-                unflatten(self.frozen_layout, gather(self.frozen_layout, self._frozen_shards, self.device))
-            )
+            views.update(unflatten(self.frozen_layout, gather(self.frozen_layout, self._frozen_shards, self.device)))
         for n in missing:
             params[n].data = views[n].clone()
 
@@ -479,9 +457,7 @@ class AccumulationEngine:
 
     def _check_alive(self) -> None:
         if self._destroyed:
-            raise UnsupportedOperationError(
-                "the engine was destroyed; allowed: build a new AccumulationEngine"
-            )
+            raise UnsupportedOperationError("the engine was destroyed; allowed: build a new AccumulationEngine")
 
 
 def _tensors_in(output: Any) -> Iterator[torch.Tensor]:

@@ -74,9 +74,7 @@ def init_state(config: OptimizerConfig, master: torch.Tensor) -> OptimizerState:
     return OptimizerState(0, {n: torch.zeros_like(master, dtype=torch.float32) for n in names})
 
 
-def optimizer_step(
-    config: OptimizerConfig, master: torch.Tensor, grad: torch.Tensor, state: OptimizerState
-) -> None:
+def optimizer_step(config: OptimizerConfig, master: torch.Tensor, grad: torch.Tensor, state: OptimizerState) -> None:
     """Apply one step of ``config.type`` to ``master`` in place, advancing ``state``.
 
     ``master`` and ``grad`` must be fp32 and the same shape; ``grad`` is not modified.
@@ -104,9 +102,7 @@ def _sgd(config: OptimizerConfig, p: torch.Tensor, g: torch.Tensor, state: Optim
     p.copy_(torch.sub(p, torch.mul(direction, config.lr)))
 
 
-def _adam(
-    config: OptimizerConfig, p: torch.Tensor, g: torch.Tensor, state: OptimizerState, *, decoupled: bool
-) -> None:
+def _adam(config: OptimizerConfig, p: torch.Tensor, g: torch.Tensor, state: OptimizerState, *, decoupled: bool) -> None:
     beta1, beta2 = config.betas
     t = state.step
     if config.weight_decay > 0:

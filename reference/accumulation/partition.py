@@ -130,9 +130,7 @@ def flatten(
         if t is None:
             continue
         if tuple(t.shape) != seg.shape:
-            raise ConfigurationError(
-                f"tensor {seg.name!r} has shape {tuple(t.shape)}; the layout expects {seg.shape}"
-            )
+            raise ConfigurationError(f"tensor {seg.name!r} has shape {tuple(t.shape)}; the layout expects {seg.shape}")
         flat[seg.offset : seg.end].copy_(t.detach().reshape(-1).to(dtype))
     return flat
 
@@ -140,9 +138,7 @@ def flatten(
 def unflatten(layout: FlatLayout, flat: torch.Tensor) -> dict[str, torch.Tensor]:
     """Views of each parameter inside ``flat`` (no copy), keyed by name."""
     if flat.numel() != layout.total:
-        raise ConfigurationError(
-            f"flat buffer has {flat.numel()} elements; the layout expects {layout.total}"
-        )
+        raise ConfigurationError(f"flat buffer has {flat.numel()} elements; the layout expects {layout.total}")
     return {seg.name: flat[seg.offset : seg.end].view(seg.shape) for seg in layout.segments}
 
 
@@ -152,9 +148,7 @@ def shard(layout: FlatLayout, flat: torch.Tensor, rank: int) -> torch.Tensor:
     return flat[start:end]
 
 
-def gather(
-    layout: FlatLayout, shards: Sequence[torch.Tensor], device: torch.device | str = "cpu"
-) -> torch.Tensor:
+def gather(layout: FlatLayout, shards: Sequence[torch.Tensor], device: torch.device | str = "cpu") -> torch.Tensor:
     """All-gather: the ranks' partitions concatenated in rank order into a new flat buffer on ``device``."""
     if len(shards) != layout.world_size:
         raise ConfigurationError(f"got {len(shards)} shards; the layout has world_size={layout.world_size}")

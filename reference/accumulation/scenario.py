@@ -115,9 +115,14 @@ def micro_batch(scenario: Scenario, index: int, rank: int) -> tuple[torch.Tensor
 
 
 def compute_loss(module: nn.Module, x: torch.Tensor, y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Mean squared error in the model dtype; every runner uses this one function."""
-    out = module(x.to(dtype))
-    diff = out - y.to(dtype)
+    """Mean squared error in the model dtype, on the module's device; every runner uses this one function.
+
+    The device is that of the module's first parameter (a released ZeRO-3 parameter keeps its device), so the
+    host-generated micro-batch follows the model wherever the runner put it.
+    """
+    device = next(module.parameters()).device
+    out = module(x.to(device=device, dtype=dtype))
+    diff = out - y.to(device=device, dtype=dtype)
     return torch.mean(diff * diff)
 
 
@@ -182,8 +187,7 @@ class Scenario:
         for i, c in enumerate(self.calls):
             if not isinstance(c, (Backward, Step, SetBoundary, EnterNoSync, ExitNoSync)):
                 raise ConfigurationError(
-                    f"calls[{i}]={c!r} is not a call; allowed: Backward, Step, SetBoundary, EnterNoSync, "
-                    "ExitNoSync"
+                    f"calls[{i}]={c!r} is not a call; allowed: Backward, Step, SetBoundary, EnterNoSync, ExitNoSync"
                 )
         if self.data_ranks is not None and sorted(self.data_ranks) != list(range(self.world_size)):
             raise ConfigurationError(
@@ -338,9 +342,7 @@ def run_scenario(scenario: Scenario, *, device: torch.device | str = "cpu") -> T
                 engine.backward(divided, scale_wrt_gas=call.scale_wrt_gas)
                 micro_index += 1
                 records.append(
-                    BackwardRecord(
-                        i, boundary, tuple(loss.detach().clone() for loss in losses), _counters(engine)
-                    )
+                    BackwardRecord(i, boundary, tuple(loss.detach().clone() for loss in losses), _counters(engine))
                 )
             elif isinstance(call, Step):
                 out = engine.step()
