@@ -142,7 +142,65 @@ PyObject* fast_registry_contains(PyObject*, PyObject* const* args, Py_ssize_t na
     Py_RETURN_FALSE;
 }
 
+// Plain tensor types (torch.Tensor, torch.nn.Parameter) and interned attribute names for the is_pinned fast path.
+// Set once from Python (this module does not import torch).
+PyObject* g_tensor_type = nullptr;
+PyObject* g_parameter_type = nullptr;
+PyObject* g_name_is_cpu = nullptr;
+PyObject* g_name_data_ptr = nullptr;
+PyObject* g_name_is_contiguous = nullptr;
+PyObject* g_name_nbytes = nullptr;
+
+PyObject* call_method0(PyObject* self, PyObject* name) {
+    PyObject* args[] = {self};
+    return PyObject_VectorcallMethod(name, args, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+}
+
+// tensor_in_registry(t) -> True | False | None. True/False: t is a plain contiguous CPU tensor and its extent
+// (data_ptr, nbytes) is / is not inside one range of the process-wide registry. None: t needs the general path
+// (not a plain tensor, not on the CPU, not contiguous, or its data pointer is unavailable). Exists because every
+// Python-level attribute access costs tens of nanoseconds and is_pinned is called on every copy decision.
+PyObject* fast_tensor_in_registry(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+    if (nargs != 1) {
+        PyErr_SetString(PyExc_TypeError, "tensor_in_registry(t) takes exactly 1 argument");
+        return nullptr;
+    }
+    PyObject* t = args[0];
+    PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(t));
+    if (g_tensor_type == nullptr || (type != g_tensor_type && type != g_parameter_type)) Py_RETURN_NONE;
+    PyObject* is_cpu = PyObject_GetAttr(t, g_name_is_cpu);
+    if (is_cpu == nullptr) return nullptr;
+    const bool cpu = is_cpu == Py_True;
+    Py_DECREF(is_cpu);
+    if (!cpu) Py_RETURN_NONE;
+    PyObject* contiguous = call_method0(t, g_name_is_contiguous);
+    if (contiguous == nullptr) return nullptr;
+    const bool contig = contiguous == Py_True;
+    Py_DECREF(contiguous);
+    if (!contig) Py_RETURN_NONE;
+    PyObject* ptr = call_method0(t, g_name_data_ptr);
+    if (ptr == nullptr) {
+        PyErr_Clear();  // storage-less wrappers: let the general path decide
+        Py_RETURN_NONE;
+    }
+    std::uint64_t p = 0;
+    const bool ptr_ok = to_u64(ptr, p);
+    Py_DECREF(ptr);
+    PyObject* nbytes = PyObject_GetAttr(t, g_name_nbytes);
+    if (nbytes == nullptr) return nullptr;
+    std::uint64_t n = 0;
+    const bool n_ok = to_u64(nbytes, n);
+    Py_DECREF(nbytes);
+    if (!ptr_ok || !n_ok || p == 0) Py_RETURN_FALSE;
+    if (RangeRegistry::global().contains(p, n)) Py_RETURN_TRUE;
+    Py_RETURN_FALSE;
+}
+
 PyMethodDef g_fast_methods[] = {
+    {"tensor_in_registry", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_tensor_in_registry)),
+     METH_FASTCALL,
+     "tensor_in_registry(t) -> True/False for a plain contiguous CPU tensor (its extent is / is not inside one "
+     "registered range), None when t needs the general is_pinned path."},
     {"registry_contains", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_registry_contains)),
      METH_FASTCALL,
      "registry_contains(ptr, nbytes) -> bool: the range rule on the process-wide registry, with no binding layer "
@@ -236,6 +294,20 @@ writer mutex. Same methods, arguments, results and errors as reference.ranges.Ra
             },
             py::arg("start"), "Drop the range that begins exactly at start. Returns False if there is none.")
         .def(
+            "remove_many",
+            [](RangeRegistry& r, py::iterable starts) {
+                std::vector<std::uint64_t> v;
+                for (py::handle s : starts) {
+                    std::uint64_t x = 0;
+                    if (to_u64(s.ptr(), x)) v.push_back(x);
+                }
+                py::gil_scoped_release unlocked;
+                return r.remove_many(std::move(v));
+            },
+            py::arg("starts"),
+            "Drop every range beginning at one of starts with one rebuild; returns how many were removed. Not in "
+            "the reference API (the counterpart of add_many).")
+        .def(
             "find",
             [](const RangeRegistry& r, py::handle ptr) -> py::object {
                 std::uint64_t p = 0;
@@ -270,6 +342,22 @@ writer mutex. Same methods, arguments, results and errors as reference.ranges.Ra
         "global_registry", []() { return &RangeRegistry::global(); }, py::return_value_policy::reference,
         "The process-wide registry optimized's native pinning registers into (never destroyed).");
     if (PyModule_AddFunctions(m.ptr(), g_fast_methods) != 0) throw py::error_already_set();
+    m.def(
+        "set_tensor_types",
+        [](py::object tensor, py::object parameter) {
+            // Kept for the life of the process (the fast path may run during shutdown).
+            g_tensor_type = tensor.release().ptr();
+            g_parameter_type = parameter.release().ptr();
+            g_name_is_cpu = PyUnicode_InternFromString("is_cpu");
+            g_name_data_ptr = PyUnicode_InternFromString("data_ptr");
+            g_name_is_contiguous = PyUnicode_InternFromString("is_contiguous");
+            g_name_nbytes = PyUnicode_InternFromString("nbytes");
+            if (!g_name_is_cpu || !g_name_data_ptr || !g_name_is_contiguous || !g_name_nbytes) {
+                throw py::error_already_set();
+            }
+        },
+        py::arg("tensor"), py::arg("parameter"),
+        "Tell the is_pinned fast path which types are plain tensors (torch.Tensor, torch.nn.Parameter).");
 
     // ---- native allocations ---------------------------------------------------------------------------------
     py::class_<Allocation, std::shared_ptr<Allocation>>(m, "NativeAllocation", R"doc(

@@ -324,6 +324,40 @@ bool RangeRegistry::remove(std::uint64_t start) {
     return true;
 }
 
+std::size_t RangeRegistry::remove_many(std::vector<std::uint64_t> starts) {
+    std::sort(starts.begin(), starts.end());
+    std::lock_guard<std::mutex> lock(writer_mutex_);
+    const Snapshot& cur = *current_.load(std::memory_order_relaxed);
+    std::vector<RangeEntry> kept;
+    kept.reserve(cur.count);
+    std::uint64_t total = 0;
+    for (const Chunk* c : cur.chunks) {
+        for (const RangeEntry& e : c->entries) {
+            if (!std::binary_search(starts.begin(), starts.end(), e.start)) {
+                kept.push_back(e);
+                total += e.end - e.start;
+            }
+        }
+    }
+    const std::size_t removed = cur.count - kept.size();
+    if (removed == 0) return 0;
+    std::unique_ptr<Snapshot> snap(new Snapshot());
+    std::vector<std::unique_ptr<Chunk>> built;
+    for (std::size_t i = 0; i < kept.size(); i += kChunkBulk) {
+        const std::size_t end = std::min(kept.size(), i + kChunkBulk);
+        built.emplace_back(new Chunk{std::vector<RangeEntry>(kept.begin() + static_cast<std::ptrdiff_t>(i),
+                                                             kept.begin() + static_cast<std::ptrdiff_t>(end))});
+        snap->firsts.push_back(kept[i].start);
+    }
+    snap->count = kept.size();
+    snap->total = total;
+    std::vector<const Chunk*> dead(cur.chunks.begin(), cur.chunks.end());
+    snap->chunks.reserve(built.size());
+    for (auto& c : built) snap->chunks.push_back(c.release());
+    publish_locked(snap.release(), std::move(dead));
+    return removed;
+}
+
 std::size_t RangeRegistry::clear() {
     std::lock_guard<std::mutex> lock(writer_mutex_);
     const Snapshot& cur = *current_.load(std::memory_order_relaxed);

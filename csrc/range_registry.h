@@ -48,6 +48,8 @@ public:
     // Adds many ranges with one snapshot rebuild (O((n + k) log k)); all or nothing.
     void add_many(std::vector<RangeEntry> entries);
     bool remove(std::uint64_t start);
+    // Removes every range starting at one of `starts` with one rebuild; returns how many were removed.
+    std::size_t remove_many(std::vector<std::uint64_t> starts);
     // Removes every range; returns how many there were.
     std::size_t clear();
 

@@ -13,13 +13,15 @@ fake tensors, meta and device tensors, non-tensors) goes through the reference's
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from optimized import _native
 from optimized.pinning import native_backend
 from optimized.ranges import tensor_extent
 from reference import envvars
-from reference.accelerators import Accelerator, get_accelerator
+from reference.accelerators import ACCELERATOR_ENV, Accelerator, get_accelerator
 from reference.pinning import raise_bool, torch_backend
 from reference.pinning.native_backend import PinnedStats
 from reference.pinning.tensors import (
@@ -43,6 +45,9 @@ __all__ = [
 
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
+_is_functional = torch._is_functional_tensor
+_native.set_tensor_types(_Tensor, _Parameter)
+_tensor_in_registry = _native.tensor_in_registry
 _registry_contains = _native.registry_contains
 
 
@@ -99,36 +104,52 @@ def pin_memory(t: torch.Tensor, *, make_copy: bool = True, match_shape: bool = T
 
 
 def _is_pinned_checked(t: object) -> bool:
-    """The reference's path: argument check, data-less and device checks, then the registry rule."""
-    check_tensor("t", t)
-    if is_data_less(t) or t.device.type != "cpu":
-        return False
-    ptr, nbytes = tensor_extent(t)
+    """The reference's path: argument check, data-less and device checks, then the registry rule.
+
+    A plain tensor (not a subclass) on the CPU is data-less only as a functionalization wrapper, so plain
+    strided CPU views skip the fake-tensor probe and go straight to their extent.
+    """
+    tp = type(t)
+    if (tp is _Tensor or tp is _Parameter) and t.is_cpu and not _is_functional(t):
+        ptr, nbytes = tensor_extent(t)
+    else:
+        check_tensor("t", t)
+        if is_data_less(t) or t.device.type != "cpu":
+            return False
+        ptr, nbytes = tensor_extent(t)
     if _registry_contains(ptr, nbytes):
         return True
     return _torch_reports_pinned(t)
 
 
+_torch_pinning_by_env: dict[str | None, bool] = {}
+
+
 def _torch_reports_pinned(t: torch.Tensor) -> bool:
-    return get_accelerator().has_torch_pinning and bool(t.is_pinned())
+    """Whether torch itself reports ``t`` pinned, where the current accelerator has torch pinning.
+
+    Resolving the accelerator is the expensive part of a miss (entry points, availability), so the answer
+    to "does it have torch pinning" is cached per value of ``HOSTOFFLOAD_ACCELERATOR``; the variable is still
+    read at every call, and an invalid value still raises from ``get_accelerator`` (errors are never cached).
+    """
+    key = os.environ.get(ACCELERATOR_ENV)
+    has = _torch_pinning_by_env.get(key)
+    if has is None:
+        has = bool(get_accelerator().has_torch_pinning)
+        _torch_pinning_by_env[key] = has
+    return has and bool(t.is_pinned())
 
 
 def is_pinned(t: torch.Tensor) -> bool:
     """True iff ``t``'s whole byte extent is pinned host memory. Never touches data of meta/fake tensors."""
-    tp = type(t)
-    # Plain tensors on the CPU cannot be fake (FakeTensor is a subclass) and are not meta (is_cpu is False).
-    if (tp is _Tensor or tp is _Parameter) and t.is_cpu:
-        try:
-            ptr = t.data_ptr()
-        except RuntimeError:  # a storage-less wrapper (e.g. functionalization): take the checked path
-            return _is_pinned_checked(t)
-        if t.is_contiguous():
-            if _registry_contains(ptr, t.nbytes):
-                return True
-        elif _registry_contains(*tensor_extent(t)):
-            return True
-        return _torch_reports_pinned(t)
-    return _is_pinned_checked(t)
+    # One native call answers plain contiguous CPU tensors (the copy-path common case); None sends everything
+    # else (subclasses such as fake tensors, meta/device tensors, strided views, non-tensors) the checked way.
+    hit = _tensor_in_registry(t)
+    if hit:
+        return True
+    if hit is None:
+        return _is_pinned_checked(t)
+    return _torch_reports_pinned(t)
 
 
 def unpin(t: torch.Tensor) -> bool:
