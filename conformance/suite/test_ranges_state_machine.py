@@ -210,7 +210,7 @@ def make_pinning_machine(pinning_api, ranges_api, counter):
             assert not (unpinned & starts), f"unpinned allocations still registered: {sorted(unpinned & starts)}"
             sizes = {e[2]: e[3] for e in self.alive.values()}
             ordered = sorted(current)
-            for (s1, n1), nxt in zip(ordered, [*ordered[1:], (None, None)], strict=True):
+            for (s1, n1), nxt in zip(ordered, [*ordered[1:], (None, None)], strict=False):
                 assert n1 >= sizes.get(s1, 0), f"range at {s1:#x} is smaller than its allocation"
                 assert nxt[0] is None or s1 + n1 <= nxt[0], "registered ranges overlap"
 
