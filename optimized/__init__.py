@@ -1,0 +1,40 @@
+"""hostoffload's optimized implementation: the one to import in training.
+
+It mirrors :mod:`reference` module by module (same names, arguments, errors and environment variables) and is
+checked against it by the conformance suite. Native parts come from ``optimized._native`` (built from ``csrc/`` by
+the package build; it links neither CUDA nor torch, so this package imports on machines without either).
+"""
+
+from __future__ import annotations
+
+from optimized.pinning import PinnedStats, is_pinned, pin_empty, pin_empty_like, pin_memory, pinned_stats, unpin
+from reference.implementation import Implementation
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "IMPLEMENTATION",
+    "PinnedStats",
+    "is_pinned",
+    "pin_empty",
+    "pin_empty_like",
+    "pin_memory",
+    "pinned_stats",
+    "unpin",
+]
+
+#: Registered under the ``hostoffload.implementations`` entry point as ``optimized``.
+IMPLEMENTATION = Implementation(
+    name="optimized",
+    version=__version__,
+    areas={
+        "pinning": "optimized.pinning",
+        "ranges": "optimized.ranges",
+        "offload": "optimized.offload",
+    },
+    capabilities={
+        "pin_backends": ("torch", "native"),
+        # Registry lookups read an immutable published snapshot; only writers take a lock.
+        "concurrent_registry_reads": True,
+    },
+)
