@@ -387,27 +387,27 @@ def bench_phases(out: list[dict[str, Any]], nbytes: int) -> None:
 
         _ = torch.cuda.current_device()
     cpu = os.cpu_count() or 1
-    for huge in ("off", "auto", "hugetlb"):
-        for threads in sorted({1, 4, 8, min(16, cpu), cpu}):
-            t0 = time.perf_counter()
-            a = _native.allocate(
-                nbytes, huge, threads, register and _native.cuda_runtime_available(), 0, False
-            )
-            total = time.perf_counter() - t0
-            row = {
-                "nbytes": nbytes,
-                "huge_pages": huge,
-                "threads": threads,
-                "page_kind": a.page_kind,
-                "registered": a.registered,
-                "total_s": round(total, 6),
-                **{k: round(v, 6) for k, v in a.phase_seconds.items()},
-            }
-            t1 = time.perf_counter()
-            del a
-            row["free_s"] = round(time.perf_counter() - t1, 6)
-            out.append(row)
-            print("phases", json.dumps(row), flush=True)
+    grid = [("off", t) for t in sorted({1, min(16, cpu)})]
+    grid += [("auto", t) for t in sorted({1, 4, 8, min(16, cpu), cpu})]
+    grid += [("hugetlb", min(16, cpu))]
+    for huge, threads in grid:
+        t0 = time.perf_counter()
+        a = _native.allocate(nbytes, huge, threads, register and _native.cuda_runtime_available(), 0, False)
+        total = time.perf_counter() - t0
+        row = {
+            "nbytes": nbytes,
+            "huge_pages": huge,
+            "threads": threads,
+            "page_kind": a.page_kind,
+            "registered": a.registered,
+            "total_s": round(total, 6),
+            **{k: round(v, 6) for k, v in a.phase_seconds.items()},
+        }
+        t1 = time.perf_counter()
+        del a
+        row["free_s"] = round(time.perf_counter() - t1, 6)
+        out.append(row)
+        print("phases", json.dumps(row), flush=True)
 
 
 # -- pytest-benchmark entry points ------------------------------------------------------------------------------------
@@ -449,6 +449,10 @@ def machine_info() -> dict[str, Any]:
         "cuda": torch.version.cuda,
         "gpu": torch.cuda.get_device_name() if cuda_ok() else None,
     }
+    with contextlib.suppress(ImportError):
+        from optimized import _native
+
+        info["cuda_runtime"] = _native.cuda_runtime_describe()
     with contextlib.suppress(OSError):
         with open("/proc/cpuinfo") as fh:
             for line in fh:
