@@ -37,8 +37,34 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import pytest
 import torch
+
+try:
+    import pytest
+except ImportError:  # script mode on a machine without pytest: same skips, no pytest entry points
+
+    class _Skip(Exception):
+        pass
+
+    class _PytestShim:
+        class skip:
+            Exception = _Skip
+
+            def __new__(cls, reason: str) -> None:
+                raise _Skip(reason)
+
+        class mark:
+            gpu = staticmethod(lambda f: f)
+
+            @staticmethod
+            def parametrize(*args: Any, **kwargs: Any) -> Callable[[Any], Any]:
+                return lambda f: f
+
+        @staticmethod
+        def fixture(*args: Any, **kwargs: Any) -> Callable[[Any], Any]:
+            return lambda f: f
+
+    pytest = _PytestShim()  # type: ignore[assignment]
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -496,21 +522,52 @@ def main(argv: list[str] | None = None) -> int:
         except pytest.skip.Exception as exc:
             skipped.append(f"{what}: {exc}")
 
-    if "alloc" in groups:
+    def dump() -> None:
+        doc = {
+            "datetime": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": " ".join([sys.executable, *sys.argv]),
+            "machine_info": machine_info(),
+            "benchmarks": runner.results,
+            "phases": phases,
+            "skipped": skipped,
+            "errors": errors,
+        }
+        with open(args.out, "w") as fh:
+            json.dump(doc, fh, indent=1)
+
+    errors: list[str] = []
+
+    def group(name: str, fn: Callable[[], None]) -> None:
+        """Run one group; a failure is recorded and the next group still runs. JSON is rewritten after each."""
+        if name not in groups:
+            return
+        try:
+            fn()
+        except Exception as exc:
+            import traceback
+
+            traceback.print_exc()
+            errors.append(f"{name}: {type(exc).__name__}: {exc}")
+        dump()
+
+    def run_alloc() -> None:
         for nbytes in alloc_sizes:
             for arm in ("torch", "reference", "optimized"):
+                rounds = 2 if args.quick or nbytes > GiB else 3
                 attempt(
-                    lambda a=arm, n=nbytes: bench_alloc(runner, a, n, rounds=2 if args.quick else 3),
+                    lambda a=arm, n=nbytes, r=rounds: bench_alloc(runner, a, n, rounds=r),
                     f"alloc {arm} {nbytes}",
                 )
-    if "phases" in groups:
-        bench_phases(phases, 64 * MiB if args.quick else 4 * GiB)
-    if "is_pinned" in groups:
-        for count in counts:
-            for arm in ("torch", "reference", "optimized"):
-                bench_is_pinned(runner, arm, count, args.quick)
-        release_synthetic()
-    if "bandwidth" in groups:
+
+    def run_is_pinned() -> None:
+        try:
+            for count in counts:
+                for arm in ("torch", "reference", "optimized"):
+                    bench_is_pinned(runner, arm, count, args.quick)
+        finally:
+            release_synthetic()
+
+    def run_bandwidth() -> None:
         for arm in ("torch_pinned", "pageable", "optimized_unregistered", "optimized_registered"):
             for direction in ("h2d", "d2h"):
                 for nbytes in bw_sizes:
@@ -518,18 +575,15 @@ def main(argv: list[str] | None = None) -> int:
                         lambda a=arm, d=direction, n=nbytes: bench_bandwidth(runner, a, d, n, args.quick),
                         f"bandwidth {arm}",
                     )
-    doc = {
-        "datetime": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([sys.executable, *sys.argv]),
-        "machine_info": machine_info(),
-        "benchmarks": runner.results,
-        "phases": phases,
-        "skipped": skipped,
-    }
-    with open(args.out, "w") as fh:
-        json.dump(doc, fh, indent=1)
+
+    group("alloc", run_alloc)
+    group("phases", lambda: bench_phases(phases, 64 * MiB if args.quick else 4 * GiB))
+    group("is_pinned", run_is_pinned)
+    group("bandwidth", run_bandwidth)
+    dump()
     print(
-        f"wrote {args.out} ({len(runner.results)} benchmarks, {len(phases)} phase rows, {len(skipped)} skipped)"
+        f"wrote {args.out} ({len(runner.results)} benchmarks, {len(phases)} phase rows, {len(skipped)} skipped, "
+        f"{len(errors)} errors)"
     )
     return 0
 
