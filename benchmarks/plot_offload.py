@@ -23,15 +23,16 @@ def main(argv: list[str] | None = None) -> int:
         report = json.load(fh)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     markers = {"async": "o", "host_sync": "s"}
+    arms = list(dict.fromkeys(r["arm"] for r in report["results"]))
+    colors = {arm: f"C{i % 10}" for i, arm in enumerate(arms)}
     for r in report["results"]:
-        ax.scatter(r["peak_gib"], r["median_ms"], marker=markers.get(r["variant"], "x"), s=40)
-        ax.annotate(
-            f"{r['arm']} ({r['variant']})",
-            (r["peak_gib"], r["median_ms"]),
-            fontsize=7,
-            xytext=(4, 3),
-            textcoords="offset points",
-        )
+        ax.scatter(r["peak_gib"], r["median_ms"], marker=markers.get(r["variant"], "x"), color=colors[r["arm"]], s=45)
+    # one legend entry per arm (colour) and per variant (marker), instead of overlapping point labels
+    for arm in arms:
+        ax.scatter([], [], color=colors[arm], marker="o", label=arm)
+    for variant, marker in markers.items():
+        ax.scatter([], [], color="gray", marker=marker, label=variant)
+    ax.legend(fontsize=7, loc="best")
     ax.set_xlabel("peak allocated memory (GiB)")
     ax.set_ylabel("median step time (ms)")
     ax.set_title(f"activation offload: {report['hardware']}, {report['date'][:10]}")

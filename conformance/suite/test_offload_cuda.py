@@ -106,9 +106,12 @@ def test_peak_memory_drops_by_offloaded_bytes(area_api, accelerator, prefetch_co
     with_offload = peak(manager)
     offloaded = manager.stats.bytes_offloaded // 2  # two runs counted
     assert offloaded >= (depth - 2) * layer_bytes, manager.stats
-    assert with_offload <= without - offloaded + layer_bytes, (
+    # Slack: the property's one layer, plus 1 MiB for small tensors and allocator rounding that do not scale
+    # with the layer (both implementations measured 0.14 MiB above one layer on an H200, torch 2.11).
+    slack = layer_bytes + (1 << 20)
+    assert with_offload <= without - offloaded + slack, (
         f"peak with offload {with_offload} > peak without {without} - offloaded {offloaded} + one layer "
-        f"{layer_bytes} (prefetch_count={prefetch_count})"
+        f"{layer_bytes} + 1 MiB (prefetch_count={prefetch_count})"
     )
 
 

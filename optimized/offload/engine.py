@@ -44,6 +44,9 @@ _MAX_READ_EVENTS = 4
 _TIMING_BACKLOG = 256
 # How many autograd nodes after a restore get a one-shot post-hook that may issue the planned prefetch.
 _PREFETCH_HOOK_NODES = 8
+# After this many of those hooks ran without headroom, the planned prefetch is issued anyway: a late prefetch
+# still beats a copy on demand, and the headroom test only sees memory at node boundaries.
+_PREFETCH_DEADLINE_NODES = 4
 
 
 def _current_autograd_node() -> Any:
@@ -59,7 +62,8 @@ class _DeferredPrefetch:
     the buffers are allocated from one-shot post-hooks on the next autograd nodes, at the first one where
     ``allocated + buffer <= highest allocation seen since the restore``: the prefetch fills headroom under a
     peak that already happened instead of raising it, and its copy still overlaps the rest of the backward
-    work before the tensor is needed. If no node gets there first, the next restore copies on demand.
+    work before the tensor is needed. Memory is only observed at node boundaries, so after
+    ``_PREFETCH_DEADLINE_NODES`` hooks without headroom the prefetch is issued anyway (bounded lateness).
     """
 
     def __init__(self, engine: StreamedEngine, candidates: list[Record], epoch: int, start: int) -> None:
@@ -67,6 +71,7 @@ class _DeferredPrefetch:
         self._pending = [weakref.ref(c) for c in candidates]
         self._epoch = epoch
         self._high = start
+        self._calls = 0
 
     def attach(self, node: Any) -> None:
         queue = [node]
@@ -89,13 +94,17 @@ class _DeferredPrefetch:
         allocated = engine._allocated_bytes()
         if allocated is None:
             return
-        self._high = max(self._high, allocated)
+        self._calls += 1
+        # The highest allocation observed at node boundaries since the restore, or the allocator's own peak
+        # (which also saw transients inside ops): issuing below it cannot create a new peak at this moment.
+        self._high = max(self._high, allocated, engine._peak_bytes())
+        deadline = self._calls >= _PREFETCH_DEADLINE_NODES
         while self._pending:
             candidate = self._pending[0]()
             if candidate is None:
                 self._pending.pop(0)
                 continue
-            if allocated + candidate.nbytes > self._high:
+            if allocated + candidate.nbytes > self._high and not deadline:
                 return
             self._pending.pop(0)
             engine._issue_deferred(candidate, self._epoch)
@@ -107,9 +116,7 @@ class StreamedEngine(EngineBase):
 
     def __init__(self, config: OffloadConfig, accelerator: Accelerator) -> None:
         super().__init__(config, accelerator)
-        self.use_streams = (
-            accelerator.supports_streams if config.use_streams is None else bool(config.use_streams)
-        )
+        self.use_streams = accelerator.supports_streams if config.use_streams is None else bool(config.use_streams)
         self._pool = PinnedPool(config.pool_bytes)
         self._d2h: Any = None
         self._h2d: Any = None
@@ -336,14 +343,16 @@ class StreamedEngine(EngineBase):
             return None
         return int(torch.cuda.memory_allocated())
 
+    def _peak_bytes(self) -> int:
+        """Highest allocation since the user last reset peak stats (includes transients inside ops)."""
+        if self.device_type != "cuda":
+            return 0
+        return int(torch.cuda.max_memory_allocated())
+
     def _issue_deferred(self, candidate: Record, epoch: int) -> None:
         """Issue a planned prefetch unless it became pointless (restored, freed or prefetched meanwhile)."""
         with self._lock:
-            if (
-                candidate.state != ON_HOST
-                or candidate.prefetched is not None
-                or candidate.restore_epoch > epoch
-            ):
+            if candidate.state != ON_HOST or candidate.prefetched is not None or candidate.restore_epoch > epoch:
                 return
             self._issue_prefetch(candidate)
 
@@ -412,10 +421,6 @@ class StreamedEngine(EngineBase):
             refs.pop()
             seqs.pop()
         if len(refs) > 2 * self._live_offloaded + 64:
-            keep = [
-                (s, r)
-                for s, r in zip(seqs, refs, strict=True)
-                if (x := r()) is not None and x.state == ON_HOST
-            ]
+            keep = [(s, r) for s, r in zip(seqs, refs, strict=True) if (x := r()) is not None and x.state == ON_HOST]
             self._order_seq = [s for s, _ in keep]
             self._order_ref = [r for _, r in keep]

@@ -68,7 +68,7 @@ class OffloadConfig:
     mode: str = MODE_ALL
     min_offload_bytes: int = 1 << 20
     keep_last_count: int = 1
-    prefetch_count: int = 2
+    prefetch_count: int = 1
     max_inflight_bytes: int | None = None
     pool_bytes: int | None = None
     use_streams: bool | None = None
