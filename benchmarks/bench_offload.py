@@ -4,14 +4,15 @@ Model: ``--blocks`` blocks of ``x + fc2(gelu(fc1(layer_norm(x))))`` (hidden 2048
 batch 8, sequence 4096 by default), every block checkpointed with ``torch.utils.checkpoint(...,
 use_reentrant=False)``. Arms: no checkpointing; checkpointing only; checkpointing +
 ``torch.autograd.graph.save_on_cpu(pin_memory=True)``; checkpointing + reference offload; checkpointing +
-optimized offload. Each arm runs ``--warmup`` steps, then
-``--steps`` measured steps (forward + backward, no optimizer); reported: median step time and peak allocated
-memory. The ``host_sync`` variant synchronises the host after every block in forward and after every block's
-backward (a gradient hook on each block output), so the host can never run ahead of the device.
+optimized offload (``optimized_pN``: with ``prefetch_count=N``). Each arm runs ``--warmup`` steps, then
+``--steps`` measured steps (forward + backward, no optimizer; gradients stay allocated); reported: median step
+time and peak allocated memory. The ``host_sync`` variant synchronises the host after every block in forward
+and after every block's backward (a gradient hook on each block output), so the host never runs ahead.
 
-Usage: ``python benchmarks/bench_offload.py --out results.json`` (needs a CUDA device). Prints one line per
-arm and writes everything (with date, hardware and the exact command) as JSON for
-``benchmarks/plot_offload.py``.
+Usage: ``python benchmarks/bench_offload.py --out results.json`` (needs a CUDA device; ``--smoke-cpu`` only
+checks the script). Prints one line per arm and writes everything (date, hardware, exact command) as JSON for
+``benchmarks/plot_offload.py``. Through pytest-benchmark (``tox -e bench``): ``test_offload_step``, one case
+per arm and variant, peak memory in ``extra_info``.
 """
 
 from __future__ import annotations
@@ -103,6 +104,37 @@ def measure(
     }
 
 
+def build(
+    n_blocks: int, hidden: int, inner: int, batch: int, seq: int, arm_names: list[str]
+) -> tuple[torch.nn.ModuleList, torch.Tensor, dict[str, tuple[bool, Any]], dict[str, Any]]:
+    """The model, its input, every arm (checkpointed?, context factory) and the offload managers."""
+    import optimized.offload as optimized_offload
+    import reference.offload as reference_offload
+
+    torch.manual_seed(0)
+    blocks = torch.nn.ModuleList(Block(hidden, inner) for _ in range(n_blocks))
+    blocks = blocks.to(device=DEVICE, dtype=torch.bfloat16)
+    x = torch.randn(batch, seq, hidden, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+    managers: dict[str, Any] = {
+        "reference": reference_offload.ActivationOffload(accelerator=DEVICE),
+        "optimized": optimized_offload.ActivationOffload(accelerator=DEVICE),
+    }
+    for name in arm_names:
+        # optimized_pN: the optimized engine with a look-ahead of N tensors (memory/time trade-off)
+        suffix = name.removeprefix("optimized_p")
+        if name.startswith("optimized_p") and suffix.isdigit():
+            lookahead = int(suffix)
+            managers[name] = optimized_offload.ActivationOffload(accelerator=DEVICE, prefetch_count=lookahead)
+    arms: dict[str, tuple[bool, Any]] = {
+        "no_ckpt": (False, None),
+        "ckpt": (True, None),
+        "save_on_cpu": (True, lambda: torch.autograd.graph.save_on_cpu(pin_memory=True)),
+    }
+    for name, manager in managers.items():
+        arms[name] = (True, lambda manager=manager: manager)
+    return blocks, x, arms, managers
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=24)
@@ -124,42 +156,15 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_offload: needs a CUDA device", file=sys.stderr)
         return 2
 
-    import optimized.offload as optimized_offload
-    import reference.offload as reference_offload
-
-    torch.manual_seed(0)
-    blocks = torch.nn.ModuleList(Block(args.hidden, args.inner) for _ in range(args.blocks))
-    blocks = blocks.to(device=DEVICE, dtype=torch.bfloat16)
-    x = torch.randn(
-        args.batch, args.seq, args.hidden, device=DEVICE, dtype=torch.bfloat16, requires_grad=True
-    )
+    blocks, x, arms, managers = build(args.blocks, args.hidden, args.inner, args.batch, args.seq, args.arms.split(","))
     arm_names = args.arms.split(",")
-    managers = {
-        "reference": reference_offload.ActivationOffload(accelerator=DEVICE),
-        "optimized": optimized_offload.ActivationOffload(accelerator=DEVICE),
-    }
-    for name in arm_names:
-        # optimized_pN: the optimized engine with a look-ahead of N tensors (memory/time trade-off)
-        suffix = name.removeprefix("optimized_p")
-        if name.startswith("optimized_p") and suffix.isdigit():
-            lookahead = int(suffix)
-            managers[name] = optimized_offload.ActivationOffload(accelerator=DEVICE, prefetch_count=lookahead)
-    arms: dict[str, tuple[bool, Any]] = {
-        "no_ckpt": (False, None),
-        "ckpt": (True, None),
-        "save_on_cpu": (True, lambda: torch.autograd.graph.save_on_cpu(pin_memory=True)),
-    }
-    for name, manager in managers.items():
-        arms[name] = (True, lambda manager=manager: manager)
     results = []
     for variant in args.variants.split(","):
         for arm in arm_names:
             checkpointed, context = arms[arm]
             for m in managers.values():
                 m.reset_stats()
-            row = measure(
-                arm, blocks, x, checkpointed, variant == "host_sync", context, args.warmup, args.steps
-            )
+            row = measure(arm, blocks, x, checkpointed, variant == "host_sync", context, args.warmup, args.steps)
             if arm in managers:
                 stats = managers[arm].stats.as_dict()
                 row["offload_stats"] = stats
@@ -189,6 +194,44 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.out, "w") as fh:
             json.dump(report, fh, indent=2)
     return 0
+
+
+# -- pytest-benchmark entry points (``tox -e bench``; skipped without CUDA) --------------------------------------------
+try:
+    import pytest
+except ImportError:  # script mode on a machine without pytest
+    pytest = None  # type: ignore[assignment]
+
+if pytest is not None:
+    ARMS = ("no_ckpt", "ckpt", "save_on_cpu", "reference", "optimized")
+
+    @pytest.fixture(scope="module")
+    def offload_model() -> Any:
+        if not torch.cuda.is_available():
+            pytest.skip("bench_offload needs a CUDA device")
+        return build(24, 2048, 8192, 8, 4096, list(ARMS))
+
+    @pytest.mark.gpu
+    @pytest.mark.parametrize("variant", ("async", "host_sync"))
+    @pytest.mark.parametrize("arm", ARMS)
+    def test_offload_step(benchmark: Any, offload_model: Any, arm: str, variant: str) -> None:
+        blocks, x, arms, _ = offload_model
+        checkpointed, context = arms[arm]
+
+        def one_step() -> None:
+            with context() if context is not None else contextlib.nullcontext():
+                run_step(blocks, x, checkpointed, variant == "host_sync")
+            _sync()
+
+        torch.cuda.reset_peak_memory_stats()
+        benchmark.pedantic(
+            one_step,
+            setup=lambda: blocks.zero_grad(set_to_none=False),
+            rounds=5,
+            warmup_rounds=2,
+            iterations=1,
+        )
+        benchmark.extra_info["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
 
 
 if __name__ == "__main__":
