@@ -1,0 +1,51 @@
+"""Tensor swap I/O, optimized: an asynchronous handle that writes pinned tensors without a bounce copy.
+
+Same names, arguments, records and errors as :mod:`reference.io` (the config, errors and record format are
+imported from there, so they cannot drift); see :mod:`optimized.io.handle` for how requests are executed and
+``docs/io.md`` for usage and tuning.
+"""
+
+from __future__ import annotations
+
+from optimized.io.handle import SwapHandle, SwapRequest
+from reference.io import (
+    DIRECT_ALIGNMENT,
+    HEADER_SIZE,
+    DtypeMismatchError,
+    HandleClosedError,
+    IncompleteRecordError,
+    RecordError,
+    RecordFormatError,
+    ShortFileError,
+    SizeMismatchError,
+    SwapConfig,
+    SwapError,
+    SwapFileNotFoundError,
+    SwapIOError,
+    SwapNoSpaceError,
+    SwapStats,
+    record_nbytes,
+    record_span,
+)
+
+__all__ = [
+    "DIRECT_ALIGNMENT",
+    "HEADER_SIZE",
+    "DtypeMismatchError",
+    "HandleClosedError",
+    "IncompleteRecordError",
+    "RecordError",
+    "RecordFormatError",
+    "ShortFileError",
+    "SizeMismatchError",
+    "SwapConfig",
+    "SwapError",
+    "SwapFileNotFoundError",
+    "SwapHandle",
+    "SwapIOError",
+    "SwapNoSpaceError",
+    "SwapRequest",
+    "SwapStats",
+    "record_nbytes",
+    "record_span",
+]

@@ -1,0 +1,558 @@
+"""The asynchronous swap handle: worker threads, a bounded queue of file calls, O_DIRECT, pinned bounce pool.
+
+Same API, records, rules and errors as :mod:`reference.io.handle` (read its docstring for the semantics); what
+differs is how the bytes move:
+
+- ``write``/``read`` return at once. A request is split into ``block_size`` file calls (``os.pwrite`` /
+  ``os.preadv``, which release the GIL), and ``num_threads`` worker threads run at most ``queue_depth`` of them at
+  a time, so one large tensor is streamed by several calls in parallel and many small requests overlap.
+- Each request is three phases run by the workers: *prepare* (open, header checks, direct-or-bounce decision),
+  its blocks (in any order, in parallel), *finish* (complete header, close, rename; or clean up on failure).
+  Requests on the same path run one after another in submission order (so the create-or-update decision and
+  read-after-write are race-free); requests on different paths overlap.
+- Files are opened a second time with ``O_DIRECT`` when ``use_o_direct`` is on and the record's payload offset is
+  4 KiB aligned; aligned blocks go through that descriptor, the header and a payload tail that is not a whole
+  number of 4 KiB go through the buffered one. A filesystem that refuses ``O_DIRECT`` (EINVAL) makes the
+  request run buffered and is counted in ``stats().o_direct_fallbacks`` with the reason.
+- A tensor whose whole extent is in :mod:`optimized.ranges`' registry (any view of a native pinned buffer or of
+  a :class:`optimized.slab.PinnedSlab` piece) is read into / written from directly; anything else goes through
+  the handle's :class:`~optimized.io.pool.BouncePool`.
+
+Failure handling: the first failing call marks the request failed; blocks not started are skipped, running ones
+finish, then *finish* closes every descriptor, removes the temporary file (new files) or leaves the record marked
+``WRITING`` (in-place updates), and returns every bounce buffer before ``wait()`` raises. ``close()`` drains the
+queue, joins the workers and unpins the pool.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import threading
+import weakref
+from collections import deque
+
+import torch
+
+from optimized.io.pool import BouncePool
+from optimized.ranges import global_registry, tensor_extent
+from reference.io import record
+from reference.io.config import DIRECT_ALIGNMENT, SwapConfig, SwapStats
+from reference.io.errors import HandleClosedError, ShortFileError, SwapError, chain, os_error
+from reference.io.transfer import (
+    Staging,
+    byte_view,
+    check_request,
+    flat_bytes,
+    is_direct,
+    temporary_name,
+    tensor_nbytes,
+)
+
+_O_DIRECT = getattr(os, "O_DIRECT", 0)
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_PREPARE, _PREPARING, _BLOCKS, _FINISH, _DONE = range(5)
+
+
+class SwapRequest:
+    """One write or read in flight. ``direct``/``o_direct`` are decided by the *prepare* phase (None before)."""
+
+    def __init__(self, handle: SwapEngine, seq: int, op: str, tensor: torch.Tensor, path: str, offset: int) -> None:
+        self._handle = handle
+        self.seq = seq
+        self.op = op
+        self.tensor = tensor
+        self.path = path
+        self.offset = offset
+        self.nbytes = tensor_nbytes(tensor)
+        self.direct: bool | None = None
+        self.o_direct: bool | None = None
+        self._error: SwapError | None = None
+        self._event = threading.Event()
+        # Engine state, guarded by the handle's condition.
+        self._key = os.path.abspath(path)
+        self._phase = _PREPARE
+        self._running = 0
+        self._next_block = 0
+        self._blocks: list[tuple[int, int]] = []
+        # Set by prepare, used by the blocks and finish.
+        self._staging: Staging | None = None
+        self._flat: torch.Tensor | None = None
+        self._view: memoryview | None = None
+        self._fd = -1
+        self._dfd = -1
+        self._target = path
+        self._created = False
+        self._o_direct_bytes = 0
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def exception(self, timeout: float | None = None) -> SwapError | None:
+        self._event.wait(timeout)
+        return self._error
+
+    def wait(self, timeout: float | None = None) -> torch.Tensor:
+        """Block until the request is finished; return the tensor or raise its error (every time)."""
+        if not self._event.wait(timeout):
+            raise TimeoutError(f"swap request {self!r} still running after {timeout} s")
+        if self._error is not None:
+            self._handle._mark_reported(self)
+            raise self._error
+        return self.tensor
+
+    def __repr__(self) -> str:
+        state = "failed" if self._error is not None else ("done" if self.done() else "pending")
+        return f"<SwapRequest {self.op} {self.nbytes} B {self.path!r}@{self.offset} {state}>"
+
+
+def _pwrite_all(fd: int, view: memoryview, pos: int) -> None:
+    while view:
+        n = os.pwrite(fd, view, pos)
+        if n <= 0:  # pragma: no cover - the kernel reports errors by raising
+            raise OSError(errno.EIO, "pwrite made no progress")
+        view = view[n:]
+        pos += n
+
+
+def _pread_all(fd: int, view: memoryview, pos: int, path: str) -> None:
+    while view:
+        n = os.preadv(fd, [view], pos)
+        if n == 0:
+            raise ShortFileError(f"{path!r} ended while reading at byte {pos} (truncated during the read?)")
+        view = view[n:]
+        pos += n
+
+
+class SwapEngine:
+    """Workers, queue and pool behind a :class:`SwapHandle`.
+
+    Kept apart from the handle so that the worker threads hold no reference to the handle: a handle dropped
+    without ``close()`` is garbage-collected and its finalizer closes the engine, so no thread outlives it.
+    """
+
+    def __init__(
+        self,
+        queue_depth: int = SwapConfig.queue_depth,
+        block_size: int = SwapConfig.block_size,
+        num_threads: int = SwapConfig.num_threads,
+        use_o_direct: bool = SwapConfig.use_o_direct,
+    ) -> None:
+        self.config = SwapConfig(queue_depth, block_size, num_threads, use_o_direct)
+        self._cond = threading.Condition()
+        self._seq = itertools.count()
+        self._chains: dict[str, deque[SwapRequest]] = {}
+        self._active: list[SwapRequest] = []  # heads of their path's chain, in submission order
+        self._pending: set[SwapRequest] = set()
+        self._unreported: list[SwapRequest] = []
+        self._calls_in_flight = 0
+        self._closing = False
+        self._closed = False
+        self._pool = BouncePool(self.config.queue_depth, self.config.block_size)
+        self._counts = dict.fromkeys(
+            (
+                "requests",
+                "failed_requests",
+                "bytes_written",
+                "bytes_read",
+                "direct_bytes",
+                "bounced_bytes",
+                "o_direct_bytes",
+                "buffered_bytes",
+                "o_direct_fallbacks",
+            ),
+            0,
+        )
+        self._fallback_reason = "" if use_o_direct else "use_o_direct=False"
+        self._threads = [
+            threading.Thread(target=self._worker, name=f"hostoffload-swap-{i}", daemon=True)
+            for i in range(self.config.num_threads)
+        ]
+        for t in self._threads:
+            t.start()
+
+    # -- submission ------------------------------------------------------------------------------------------
+    def write(self, tensor: torch.Tensor, path: str | os.PathLike, offset: int = 0) -> SwapRequest:
+        """Queue storing ``tensor`` as a record at ``offset`` of ``path``; errors are raised by ``wait()``."""
+        return self._submit("write", tensor, path, offset)
+
+    def read(self, tensor: torch.Tensor, path: str | os.PathLike, offset: int = 0) -> SwapRequest:
+        """Queue filling ``tensor`` from the record at ``offset`` of ``path``; errors are raised by ``wait()``."""
+        return self._submit("read", tensor, path, offset)
+
+    def _submit(self, op: str, tensor: object, path: object, offset: object) -> SwapRequest:
+        t, p, off = check_request(tensor, path, offset)
+        with self._cond:
+            if self._closing:
+                raise HandleClosedError(f"{op}() on a closed SwapHandle")
+            req = SwapRequest(self, next(self._seq), op, t, p, off)
+            if op == "write":
+                # A strided tensor is gathered now, on the caller's thread: its values are those at submission.
+                req._staging = Staging.for_write(t)
+            self._pending.add(req)
+            chain_ = self._chains.get(req._key)
+            if chain_ is None:
+                self._chains[req._key] = deque([req])
+                self._active.append(req)
+            else:
+                chain_.append(req)
+            self._cond.notify_all()
+        return req
+
+    # -- the engine ------------------------------------------------------------------------------------------
+    def _pick_locked(self) -> tuple[SwapRequest, str, int] | None:
+        """The next unit of work: (request, phase, block index), or None. Phases advance only here and in
+        ``_worker``'s bookkeeping, both under the condition's lock."""
+        for req in self._active:
+            if req._phase == _PREPARE:
+                req._phase = _PREPARING  # claimed: nothing else of this request runs until prepare is done
+                req._running += 1
+                return req, "prepare", -1
+            if req._phase == _BLOCKS:
+                if req._error is None and req._next_block < len(req._blocks):
+                    i = req._next_block
+                    req._next_block += 1
+                    req._running += 1
+                    return req, "block", i
+                if req._running == 0:
+                    req._phase = _FINISH
+                    req._running += 1
+                    return req, "finish", -1
+        return None
+
+    def _worker(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    if self._closed:
+                        return
+                    unit = self._pick_locked() if self._calls_in_flight < self.config.queue_depth else None
+                    if unit is not None:
+                        break
+                    self._cond.wait()
+                self._calls_in_flight += 1
+            req, phase, index = unit
+            error: SwapError | None = None
+            try:
+                if phase == "prepare":
+                    self._prepare(req)
+                elif phase == "block":
+                    self._block(req, index)
+                else:
+                    self._finish(req)
+            except SwapError as exc:
+                error = exc
+            except OSError as exc:
+                error = chain(os_error(req.op, req.path, exc), exc)
+            except Exception as exc:
+                error = chain(SwapError(f"{req.op} {req.path!r} failed: {exc!r}"), exc)
+            if error is not None and phase == "finish":
+                # Finish failed (e.g. the rename): still release everything it did not get to.
+                self._cleanup(req)
+            with self._cond:
+                self._calls_in_flight -= 1
+                req._running -= 1
+                if error is not None and req._error is None:
+                    error.request = req
+                    req._error = error
+                if phase == "prepare":
+                    req._phase = _BLOCKS
+                elif phase == "finish":
+                    self._complete_locked(req)
+                self._cond.notify_all()
+
+    def _prepare(self, req: SwapRequest) -> None:
+        """Open the file(s), check/mark the header, decide direct or bounce, list the blocks."""
+        want_o_direct = (
+            self.config.use_o_direct
+            and _O_DIRECT != 0
+            and req.offset % DIRECT_ALIGNMENT == 0
+            and req.nbytes >= DIRECT_ALIGNMENT
+        )
+        if req.op == "write":
+            staging = req._staging
+            assert staging is not None
+            exists = os.path.exists(req.path)
+            req._created = not exists
+            req._target = req.path if exists else temporary_name(req.path)
+            flags = os.O_WRONLY | _O_CLOEXEC | (0 if exists else os.O_CREAT | os.O_EXCL)
+            req._fd = os.open(req._target, flags, 0o644)
+            if exists:
+                header = record.pack_header(staging.source.dtype, req.nbytes, record.STATE_WRITING)
+                _pwrite_all(req._fd, memoryview(header), req.offset)
+        else:
+            req._fd = os.open(req.path, os.O_RDONLY | _O_CLOEXEC)
+            size = os.fstat(req._fd).st_size
+            end = req.offset + record.HEADER_SIZE
+            if size < end:
+                raise ShortFileError(
+                    f"{req.path!r} has {size} bytes; a record at offset {req.offset} needs at least {end}"
+                )
+            raw = bytearray(record.HEADER_SIZE)
+            _pread_all(req._fd, memoryview(raw), req.offset, req.path)
+            record.check_header(bytes(raw), req.tensor.dtype, req.nbytes, req.path, req.offset)
+            if size < end + req.nbytes:
+                raise ShortFileError(
+                    f"{req.path!r} has {size} bytes; the {req.nbytes}-byte record at offset {req.offset} needs "
+                    f"{end + req.nbytes}"
+                )
+            staging = Staging.for_read(req.tensor)
+        req.o_direct = False
+        if want_o_direct:
+            try:
+                req._dfd = os.open(req._target, (os.O_WRONLY if req.op == "write" else os.O_RDONLY)
+                                   | _O_CLOEXEC | _O_DIRECT)
+                req.o_direct = True
+            except OSError as exc:
+                if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+                    raise
+                with self._cond:
+                    self._counts["o_direct_fallbacks"] += 1
+                    self._fallback_reason = (
+                        f"O_DIRECT refused for {req.path!r} ({exc.strerror}); that request ran buffered"
+                    )
+        source = staging.source
+        req.direct = is_direct(source, global_registry().contains, tensor_extent, req.o_direct)
+        req._flat = flat_bytes(source) if req.nbytes else None
+        req._view = byte_view(source) if req.direct else None
+        req._blocks = [(a, min(a + self.config.block_size, req.nbytes))
+                       for a in range(0, req.nbytes, self.config.block_size)]
+        req._staging = staging
+
+    def _block(self, req: SwapRequest, index: int) -> None:
+        a, b = req._blocks[index]
+        n = b - a
+        pos = req.offset + record.HEADER_SIZE + a
+        # Aligned head through O_DIRECT, any sub-4 KiB tail through the page cache.
+        head = n - n % DIRECT_ALIGNMENT if req.o_direct else 0
+        if req.direct:
+            view = req._view[a:b]
+            self._io(req, view, pos, head)
+            return
+        slot, bounce = self._pool.acquire()
+        try:
+            bview = byte_view(bounce)[:n]
+            if req.op == "write":
+                bounce[:n].copy_(req._flat[a:b])
+                self._io(req, bview, pos, head)
+            else:
+                self._io(req, bview, pos, head)
+                req._flat[a:b].copy_(bounce[:n])
+        finally:
+            self._pool.release(slot)
+
+    def _io(self, req: SwapRequest, view: memoryview, pos: int, head: int) -> None:
+        if req.op == "write":
+            if head:
+                _pwrite_all(req._dfd, view[:head], pos)
+            if head < len(view):
+                _pwrite_all(req._fd, view[head:], pos + head)
+        else:
+            if head:
+                _pread_all(req._dfd, view[:head], pos, req.path)
+            if head < len(view):
+                _pread_all(req._fd, view[head:], pos + head, req.path)
+        if head:
+            with self._cond:
+                req._o_direct_bytes += head
+
+    def _finish(self, req: SwapRequest) -> None:
+        if req._error is None:
+            if req.op == "write":
+                header = record.pack_header(req._staging.source.dtype, req.nbytes, record.STATE_COMPLETE)
+                _pwrite_all(req._fd, memoryview(header), req.offset)
+            self._close_fds(req)
+            if req.op == "write" and req._created:
+                os.replace(req._target, req.path)
+                req._created = False
+            elif req.op == "read":
+                req._staging.finish_read()
+        else:
+            self._cleanup(req)
+
+    def _close_fds(self, req: SwapRequest) -> None:
+        for attr in ("_dfd", "_fd"):
+            fd = getattr(req, attr)
+            if fd >= 0:
+                setattr(req, attr, -1)
+                os.close(fd)
+
+    def _cleanup(self, req: SwapRequest) -> None:
+        """Failure path: close what is open and remove a temporary file. Never raises."""
+        try:
+            self._close_fds(req)
+        except OSError:
+            pass
+        if req.op == "write" and req._created:
+            req._created = False
+            try:
+                os.unlink(req._target)
+            except OSError:
+                pass
+
+    def _complete_locked(self, req: SwapRequest) -> None:
+        req._phase = _DONE
+        c = self._counts
+        c["requests"] += 1
+        if req._error is not None:
+            c["failed_requests"] += 1
+            self._unreported.append(req)
+        else:
+            c["bytes_written" if req.op == "write" else "bytes_read"] += req.nbytes
+            c["direct_bytes" if req.direct else "bounced_bytes"] += req.nbytes
+            c["o_direct_bytes"] += req._o_direct_bytes
+            c["buffered_bytes"] += req.nbytes - req._o_direct_bytes
+        # Drop engine references to the caller's memory; the request keeps only the tensor itself.
+        req._staging = req._flat = req._view = None
+        self._pending.discard(req)
+        self._active.remove(req)
+        chain_ = self._chains[req._key]
+        chain_.popleft()
+        if chain_:
+            nxt = chain_[0]
+            pos = next((i for i, r in enumerate(self._active) if r.seq > nxt.seq), len(self._active))
+            self._active.insert(pos, nxt)
+        else:
+            del self._chains[req._key]
+        req._event.set()
+
+    # -- waiting, stats, lifetime ----------------------------------------------------------------------------
+    def _mark_reported(self, req: SwapRequest) -> None:
+        with self._cond:
+            if req in self._unreported:
+                self._unreported.remove(req)
+
+    def wait(self, request: SwapRequest | None = None) -> None:
+        """Wait for ``request``, or for every request submitted so far; raise the first failure not yet raised.
+
+        With several failures the first (in submission order) is raised and the others are listed on it as
+        ``other_failures``; each request keeps its own error (``request.wait()`` raises it again).
+        """
+        if request is not None:
+            request.wait()
+            return
+        with self._cond:
+            pending = list(self._pending)
+        for req in pending:
+            req._event.wait()
+        with self._cond:
+            failed = sorted(self._unreported, key=lambda r: r.seq)
+            self._unreported = []
+        if failed:
+            first = failed[0]._error
+            first.other_failures = [r._error for r in failed[1:]]
+            raise first
+
+    def stats(self) -> SwapStats:
+        with self._cond:
+            c = dict(self._counts)
+            in_flight = len(self._pending)
+            reason = self._fallback_reason
+        return SwapStats(
+            requests=c["requests"],
+            failed_requests=c["failed_requests"],
+            bytes_written=c["bytes_written"],
+            bytes_read=c["bytes_read"],
+            direct_bytes=c["direct_bytes"],
+            bounced_bytes=c["bounced_bytes"],
+            o_direct_bytes=c["o_direct_bytes"],
+            buffered_bytes=c["buffered_bytes"],
+            o_direct_requested=self.config.use_o_direct,
+            o_direct_fallbacks=c["o_direct_fallbacks"],
+            fallback_reason=reason,
+            pool_bytes=self._pool.nbytes,
+            pool_pinned=self._pool.pinned,
+            bounce_in_use=self._pool.in_use,
+            threads=sum(t.is_alive() for t in self._threads),
+            in_flight=in_flight,
+        )
+
+    @property
+    def closed(self) -> bool:
+        return self._closing
+
+    def close(self) -> None:
+        """Finish every queued request (their errors stay on them), stop the workers, unpin the pool.
+        Idempotent."""
+        with self._cond:
+            if self._closing:
+                already = True
+            else:
+                already = False
+                self._closing = True
+            pending = list(self._pending)
+        for req in pending:
+            req._event.wait()
+        if already:
+            for t in self._threads:
+                t.join()
+            return
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        for t in self._threads:
+            t.join()
+        self._pool.close()
+
+
+class SwapHandle:
+    """An asynchronous swap handle (see the module docstring). Use as a context manager or call ``close()``.
+
+    ``queue_depth``: file calls in flight at once (and bounce buffers in the pool); ``block_size``: bytes per
+    call and per bounce buffer; ``num_threads``: worker threads; ``use_o_direct``: O_DIRECT where allowed.
+    """
+
+    def __init__(
+        self,
+        queue_depth: int = SwapConfig.queue_depth,
+        block_size: int = SwapConfig.block_size,
+        num_threads: int = SwapConfig.num_threads,
+        use_o_direct: bool = SwapConfig.use_o_direct,
+    ) -> None:
+        self._engine = SwapEngine(queue_depth, block_size, num_threads, use_o_direct)
+        self.config = self._engine.config
+        self._finalizer = weakref.finalize(self, self._engine.close)
+
+    def write(self, tensor: torch.Tensor, path: str | os.PathLike, offset: int = 0) -> SwapRequest:
+        """Queue storing ``tensor`` as a record at ``offset`` of ``path``; errors are raised by ``wait()``.
+
+        ``tensor`` must not be modified until the request is waited on (a strided tensor is gathered at once)."""
+        return self._engine._submit("write", tensor, path, offset)
+
+    def read(self, tensor: torch.Tensor, path: str | os.PathLike, offset: int = 0) -> SwapRequest:
+        """Queue filling ``tensor`` from the record at ``offset`` of ``path``; errors are raised by ``wait()``."""
+        return self._engine._submit("read", tensor, path, offset)
+
+    def wait(self, request: SwapRequest | None = None) -> None:
+        """Wait for ``request``, or for every request submitted so far; raise the first failure not yet raised
+        (the others are listed on it as ``other_failures``)."""
+        self._engine.wait(request)
+
+    def stats(self) -> SwapStats:
+        return self._engine.stats()
+
+    @property
+    def closed(self) -> bool:
+        return self._engine.closed
+
+    def close(self) -> None:
+        """Finish every queued request (their errors stay on them), stop the workers, unpin the pool."""
+        self._finalizer()
+
+    def __enter__(self) -> SwapHandle:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc_type is None:
+                self.wait()
+        finally:
+            self.close()
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (
+            f"<optimized SwapHandle {'closed' if self.closed else 'open'} queue_depth={c.queue_depth} "
+            f"block_size={c.block_size} num_threads={c.num_threads} use_o_direct={c.use_o_direct}>"
+        )
