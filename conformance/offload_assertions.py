@@ -14,15 +14,12 @@ def assert_results_bitwise_equal(
 ) -> None:
     """Same names, and for each name bitwise-equal tensors (or both None: no gradient reached it)."""
     if set(actual) != set(expected):
-        raise AssertionError(
-            f"{context}: result names differ: {sorted(actual)} != expected {sorted(expected)}"
-        )
+        raise AssertionError(f"{context}: result names differ: {sorted(actual)} != expected {sorted(expected)}")
     for name in sorted(expected):
         a, e = actual[name], expected[name]
         if (a is None) != (e is None):
             raise AssertionError(
-                f"{context}: {name} is {'None' if a is None else 'set'} but expected "
-                f"{'None' if e is None else 'set'}"
+                f"{context}: {name} is {'None' if a is None else 'set'} but expected {'None' if e is None else 'set'}"
             )
         if a is not None and e is not None:
             assert_bitwise_equal(a, e, what=f"{context}: {name}")

@@ -47,9 +47,7 @@ def test_checkpoint_bitwise_equal_to_torch_checkpoint(area_api, accelerator, use
     ws, leaf = _setup(device)
     expected = _run(ws, leaf, lambda f, h: torch_checkpoint.checkpoint(f, h, use_reentrant=use_reentrant))
     offload = area_api.ActivationOffload(accelerator=accelerator, min_offload_bytes=0, keep_last_count=0)
-    actual = _run(
-        ws, leaf, lambda f, h: area_api.checkpoint(f, h, use_reentrant=use_reentrant, offload=offload)
-    )
+    actual = _run(ws, leaf, lambda f, h: area_api.checkpoint(f, h, use_reentrant=use_reentrant, offload=offload))
     for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
         assert torch.equal(a, e), f"gradient {i} differs (use_reentrant={use_reentrant})"
     stats = offload.stats
@@ -75,9 +73,7 @@ def test_reentrant_checkpoint_leaves_inputs_untouched(area_api, accelerator):
     assert x.device == snapshot.device and x.shape == snapshot.shape and torch.equal(x, snapshot)
     assert torch.equal(seen[0], snapshot), "forward saw different input values"
     out.sum().backward()
-    assert len(seen) == 2 and torch.equal(seen[1], snapshot), (
-        "recompute did not run on the restored input values"
-    )
+    assert len(seen) == 2 and torch.equal(seen[1], snapshot), "recompute did not run on the restored input values"
     assert offload.stats.tensors_restored == 1
 
 

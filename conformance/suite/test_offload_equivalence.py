@@ -45,9 +45,7 @@ def test_offloads_something_when_everything_qualifies(area_api, accelerator, spe
     """Guards the equivalence test against passing vacuously: with no threshold every stack offloads."""
     device = accelerator.device()
     model = build_stack(spec, device)
-    manager = area_api.ActivationOffload(
-        accelerator=accelerator, mode="all", min_offload_bytes=0, keep_last_count=0
-    )
+    manager = area_api.ActivationOffload(accelerator=accelerator, mode="all", min_offload_bytes=0, keep_last_count=0)
     expected = run_step(model, make_input(spec, 0, device), area_api, 0)
     actual = run_step(model, make_input(spec, 0, device), area_api, 0, manager=manager)
     assert_results_bitwise_equal(actual, expected, f"spec={spec}")

@@ -73,9 +73,7 @@ def test_patch_installed_only_while_active(area_api, accelerator):
         inner = area_api.ActivationOffload(accelerator=accelerator, hf_integration=True)
         with inner:
             pass
-        assert getattr(layer_cls.__call__, "__hostoffload_patch__", False), (
-            "inner exit removed the outer's patch"
-        )
+        assert getattr(layer_cls.__call__, "__hostoffload_patch__", False), "inner exit removed the outer's patch"
     assert layer_cls.__dict__.get("__call__") is before
     with pytest.raises(KeyError), manager:
         raise KeyError("boom")

@@ -49,9 +49,7 @@ def test_restored_with_same_size_strides_and_bits(area_api, accelerator, view, d
     rows, cols, kind = view
     device = accelerator.device()
     manager = _manager(area_api, accelerator)
-    base = (
-        torch.randn(rows + 1, cols + 1, dtype=torch.float64).to(dtype=dtype, device=device)
-    ).requires_grad_()
+    base = (torch.randn(rows + 1, cols + 1, dtype=torch.float64).to(dtype=dtype, device=device)).requires_grad_()
     engine = manager.engine
     with manager:
         src = _make_view(base * 1, kind)
@@ -60,9 +58,7 @@ def test_restored_with_same_size_strides_and_bits(area_api, accelerator, view, d
         packed = engine.pack(src)
         del src
     restored = engine.unpack(packed)
-    assert (tuple(restored.shape), restored.stride()) == layout, (
-        f"{kind}: layout {restored.stride()} != {layout}"
-    )
+    assert (tuple(restored.shape), restored.stride()) == layout, f"{kind}: layout {restored.stride()} != {layout}"
     assert restored.device == original.device, f"{kind}: restored on {restored.device}, not {original.device}"
     assert_bitwise_equal(restored, original, what=f"restored {kind} view")
     assert manager.stats.tensors_offloaded == 1, manager.stats
@@ -188,9 +184,7 @@ def test_inplace_after_save_raises_like_autograd(area_api, accelerator):
             loss = forward()
         with pytest.raises(RuntimeError) as offloaded:
             loss.backward()
-        head = (
-            "one of the variables needed for gradient computation has been modified by an inplace operation"
-        )
+        head = "one of the variables needed for gradient computation has been modified by an inplace operation"
         assert str(plain.value).startswith(head) and str(offloaded.value).startswith(head), (
             f"plain: {plain.value}\noffloaded: {offloaded.value}"
         )
@@ -248,9 +242,7 @@ def test_restored_memory_released_during_backward(area_api, accelerator):
         loss = h.sum()
     loss.backward()
     assert held, "gradient hooks did not run"
-    assert max(held) <= prefetch * nbytes, (
-        f"device bytes held during backward: {held} (limit {prefetch * nbytes})"
-    )
+    assert max(held) <= prefetch * nbytes, f"device bytes held during backward: {held} (limit {prefetch * nbytes})"
     del loss, h
     assert_nothing_held(manager, "early release")
 

@@ -100,9 +100,7 @@ class _ReentrantOffloadCheckpoint(torch.autograd.Function):
             inputs[i] = x
         rng = contextlib.nullcontext()
         if ctx.preserve_rng_state:
-            rng = torch.random.fork_rng(
-                devices=ctx.rng_devices, enabled=True, device_type=ctx.device_type or "cuda"
-            )
+            rng = torch.random.fork_rng(devices=ctx.rng_devices, enabled=True, device_type=ctx.device_type or "cuda")
         with contextlib.ExitStack() as stack:
             stack.enter_context(rng)
             if ctx.preserve_rng_state:
@@ -125,9 +123,7 @@ class _ReentrantOffloadCheckpoint(torch.autograd.Function):
             if isinstance(o, torch.Tensor) and o.requires_grad and g is not None
         ]
         if not pairs:
-            raise RuntimeError(
-                "none of the checkpointed outputs requires grad; this checkpoint() is not necessary"
-            )
+            raise RuntimeError("none of the checkpointed outputs requires grad; this checkpoint() is not necessary")
         torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
         input_grads = [x.grad if isinstance(x, torch.Tensor) else None for x in inputs]
         return (None, None, *input_grads)

@@ -39,9 +39,7 @@ def _check_optional_int(name: str, value: Any, low: int, high: int) -> int | Non
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not (low <= value <= high):
-        raise ConfigurationError(
-            f"{name}={value!r} is invalid; allowed: None (no limit) or an int in [{low}, {high}]"
-        )
+        raise ConfigurationError(f"{name}={value!r} is invalid; allowed: None (no limit) or an int in [{low}, {high}]")
     return value
 
 
@@ -83,22 +81,16 @@ class OffloadConfig:
         _check_optional_int("max_inflight_bytes", self.max_inflight_bytes, 1, MAX_BYTES)
         _check_optional_int("pool_bytes", self.pool_bytes, 1, MAX_BYTES)
         if self.use_streams is not None and not isinstance(self.use_streams, bool):
-            raise ConfigurationError(
-                f"use_streams={self.use_streams!r} is invalid; allowed: True, False, None (auto)"
-            )
+            raise ConfigurationError(f"use_streams={self.use_streams!r} is invalid; allowed: True, False, None (auto)")
         if not isinstance(self.hf_integration, bool):
-            raise ConfigurationError(
-                f"hf_integration={self.hf_integration!r} is invalid; allowed: True, False"
-            )
+            raise ConfigurationError(f"hf_integration={self.hf_integration!r} is invalid; allowed: True, False")
 
     @classmethod
     def knob_names(cls) -> tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(cls))
 
     @classmethod
-    def from_knobs(
-        cls, base: OffloadConfig | None = None, knobs: Mapping[str, Any] | None = None
-    ) -> OffloadConfig:
+    def from_knobs(cls, base: OffloadConfig | None = None, knobs: Mapping[str, Any] | None = None) -> OffloadConfig:
         """``base`` (default config if None) with ``knobs`` replaced; unknown knob names are a
         ConfigurationError.
 

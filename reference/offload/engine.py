@@ -268,9 +268,7 @@ class EngineBase:
                 continue
             record.state = ON_HOST
             record.dev = None
-            self.stats.add(
-                tensors_offloaded=1, bytes_offloaded=record.nbytes, device_bytes_held=-record.nbytes
-            )
+            self.stats.add(tensors_offloaded=1, bytes_offloaded=record.nbytes, device_bytes_held=-record.nbytes)
 
     def _release(self, record: Record) -> None:
         with self._lock:

@@ -107,9 +107,7 @@ class ActivationOffload:
     def close(self) -> None:
         """Give cached host memory back now (it is otherwise kept for the next step)."""
         if self._active:
-            raise UnsupportedOperationError(
-                "close() called while the offload manager is active; exit it first"
-            )
+            raise UnsupportedOperationError("close() called while the offload manager is active; exit it first")
         self._engine.close()
 
     # -- hooks

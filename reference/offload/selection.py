@@ -54,9 +54,7 @@ def _torch_checkpoint_saver_classes() -> tuple[type, ...]:
     if module is None:
         return ()
     return tuple(
-        cls
-        for cls in (getattr(module, "_NoopSaveInputs", None), getattr(module, "CheckpointFunction", None))
-        if cls
+        cls for cls in (getattr(module, "_NoopSaveInputs", None), getattr(module, "CheckpointFunction", None)) if cls
     )
 
 
