@@ -77,3 +77,28 @@ def test_R17_R25_reference_engine_on_device_matches_host_run(reference_api, acce
     host = reference_api.run_scenario(scenario)
     device = reference_api.run_scenario(scenario, device=accelerator.device())
     assert_traces_match(device, host, arithmetic_tolerance(scenario))
+
+
+@given(scenario=scenarios(world_sizes=(2, 3)))
+def test_R26_per_rank_traces_merge_into_the_trace(reference_api, scenario):
+    """R26: splitting a trace into per-rank traces (each BackwardRecord keeping only that rank's loss) and merging
+    them with merge_rank_traces gives the trace back; ranks that disagree on a flag are reported."""
+    api = reference_api
+    trace = api.run_scenario(scenario)
+
+    def rank_view(r, flip_boundary_at=None):
+        recs = []
+        for rec in trace.records:
+            if isinstance(rec, BackwardRecord):
+                boundary = rec.boundary if rec.call_index != flip_boundary_at else not rec.boundary
+                rec = BackwardRecord(rec.call_index, boundary, (rec.losses[r],), rec.counters)
+            recs.append(rec)
+        return Trace(scenario, trace.initial_parameters, tuple(recs))
+
+    views = [rank_view(r) for r in range(scenario.world_size)]
+    assert_traces_match(api.merge_rank_traces(scenario, views), trace)
+    backward = next((rec for rec in trace.records if isinstance(rec, BackwardRecord)), None)
+    if backward is not None:
+        views[-1] = rank_view(scenario.world_size - 1, flip_boundary_at=backward.call_index)
+        with pytest.raises(api.ConfigurationError, match="ranks disagree"):
+            api.merge_rank_traces(scenario, views)

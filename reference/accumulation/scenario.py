@@ -306,6 +306,47 @@ class ScenarioRunner(Protocol):
     def __call__(self, scenario: Scenario) -> Trace: ...
 
 
+def merge_rank_traces(scenario: Scenario, per_rank: Sequence[Trace]) -> Trace:
+    """Build the :class:`Trace` of a multi-process run from one trace per rank (R26).
+
+    Rank r's trace holds, in each :class:`BackwardRecord`, only its own loss (``losses == (loss_r,)``); every
+    other field is what that rank observed, with gradients and parameters already gathered to full tensors. The
+    merged trace has the losses in rank order and everything else from rank 0; all ranks must agree on record
+    kinds, call indices, boundary flags and counters (a disagreement is a bug in the engine, reported here).
+    """
+    if len(per_rank) != scenario.world_size:
+        raise ConfigurationError(
+            f"per_rank has {len(per_rank)} traces; allowed: exactly world_size={scenario.world_size}"
+        )
+    first = per_rank[0]
+    n = len(first.records)
+    for r, t in enumerate(per_rank):
+        if len(t.records) != n:
+            raise ConfigurationError(f"rank {r} recorded {len(t.records)} calls, rank 0 recorded {n}")
+    merged: list[Record] = []
+    for i in range(n):
+        recs = [t.records[i] for t in per_rank]
+        head = recs[0]
+        for r, rec in enumerate(recs):
+            same = type(rec) is type(head) and rec.call_index == head.call_index and rec.boundary == head.boundary
+            if same and not isinstance(head, ControlRecord):
+                same = rec.counters == head.counters
+            if not same:
+                raise ConfigurationError(
+                    f"ranks disagree at call {i}: rank 0 recorded {head!r:.200}, rank {r} recorded {rec!r:.200}"
+                )
+        if isinstance(head, BackwardRecord):
+            for r, rec in enumerate(recs):
+                if len(rec.losses) != 1:
+                    raise ConfigurationError(f"rank {r}'s record {i} holds {len(rec.losses)} losses; allowed: 1")
+            merged.append(
+                BackwardRecord(head.call_index, head.boundary, tuple(rec.losses[0] for rec in recs), head.counters)
+            )
+        else:
+            merged.append(head)
+    return Trace(scenario, first.initial_parameters, tuple(merged))
+
+
 # ---- the reference runner ----------------------------------------------------------------------------------
 
 
