@@ -196,7 +196,30 @@ PyObject* fast_tensor_in_registry(PyObject*, PyObject* const* args, Py_ssize_t n
     Py_RETURN_FALSE;
 }
 
+// is_pinned(t): the whole public is_pinned for the common case in one C call. A hit in the registry answers True
+// directly; anything else is delegated to the Python fallback(t, hit) installed by optimized.pinning (hit is False
+// for a plain contiguous CPU tensor outside every range, None when the general path must decide).
+PyObject* g_is_pinned_fallback = nullptr;
+
+PyObject* fast_is_pinned(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+    PyObject* hit = fast_tensor_in_registry(self, args, nargs);
+    if (hit == nullptr || hit == Py_True) return hit;
+    if (g_is_pinned_fallback == nullptr) {
+        Py_DECREF(hit);
+        PyErr_SetString(PyExc_RuntimeError, "optimized._native.is_pinned used before optimized.pinning was imported");
+        return nullptr;
+    }
+    PyObject* call_args[] = {args[0], hit};
+    PyObject* r = PyObject_Vectorcall(g_is_pinned_fallback, call_args, 2, nullptr);
+    Py_DECREF(hit);
+    return r;
+}
+
 PyMethodDef g_fast_methods[] = {
+    {"is_pinned", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_is_pinned)), METH_FASTCALL,
+     "is_pinned(t) -> bool\n\nTrue iff t's whole byte extent is pinned host memory (optimized.pinning.is_pinned). "
+     "Registry hits of plain contiguous CPU tensors are answered here; everything else goes to the fallback that "
+     "optimized.pinning installs."},
     {"tensor_in_registry", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(fast_tensor_in_registry)),
      METH_FASTCALL,
      "tensor_in_registry(t) -> True/False for a plain contiguous CPU tensor (its extent is / is not inside one "
@@ -343,8 +366,17 @@ writer mutex. Same methods, arguments, results and errors as reference.ranges.Ra
         "The process-wide registry optimized's native pinning registers into (never destroyed).");
     if (PyModule_AddFunctions(m.ptr(), g_fast_methods) != 0) throw py::error_already_set();
     m.def(
+        "set_is_pinned_fallback",
+        [](py::object fallback) {
+            PyObject* old = g_is_pinned_fallback;
+            g_is_pinned_fallback = fallback.release().ptr();
+            Py_XDECREF(old);
+        },
+        py::arg("fallback"), "Install fallback(t, hit) for is_pinned calls the registry does not answer.");
+    m.def(
         "set_tensor_types",
         [](py::object tensor, py::object parameter) {
+            if (g_tensor_type != nullptr) return;  // set once per process
             // Kept for the life of the process (the fast path may run during shutdown).
             g_tensor_type = tensor.release().ptr();
             g_parameter_type = parameter.release().ptr();

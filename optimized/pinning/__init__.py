@@ -47,7 +47,6 @@ _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
 _is_functional = torch._is_functional_tensor
 _native.set_tensor_types(_Tensor, _Parameter)
-_tensor_in_registry = _native.tensor_in_registry
 _registry_contains = _native.registry_contains
 
 
@@ -140,16 +139,23 @@ def _torch_reports_pinned(t: torch.Tensor) -> bool:
     return has and bool(t.is_pinned())
 
 
-def is_pinned(t: torch.Tensor) -> bool:
-    """True iff ``t``'s whole byte extent is pinned host memory. Never touches data of meta/fake tensors."""
-    # One native call answers plain contiguous CPU tensors (the copy-path common case); None sends everything
-    # else (subclasses such as fake tensors, meta/device tensors, strided views, non-tensors) the checked way.
-    hit = _tensor_in_registry(t)
-    if hit:
-        return True
+def _is_pinned_fallback(t: object, hit: bool | None) -> bool:
+    """What the native ``is_pinned`` does not answer itself: ``hit`` is False for a plain contiguous CPU
+    tensor
+    outside every registered range (only torch's own pinning can still say yes), None for everything else."""
     if hit is None:
         return _is_pinned_checked(t)
     return _torch_reports_pinned(t)
+
+
+_native.set_is_pinned_fallback(_is_pinned_fallback)
+
+# : ``is_pinned(t) -> bool``: True iff ``t``'s whole byte extent is pinned host memory; never touches the data
+# of : meta or fake tensors. It is the hot call (every copy decision asks it), so it is one native function: a
+# plain : contiguous CPU tensor whose ``(data_ptr, nbytes)`` lies in a registered range is answered without
+# running any : Python; every other case goes through :func:`_is_pinned_fallback` (the reference's checks,
+# same errors).
+is_pinned = _native.is_pinned
 
 
 def unpin(t: torch.Tensor) -> bool:

@@ -17,8 +17,8 @@ Tuning knobs specific to this implementation (read at each call, like every pinn
 ``HOSTOFFLOAD_PIN_HUGE_PAGES`` in {auto, thp, hugetlb, off} (default auto): ``auto``/``thp`` ask for
 transparent huge pages on buffers of 2 MiB and more; ``hugetlb`` tries reserved hugetlbfs pages first (falls
 back to THP when none are reserved; sizes then round to 2 MiB); ``off`` uses 4 KiB pages.
-``HOSTOFFLOAD_PIN_POPULATE_THREADS``: an int >= 0, threads faulting pages in (0 or unset: one per 64 MiB, at
-most 16 and at most the CPU count).
+``HOSTOFFLOAD_PIN_POPULATE_THREADS``: an int >= 0, threads faulting pages in (0 or unset: one per 256 MiB, at
+most 4 and at most the CPU count; measured best on the H200 box, see docs/native.md).
 """
 
 from __future__ import annotations
@@ -77,13 +77,22 @@ def _itemsize(dtype: torch.dtype) -> int:
 
 
 def _uses_native_cuda(accelerator: Accelerator) -> bool:
-    """True if registration may bypass the Python hook: the stock CUDA accelerator, hook not overridden."""
-    return (
+    """True if registration may bypass the Python hook: the stock CUDA accelerator, hook not overridden.
+
+    torch's CUDA state is initialised first (a no-op after the first call): torch reports
+    ``Tensor.is_pinned()`` False for every pointer until it has initialised CUDA itself, and registering
+    through the runtime directly would not do that for it (the reference's hook does, via
+    ``torch.cuda.cudart()``). It also makes the registration land in the primary context torch uses.
+    """
+    if not (
         isinstance(accelerator, CudaAccelerator)
         and type(accelerator).register_host_memory is CudaAccelerator.register_host_memory
         and type(accelerator).unregister_host_memory is CudaAccelerator.unregister_host_memory
         and _native.cuda_runtime_available()
-    )
+    ):
+        return False
+    torch.cuda.init()
+    return True
 
 
 def _warn_registration_failed(accelerator: Accelerator, nbytes: int, detail: str) -> None:

@@ -1,0 +1,358 @@
+// Native CPU Adam / AdamW (see cpu_adam.h for the contract). Also the pybind11 module optimized._cpu_adam:
+// it takes raw addresses from the Python wrapper (optimized/cpu_adam.py validates the tensors), so the
+// extension links neither torch nor CUDA, and releases the GIL while it runs.
+#include "cpu_adam.h"
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <system_error>
+#include <thread>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define HOSTOFFLOAD_X86 1
+#else
+#define HOSTOFFLOAD_X86 0
+#endif
+
+namespace hostoffload {
+namespace cpu_adam {
+namespace {
+
+// ---- one element, the R16 sequence (also the tail of the vector loops) ---------------------------------
+inline void adam_element(float& p_ref, float g, float& m_ref, float& v_ref, const AdamScalars& s) {
+    float p = p_ref;
+    if (s.has_grad_scale) g = g * s.grad_scale;
+    if (s.has_weight_decay) {
+        if (s.decoupled) {
+            p = p * s.decay;
+        } else {
+            g = g + p * s.decay;
+        }
+    }
+    const float m = m_ref * s.beta1 + g * s.one_minus_beta1;
+    const float v = v_ref * s.beta2 + (g * g) * s.one_minus_beta2;
+    const float denom = std::sqrt(v) * s.inv_bias_correction2 + s.eps;
+    p = p - (m / denom) * s.step_size;
+    m_ref = m;
+    v_ref = v;
+    p_ref = p;
+}
+
+// Round to nearest even; NaN -> the quiet NaN 0x7FC0 (any NaN payload is a NaN to the caller).
+inline std::uint16_t to_bf16(float x) {
+    if (x != x) return 0x7FC0;
+    std::uint32_t u;
+    std::memcpy(&u, &x, sizeof(u));
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return static_cast<std::uint16_t>(u >> 16);
+}
+
+void adam_scalar(const AdamArrays& a, const AdamScalars& s, std::size_t lo, std::size_t hi) {
+    for (std::size_t i = lo; i < hi; ++i) {
+        adam_element(a.param[i], a.grad[i], a.exp_avg[i], a.exp_avg_sq[i], s);
+        if (a.bf16_out != nullptr) a.bf16_out[i] = to_bf16(a.param[i]);
+    }
+}
+
+void cast_scalar(const float* src, std::uint16_t* dst, std::size_t lo, std::size_t hi) {
+    for (std::size_t i = lo; i < hi; ++i) dst[i] = to_bf16(src[i]);
+}
+
+#if HOSTOFFLOAD_X86
+// ---- AVX2 (8 lanes) ----------------------------------------------------------------------------------------
+__attribute__((target("avx2"))) inline __m128i bf16_avx2(__m256 x) {
+    const __m256i u = _mm256_castps_si256(x);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb), 16);
+    const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), _mm256_castps_si256(nan));
+    // packus works per 128-bit lane: keep qwords 0 and 2 to get the 8 results in order.
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    return _mm256_castsi256_si128(packed);
+}
+
+__attribute__((target("avx2"))) void adam_avx2(const AdamArrays& a, const AdamScalars& s, std::size_t lo,
+                                                std::size_t hi) {
+    const __m256 b1 = _mm256_set1_ps(s.beta1), omb1 = _mm256_set1_ps(s.one_minus_beta1);
+    const __m256 b2 = _mm256_set1_ps(s.beta2), omb2 = _mm256_set1_ps(s.one_minus_beta2);
+    const __m256 ibc2 = _mm256_set1_ps(s.inv_bias_correction2), eps = _mm256_set1_ps(s.eps);
+    const __m256 step = _mm256_set1_ps(s.step_size), decay = _mm256_set1_ps(s.decay);
+    const __m256 scale = _mm256_set1_ps(s.grad_scale);
+    std::size_t i = lo;
+    for (; i + 8 <= hi; i += 8) {
+        __m256 p = _mm256_loadu_ps(a.param + i);
+        __m256 g = _mm256_loadu_ps(a.grad + i);
+        __m256 m = _mm256_loadu_ps(a.exp_avg + i);
+        __m256 v = _mm256_loadu_ps(a.exp_avg_sq + i);
+        if (s.has_grad_scale) g = _mm256_mul_ps(g, scale);
+        if (s.has_weight_decay) {
+            if (s.decoupled) {
+                p = _mm256_mul_ps(p, decay);
+            } else {
+                g = _mm256_add_ps(g, _mm256_mul_ps(p, decay));
+            }
+        }
+        m = _mm256_add_ps(_mm256_mul_ps(m, b1), _mm256_mul_ps(g, omb1));
+        v = _mm256_add_ps(_mm256_mul_ps(v, b2), _mm256_mul_ps(_mm256_mul_ps(g, g), omb2));
+        const __m256 denom = _mm256_add_ps(_mm256_mul_ps(_mm256_sqrt_ps(v), ibc2), eps);
+        p = _mm256_sub_ps(p, _mm256_mul_ps(_mm256_div_ps(m, denom), step));
+        _mm256_storeu_ps(a.param + i, p);
+        _mm256_storeu_ps(a.exp_avg + i, m);
+        _mm256_storeu_ps(a.exp_avg_sq + i, v);
+        if (a.bf16_out != nullptr) {
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(a.bf16_out + i), bf16_avx2(p));
+        }
+    }
+    adam_scalar(a, s, i, hi);
+}
+
+__attribute__((target("avx2"))) void cast_avx2(const float* src, std::uint16_t* dst, std::size_t lo,
+                                                std::size_t hi) {
+    std::size_t i = lo;
+    for (; i + 8 <= hi; i += 8) {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), bf16_avx2(_mm256_loadu_ps(src + i)));
+    }
+    cast_scalar(src, dst, i, hi);
+}
+
+// ---- AVX-512F (16 lanes) -------------------------------------------------------------------------------
+__attribute__((target("avx512f"))) inline __m256i bf16_avx512(__m512 x) {
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb), 16);
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    r = _mm512_mask_blend_epi32(nan, r, _mm512_set1_epi32(0x7FC0));
+    return _mm512_cvtepi32_epi16(r);
+}
+
+__attribute__((target("avx512f"))) void adam_avx512(const AdamArrays& a, const AdamScalars& s, std::size_t lo,
+                                                     std::size_t hi) {
+    const __m512 b1 = _mm512_set1_ps(s.beta1), omb1 = _mm512_set1_ps(s.one_minus_beta1);
+    const __m512 b2 = _mm512_set1_ps(s.beta2), omb2 = _mm512_set1_ps(s.one_minus_beta2);
+    const __m512 ibc2 = _mm512_set1_ps(s.inv_bias_correction2), eps = _mm512_set1_ps(s.eps);
+    const __m512 step = _mm512_set1_ps(s.step_size), decay = _mm512_set1_ps(s.decay);
+    const __m512 scale = _mm512_set1_ps(s.grad_scale);
+    std::size_t i = lo;
+    for (; i + 16 <= hi; i += 16) {
+        __m512 p = _mm512_loadu_ps(a.param + i);
+        __m512 g = _mm512_loadu_ps(a.grad + i);
+        __m512 m = _mm512_loadu_ps(a.exp_avg + i);
+        __m512 v = _mm512_loadu_ps(a.exp_avg_sq + i);
+        if (s.has_grad_scale) g = _mm512_mul_ps(g, scale);
+        if (s.has_weight_decay) {
+            if (s.decoupled) {
+                p = _mm512_mul_ps(p, decay);
+            } else {
+                g = _mm512_add_ps(g, _mm512_mul_ps(p, decay));
+            }
+        }
+        m = _mm512_add_ps(_mm512_mul_ps(m, b1), _mm512_mul_ps(g, omb1));
+        v = _mm512_add_ps(_mm512_mul_ps(v, b2), _mm512_mul_ps(_mm512_mul_ps(g, g), omb2));
+        const __m512 denom = _mm512_add_ps(_mm512_mul_ps(_mm512_sqrt_ps(v), ibc2), eps);
+        p = _mm512_sub_ps(p, _mm512_mul_ps(_mm512_div_ps(m, denom), step));
+        _mm512_storeu_ps(a.param + i, p);
+        _mm512_storeu_ps(a.exp_avg + i, m);
+        _mm512_storeu_ps(a.exp_avg_sq + i, v);
+        if (a.bf16_out != nullptr) {
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.bf16_out + i), bf16_avx512(p));
+        }
+    }
+    adam_scalar(a, s, i, hi);
+}
+
+__attribute__((target("avx512f"))) void cast_avx512(const float* src, std::uint16_t* dst, std::size_t lo,
+                                                     std::size_t hi) {
+    std::size_t i = lo;
+    for (; i + 16 <= hi; i += 16) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), bf16_avx512(_mm512_loadu_ps(src + i)));
+    }
+    cast_scalar(src, dst, i, hi);
+}
+
+bool cpu_has(Isa isa) {
+    __builtin_cpu_init();
+    switch (isa) {
+        case Isa::kScalar:
+            return true;
+        case Isa::kAvx2:
+            return __builtin_cpu_supports("avx2") != 0;
+        case Isa::kAvx512:
+            return __builtin_cpu_supports("avx512f") != 0;
+    }
+    return false;
+}
+#else
+bool cpu_has(Isa isa) { return isa == Isa::kScalar; }
+#endif
+
+const char* isa_name(Isa isa) {
+    switch (isa) {
+        case Isa::kScalar:
+            return "scalar";
+        case Isa::kAvx2:
+            return "avx2";
+        case Isa::kAvx512:
+            return "avx512";
+    }
+    return "scalar";
+}
+
+// Splits [0, n) into per-thread ranges aligned to 64 elements (whole cache lines of fp32 and bf16) and runs
+// `body(lo, hi)` on each. A thread that cannot be started is replaced by running its range here.
+template <typename Body>
+void parallel_ranges(std::size_t n, int threads, const Body& body) {
+    constexpr std::size_t kAlign = 64;
+    constexpr std::size_t kMinPerThread = 1u << 15;  // below this, thread start-up costs more than it saves
+    std::size_t workers = threads < 1 ? 1 : static_cast<std::size_t>(threads);
+    workers = std::min(workers, std::max<std::size_t>(1, n / kMinPerThread));
+    if (workers <= 1) {
+        body(0, n);
+        return;
+    }
+    std::size_t chunk = (n + workers - 1) / workers;
+    chunk = (chunk + kAlign - 1) / kAlign * kAlign;
+    std::vector<std::thread> pool;
+    pool.reserve(workers);
+    std::size_t lo = chunk;  // the calling thread takes [0, chunk)
+    std::vector<std::pair<std::size_t, std::size_t>> inline_ranges;
+    for (; lo < n; lo += chunk) {
+        const std::size_t hi = std::min(n, lo + chunk);
+        try {
+            pool.emplace_back([&body, lo, hi] { body(lo, hi); });
+        } catch (const std::system_error&) {
+            inline_ranges.emplace_back(lo, hi);
+        }
+    }
+    body(0, std::min(n, chunk));
+    for (const auto& r : inline_ranges) body(r.first, r.second);
+    for (auto& t : pool) t.join();
+}
+
+}  // namespace
+
+std::vector<std::string> available_isas() {
+    std::vector<std::string> out;
+    for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+        if (cpu_has(isa)) out.emplace_back(isa_name(isa));
+    }
+    return out;
+}
+
+std::string best_isa() {
+    if (cpu_has(Isa::kAvx512)) return isa_name(Isa::kAvx512);
+    if (cpu_has(Isa::kAvx2)) return isa_name(Isa::kAvx2);
+    return isa_name(Isa::kScalar);
+}
+
+Isa parse_isa(const std::string& name) {
+    for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+        if (name == isa_name(isa)) {
+            if (!cpu_has(isa)) {
+                throw std::invalid_argument("isa='" + name + "' is not supported by this CPU; allowed values: " +
+                                            [] {
+                                                std::string s;
+                                                for (const auto& n : available_isas()) s += (s.empty() ? "" : ", ") + n;
+                                                return s;
+                                            }());
+            }
+            return isa;
+        }
+    }
+    throw std::invalid_argument("isa='" + name + "' is unknown; allowed values: scalar, avx2, avx512");
+}
+
+void adam_step(const AdamArrays& arrays, const AdamScalars& scalars, Isa isa, int threads) {
+    if (arrays.n == 0) return;
+    if (arrays.param == nullptr || arrays.grad == nullptr || arrays.exp_avg == nullptr ||
+        arrays.exp_avg_sq == nullptr) {
+        throw std::invalid_argument("adam_step: param, grad, exp_avg and exp_avg_sq must be non-null");
+    }
+    parallel_ranges(arrays.n, threads, [&](std::size_t lo, std::size_t hi) {
+        switch (isa) {
+#if HOSTOFFLOAD_X86
+            case Isa::kAvx512:
+                adam_avx512(arrays, scalars, lo, hi);
+                return;
+            case Isa::kAvx2:
+                adam_avx2(arrays, scalars, lo, hi);
+                return;
+#endif
+            default:
+                adam_scalar(arrays, scalars, lo, hi);
+        }
+    });
+}
+
+void cast_to_bf16(const float* src, std::uint16_t* dst, std::size_t n, Isa isa, int threads) {
+    if (n == 0) return;
+    if (src == nullptr || dst == nullptr) throw std::invalid_argument("cast_to_bf16: src and dst must be non-null");
+    parallel_ranges(n, threads, [&](std::size_t lo, std::size_t hi) {
+        switch (isa) {
+#if HOSTOFFLOAD_X86
+            case Isa::kAvx512:
+                cast_avx512(src, dst, lo, hi);
+                return;
+            case Isa::kAvx2:
+                cast_avx2(src, dst, lo, hi);
+                return;
+#endif
+            default:
+                cast_scalar(src, dst, lo, hi);
+        }
+    });
+}
+
+}  // namespace cpu_adam
+}  // namespace hostoffload
+
+namespace py = pybind11;
+namespace ca = hostoffload::cpu_adam;
+
+PYBIND11_MODULE(_cpu_adam, m) {
+    m.doc() = "Native CPU Adam/AdamW (R16 arithmetic, runtime ISA dispatch); use optimized.cpu_adam, not this.";
+    m.def("available_isas", &ca::available_isas, "ISA variants this CPU can run, slowest first.");
+    m.def("best_isa", &ca::best_isa, "The fastest ISA variant this CPU can run.");
+    m.def(
+        "adam_step",
+        [](std::uintptr_t param, std::uintptr_t grad, std::uintptr_t exp_avg, std::uintptr_t exp_avg_sq,
+           std::uintptr_t bf16_out, std::size_t n, double beta1, double one_minus_beta1, double beta2,
+           double one_minus_beta2, double inv_bias_correction2, double eps, double step_size, double decay,
+           double grad_scale, bool decoupled, bool has_weight_decay, bool has_grad_scale, const std::string& isa,
+           int threads) {
+            // Casting each fp64 hyper-parameter to fp32 rounds it to nearest once, as torch does when a Python
+            // float meets an fp32 tensor.
+            const ca::AdamScalars s{static_cast<float>(beta1),      static_cast<float>(one_minus_beta1),
+                                    static_cast<float>(beta2),      static_cast<float>(one_minus_beta2),
+                                    static_cast<float>(inv_bias_correction2), static_cast<float>(eps),
+                                    static_cast<float>(step_size),  static_cast<float>(decay),
+                                    static_cast<float>(grad_scale), decoupled,
+                                    has_weight_decay,               has_grad_scale};
+            const ca::AdamArrays a{reinterpret_cast<float*>(param), reinterpret_cast<const float*>(grad),
+                                   reinterpret_cast<float*>(exp_avg), reinterpret_cast<float*>(exp_avg_sq),
+                                   reinterpret_cast<std::uint16_t*>(bf16_out), n};
+            const ca::Isa which = ca::parse_isa(isa);
+            py::gil_scoped_release release;
+            ca::adam_step(a, s, which, threads);
+        },
+        py::arg("param"), py::arg("grad"), py::arg("exp_avg"), py::arg("exp_avg_sq"), py::arg("bf16_out"),
+        py::arg("n"), py::arg("beta1"), py::arg("one_minus_beta1"), py::arg("beta2"), py::arg("one_minus_beta2"),
+        py::arg("inv_bias_correction2"), py::arg("eps"), py::arg("step_size"), py::arg("decay"),
+        py::arg("grad_scale"), py::arg("decoupled"), py::arg("has_weight_decay"), py::arg("has_grad_scale"),
+        py::arg("isa"), py::arg("threads"));
+    m.def(
+        "cast_to_bf16",
+        [](std::uintptr_t src, std::uintptr_t dst, std::size_t n, const std::string& isa, int threads) {
+            const ca::Isa which = ca::parse_isa(isa);
+            py::gil_scoped_release release;
+            ca::cast_to_bf16(reinterpret_cast<const float*>(src), reinterpret_cast<std::uint16_t*>(dst), n, which,
+                             threads);
+        },
+        py::arg("src"), py::arg("dst"), py::arg("n"), py::arg("isa"), py::arg("threads"));
+}

@@ -1,0 +1,64 @@
+// Native CPU Adam / AdamW for the offloaded optimizer step (issue 6, docs/accumulation.md R16).
+//
+// One pass over fp32 master weights, gradients and both moment buffers, optionally writing the bf16 copy of
+// the updated weights in the same pass (the buffer the accelerator reads back). The arithmetic is R16's
+// sequence exactly: one IEEE rounding per operation, no fused multiply-add (the target is compiled with
+// -ffp-contract=off), correctly rounded sqrt and division (the SSE/AVX instructions are), hyper-parameter
+// expressions precomputed in fp64 by the caller and rounded to fp32 once. Hence the result is bitwise equal
+// to the reference's torch-op sequence on every ISA variant.
+//
+// Variants: scalar (portable), AVX2, AVX-512F; chosen at run time with __builtin_cpu_supports, each compiled
+// with a target attribute, so the library runs on any x86-64 and never needs -march=native.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hostoffload {
+namespace cpu_adam {
+
+enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+
+// Hyper-parameters already rounded to fp32 where they meet a tensor (R16).
+struct AdamScalars {
+    float beta1;                 // b1
+    float one_minus_beta1;       // 1 - b1            (fp64 expression, rounded once)
+    float beta2;                 // b2
+    float one_minus_beta2;       // 1 - b2
+    float inv_bias_correction2;  // 1 / sqrt(1 - b2^t)
+    float eps;                   // eps
+    float step_size;             // lr / (1 - b1^t)
+    float decay;                 // AdamW: 1 - lr*wd ; Adam: wd
+    float grad_scale;            // clipping coefficient (R15), applied when has_grad_scale
+    bool decoupled;              // AdamW
+    bool has_weight_decay;       // wd > 0
+    bool has_grad_scale;         // coef < 1
+};
+
+// The arrays of one step. bf16_out may be null; grad is read-only.
+struct AdamArrays {
+    float* param;
+    const float* grad;
+    float* exp_avg;
+    float* exp_avg_sq;
+    std::uint16_t* bf16_out;
+    std::size_t n;
+};
+
+std::vector<std::string> available_isas();
+std::string best_isa();
+// Throws std::invalid_argument for an unknown or unavailable ISA name.
+Isa parse_isa(const std::string& name);
+
+// Runs the step on `threads` threads (<= 1: the calling thread only). Thread creation failures fall back to
+// the calling thread for the remaining work, so the step always completes.
+void adam_step(const AdamArrays& arrays, const AdamScalars& scalars, Isa isa, int threads);
+
+// fp32 -> bf16 with round-to-nearest-even, as torch's .to(torch.bfloat16) rounds every non-NaN value; NaN becomes
+// the quiet NaN 0x7FC0 (torch's own NaN payload differs between versions and kernels; it is still a NaN).
+void cast_to_bf16(const float* src, std::uint16_t* dst, std::size_t n, Isa isa, int threads);
+
+}  // namespace cpu_adam
+}  // namespace hostoffload
