@@ -8,10 +8,9 @@ block up to twice its size so that slightly varying shapes do not grow the pool.
 Reuse is stream-safe without host synchronisation: a block handed back carries the events of the copies that
 last read it, and the next user makes its copy stream wait on them before writing.
 
-Where the memory comes from is behind :class:`HostBlockSource`. :data:`DEFAULT_SOURCE` takes blocks from the
-project pinning API (``reference.pin_empty``: torch's pinned allocator or the native backend, per
-``HOSTOFFLOAD_PIN_BACKEND``); switching the pool to the native pinned slab means pointing
-:data:`DEFAULT_SOURCE` at a source that sub-allocates from it.
+Where the memory comes from is behind :class:`HostBlockSource`. On an accelerator that registers host memory
+(CUDA) blocks are carved out of native pinned slabs (:class:`SlabSource`); elsewhere they come from the pinning
+API (:class:`PinEmptySource`).
 """
 
 from __future__ import annotations
@@ -38,10 +37,11 @@ class HostBlockSource(Protocol):
 
 
 class PinEmptySource:
-    """Blocks from the project pinning API; freeing drops the last reference (the backend reclaims it)."""
+    """Blocks from the project pinning API (``HOSTOFFLOAD_PIN_BACKEND`` decides which backend); freeing drops
+    the last reference and the backend reclaims the memory."""
 
     def allocate(self, nbytes: int) -> torch.Tensor:
-        from reference import pin_empty
+        from optimized import pin_empty
 
         return pin_empty(nbytes, dtype=torch.uint8)
 
@@ -49,8 +49,54 @@ class PinEmptySource:
         del block
 
 
-#: The backing store every new pool uses (the one line to change to move the pool onto the native slab).
-DEFAULT_SOURCE: type = PinEmptySource
+class SlabSource:
+    """Blocks carved out of native pinned slabs (:class:`optimized.slab.PinnedSlab`).
+
+    Pinning and device registration are paid once per slab instead of once per block, and every block is
+    recognised by ``is_pinned`` through the slab's single registered range. Slabs are chained: a request that
+    fits no open slab opens a new one of ``max(slab_bytes, request)``, and a slab whose last block is freed is
+    closed (unpinned) at once, so the pool's cap bounds pinned memory too.
+    """
+
+    def __init__(self, slab_bytes: int = 256 << 20) -> None:
+        self._slab_bytes = slab_bytes
+        self._slabs: list[Any] = []
+
+    def allocate(self, nbytes: int) -> torch.Tensor:
+        from optimized.slab import PinnedSlab
+
+        for slab in self._slabs:
+            try:
+                return slab.allocate(nbytes, dtype=torch.uint8, alignment=GRANULE)
+            except MemoryError:
+                continue
+        slab = PinnedSlab(max(self._slab_bytes, nbytes))
+        self._slabs.append(slab)
+        return slab.allocate(nbytes, dtype=torch.uint8, alignment=GRANULE)
+
+    def free(self, block: torch.Tensor) -> None:
+        for slab in self._slabs:
+            if slab.owns(block):
+                slab.free(block)
+                if slab.stats().pieces == 0:
+                    slab.close()
+                    self._slabs.remove(slab)
+                return
+        raise ValueError("block was not allocated by this SlabSource")
+
+
+def default_source() -> HostBlockSource:
+    """The native slab where the accelerator can use registered host memory (that is where pinning pays),
+    otherwise the pinning API (on a CPU-only machine it does not lock memory, so no RLIMIT_MEMLOCK applies)."""
+    from reference.accelerators import get_accelerator
+
+    if get_accelerator().supports_host_registration:
+        return SlabSource()
+    return PinEmptySource()
+
+
+#: Factory of the backing store every new pool uses.
+DEFAULT_SOURCE = default_source
 
 
 @dataclass(eq=False)
