@@ -1,0 +1,717 @@
+"""The ZeRO data-parallel engine on torch.distributed (stages 0-3, managed and unmanaged accumulation, offload).
+
+One instance per rank, like DeepSpeed's engine: each process wraps its model, calls ``backward(loss)`` and
+``step()``, and the engine does the communication through a ``torch.distributed`` process group (gloo on CPU,
+NCCL on GPUs; world size 1 works). The semantics are docs/accumulation.md's, rule for rule, and the arithmetic is
+the reference's: on the host the trace of a scenario equals the reference trace bitwise at every world size
+(reductions are rank-ordered, see :mod:`optimized.accumulation.collectives`; the optimizer is the R16 formula,
+natively, see :mod:`optimized.cpu_adam`).
+
+What happens where, per stage (R9-R12):
+
+- Stages 0/1: each backward adds every parameter's gradient into a flat accumulation buffer straight from a
+  post-accumulate-grad hook (``p.grad`` is dropped at once, so no second full-size gradient copy lives on).
+  The boundary ``step()`` reduces it once (rank-ordered reduce-scatter; stage 0 all-gathers the result).
+- Stages 2/3: the hook copies the gradient into a flat communication buffer; when the last gradient of a bucket
+  has arrived the bucket's reduce-scatter is launched asynchronously (gloo's worker threads, or NCCL's stream),
+  so it overlaps the rest of backward; ``backward()`` waits for the buckets at its end and adds this rank's
+  reduced slices into its partition accumulator.
+- Stage 3: parameters hold no data between uses; a module's parameters are gathered (broadcast from the ranks
+  owning each piece of the R8 layout) before its forward -- with the next module's gather prefetched --
+  released after it, gathered again when the gradient reaches the module's output (and by any checkpoint
+  recompute, R21), and all released when ``backward()`` returns.
+- Offload (R17): the fp32 master and optimizer state live in pinned host buffers from the project's pinning
+  API; gradients are copied device-to-host asynchronously, the native CPU Adam runs the step (writing the bf16
+  weights in the same pass), the weights go back asynchronously. ``offload_param`` keeps stage-3 partitions in
+  pinned host memory.
+
+Failure: a rank that raises stops calling collectives; the others fail in their next collective after the
+process group's timeout with :class:`~optimized.accumulation.collectives.CollectiveError` (never a silent hang
+longer than that timeout). After any error call :meth:`ZeroEngine.destroy` (it never communicates) and build a
+new engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from optimized.accumulation.collectives import Collectives, PendingReduce
+from optimized.accumulation.optimizers import step_master, uses_native
+from optimized.accumulation.partition import FlatLayout, build_layout, owners, unflatten
+from optimized.pinning import pin_empty, unpin
+from reference.accumulation.config import AccumulationConfig
+from reference.accumulation.engine import CLIP_EPSILON, StepOutcome
+from reference.accumulation.optimizers import OptimizerState
+from reference.errors import ConfigurationError, UnsupportedOperationError
+
+__all__ = ["DEFAULT_BUCKET_ELEMENTS", "StepOutcome", "ZeroEngine"]
+
+#: Elements per gradient bucket at stages 2/3 (25M, as DeepSpeed's default reduce_bucket_size).
+DEFAULT_BUCKET_ELEMENTS = 25_000_000
+
+
+@dataclass
+class _Bucket:
+    """A contiguous range of the flat gradient buffer reduced by one collective (stages 2/3)."""
+
+    start: int
+    end: int
+    names: tuple[str, ...]
+    splits: list[int]
+    pending: int = 0
+    reduce: PendingReduce | None = None
+    keep_alive: torch.Tensor | None = None
+
+
+@dataclass
+class _Unit:
+    """The parameters a module owns directly (stage 3 gathers per module)."""
+
+    trainable: tuple[str, ...]
+    frozen: tuple[str, ...]
+    gathered: bool = False
+    prefetched: list[Any] = field(default_factory=list)
+
+
+def _tensors_in(output: Any) -> Iterator[torch.Tensor]:
+    if isinstance(output, torch.Tensor):
+        yield output
+    elif isinstance(output, (tuple, list)):
+        for o in output:
+            yield from _tensors_in(o)
+    elif isinstance(output, Mapping):
+        for o in output.values():
+            yield from _tensors_in(o)
+
+
+class ZeroEngine:
+    """One rank of a ZeRO data-parallel run of ``model`` under ``config`` (docs/accumulation.md, docs/zero.md).
+
+    ``model``: an ``nn.Module`` (used in place, cast to the model dtype and moved to ``device``) or a factory.
+    ``process_group``: default the world group. ``device``: default ``cuda:<current>`` with NCCL, else cpu.
+    ``record_gradients``: return the full reduced gradient from boundary steps (an extra all-gather; the
+    conformance runner uses it). ``bucket_elements``: stage-2/3 bucket size. ``prefetch``: stage-3 forward
+    prefetch of the next module's parameters.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module | Callable[[], nn.Module],
+        config: AccumulationConfig | Mapping[str, Any],
+        *,
+        process_group: dist.ProcessGroup | None = None,
+        device: torch.device | str | None = None,
+        record_gradients: bool = False,
+        bucket_elements: int = DEFAULT_BUCKET_ELEMENTS,
+        prefetch: bool = True,
+    ) -> None:
+        self.config = cfg = AccumulationConfig.from_dict(config)
+        if cfg.pipeline_parallel_size != 1:
+            raise UnsupportedOperationError(
+                f"pipeline_parallel_size={cfg.pipeline_parallel_size} is not modeled by this engine "
+                f"(data parallelism only); allowed: pipeline_parallel_size=1"
+            )
+        if not (dist.is_available() and dist.is_initialized()):
+            raise ConfigurationError(
+                "torch.distributed is not initialized; allowed: call torch.distributed.init_process_group "
+                "(backend 'gloo' on CPU, 'nccl' on GPUs; world size 1 is fine) before building the engine"
+            )
+        if type(bucket_elements) is not int or bucket_elements < 1:
+            raise ConfigurationError(f"bucket_elements={bucket_elements!r} must be an int >= 1")
+        for name, value in (("record_gradients", record_gradients), ("prefetch", prefetch)):
+            if type(value) is not bool:
+                raise ConfigurationError(f"{name}={value!r} must be a bool; allowed values: True, False")
+        self._comm = Collectives(process_group)
+        self.world_size = self._comm.world
+        self.rank = self._comm.rank
+        self.stage = cfg.zero_stage
+        self.device = self._resolve_device(device, process_group)
+        self.record_gradients = record_gradients
+        self.prefetch = prefetch
+        self._bucket_elements = bucket_elements
+        module = model if isinstance(model, nn.Module) else model()
+        if not isinstance(module, nn.Module):
+            raise ConfigurationError(f"model={model!r} must be an nn.Module or a factory returning one")
+        self._module = module.to(device=self.device, dtype=cfg.model_dtype)
+        named = list(self._module.named_parameters())
+        trainable = [(n, p) for n, p in named if p.requires_grad]
+        frozen = [(n, p) for n, p in named if not p.requires_grad]
+        if not trainable:
+            raise ConfigurationError("model has no parameter with requires_grad=True; allowed: at least one")
+        self.parameter_names = tuple(n for n, _ in named)
+        self.trainable_names = tuple(n for n, _ in trainable)
+        self.frozen_names = tuple(n for n, _ in frozen)
+        self._params: dict[str, nn.Parameter] = dict(named)
+        self.layout: FlatLayout = build_layout([(n, p.shape) for n, p in trainable], self.world_size)
+        self.frozen_layout: FlatLayout = build_layout([(n, p.shape) for n, p in frozen], self.world_size)
+        self._seg = {s.name: s for s in self.layout.segments}
+        self._fseg = {s.name: s for s in self.frozen_layout.segments}
+        self.master_device = torch.device("cpu") if cfg.offload_optimizer == "cpu" else self.device
+        self.param_device = torch.device("cpu") if cfg.offload_param == "cpu" else self.device
+
+        self._pinned: list[torch.Tensor] = []
+        self._hooks: list[Any] = []
+        self._in_backward = False
+        self._destroyed = False
+        self._micro_steps = 0
+        self._global_steps = 0
+        self._global_samples = 0
+        self._backwards_since_boundary = 0
+        self._boundary_override: bool | None = None
+        self._in_step = False
+        self._in_no_sync = False
+        try:
+            self._build_buffers(trainable, frozen)
+        except BaseException:
+            self.destroy()
+            raise
+
+    # ---- construction --------------------------------------------------------------------------------------
+    @staticmethod
+    def _resolve_device(device: torch.device | str | None, group: Any) -> torch.device:
+        if device is not None:
+            return torch.device(device)
+        if dist.get_backend(group) == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def _host_buffer(self, numel: int, dtype: torch.dtype, *, pinned: bool) -> torch.Tensor:
+        """Host memory for offloaded state: pinned through the project's pinning API (``pin_empty``, no
+        pageable temporary) and remembered so that :meth:`destroy` can unpin it."""
+        if not pinned:
+            return torch.empty(numel, dtype=dtype)
+        t = pin_empty(numel, dtype=dtype)
+        self._pinned.append(t)
+        return t
+
+    def _param_buffer(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        if self.param_device.type == "cpu":
+            return self._host_buffer(numel, dtype, pinned=self.config.offload_param == "cpu")
+        return torch.empty(numel, dtype=dtype, device=self.param_device)
+
+    def _build_buffers(self, trainable: list, frozen: list) -> None:
+        cfg = self.config
+        W, P, total = self.world_size, self.layout.partition_size, self.layout.total
+        lo, hi = self.rank * P, (self.rank + 1) * P
+        mdt = cfg.model_dtype
+        # R1: every rank starts from rank 0's parameters (the same model built from the same seed already is).
+        flat = torch.zeros(total, dtype=mdt, device=self.device)
+        for n, p in trainable:
+            s = self._seg[n]
+            flat[s.offset : s.end].copy_(p.detach().reshape(-1))
+        fflat = torch.zeros(self.frozen_layout.total, dtype=mdt, device=self.device)
+        for n, p in frozen:
+            s = self._fseg[n]
+            fflat[s.offset : s.end].copy_(p.detach().reshape(-1))
+        self._comm.broadcast_pieces([(0, flat), (0, fflat)], "initial parameter broadcast")
+
+        # R11/R12: fp32 master, whole at stage 0, one partition from stage 1; host + pinned when offloaded.
+        mnumel = total if self.stage == 0 else P
+        src = flat if self.stage == 0 else flat[lo:hi]
+        if self.master_device.type == "cpu":
+            self._master = self._host_buffer(mnumel, torch.float32, pinned=cfg.offload_optimizer == "cpu")
+        else:
+            self._master = torch.empty(mnumel, dtype=torch.float32, device=self.master_device)
+        self._master.copy_(src)
+        opt = cfg.optimizer
+        names = (
+            ("exp_avg", "exp_avg_sq") if opt.type != "sgd" else (("momentum_buffer",) if opt.momentum > 0 else ())
+        )
+        buffers = {}
+        for name in names:
+            if self.master_device.type == "cpu":
+                b = self._host_buffer(mnumel, torch.float32, pinned=cfg.offload_optimizer == "cpu")
+            else:
+                b = torch.empty(mnumel, dtype=torch.float32, device=self.master_device)
+            buffers[name] = b.zero_()
+        self._opt_state = OptimizerState(0, buffers)
+        # Device -> host gradient staging for the offloaded step (not needed when everything is on the host).
+        self._grad_host: torch.Tensor | None = None
+        if self.master_device.type == "cpu" and self.device.type != "cpu":
+            self._grad_host = self._host_buffer(mnumel, torch.float32, pinned=True)
+
+        # Parameters (R12): stages 0-2 keep the full model-dtype parameters as views of one flat buffer, so the
+        # all-gather of the boundary writes them in place; stage 3 keeps only this rank's partitions.
+        self._flat_params: torch.Tensor | None = None
+        self._param_part: torch.Tensor | None = None
+        self._frozen_part: torch.Tensor | None = None
+        if self.stage < 3:
+            self._flat_params = flat
+            for n, p in trainable:
+                s = self._seg[n]
+                p.data = flat[s.offset : s.end].view(s.shape)
+            for n, p in frozen:
+                s = self._fseg[n]
+                p.data = fflat[s.offset : s.end].view(s.shape).clone()
+        else:
+            fP = self.frozen_layout.partition_size
+            self._param_part = self._param_buffer(P, mdt)
+            self._param_part.copy_(flat[lo:hi])
+            self._frozen_part = self._param_buffer(fP, mdt)
+            self._frozen_part.copy_(fflat[self.rank * fP : (self.rank + 1) * fP])
+        del flat, fflat
+
+        # Where the cast master goes (R13 step 5), and whether the native kernel can write it directly.
+        self._lp_out: torch.Tensor | None = None
+        if mdt == torch.bfloat16 and uses_native(cfg.optimizer, self._master):
+            if self.stage == 0 and self.device.type == "cpu":
+                self._lp_out = self._flat_params
+            elif self.stage == 3 and self.param_device.type == "cpu":
+                self._lp_out = self._param_part
+            else:
+                self._lp_out = self._host_buffer(mnumel, mdt, pinned=self.device.type != "cpu")
+        self._lp_part: torch.Tensor | None = None
+        if self.stage in (1, 2):
+            self._lp_part = torch.empty(P, dtype=mdt, device=self.device)
+
+        # Gradient state (R9/R10).
+        if self.stage <= 1:
+            self._acc = torch.zeros(total, dtype=cfg.accum_dtype, device=self.device)
+        else:
+            self._acc = torch.zeros(P, dtype=cfg.accum_dtype, device=self.device)
+            self._gbuf = torch.zeros(total, dtype=cfg.comm_dtype, device=self.device)
+            self._buckets = self._plan_buckets()
+            self._bucket_of = {n: b for b in self._buckets for n in b.names}
+            self._got_grad: set[str] = set()
+        for n in self.trainable_names:
+            self._hooks.append(self._params[n].register_post_accumulate_grad_hook(self._make_grad_hook(n)))
+        if self.stage == 3:
+            self._units: dict[int, _Unit] = {}
+            self._order: list[int] = []
+            self._order_done = False
+            self._install_stage3_hooks()
+            self._release_all()
+
+    def _plan_buckets(self) -> list[_Bucket]:
+        """Group parameters in reverse flat order (roughly the order backward produces gradients) into
+        buckets of about ``bucket_elements``; the buckets tile the flat buffer so padding travels too."""
+        groups: list[list[str]] = []
+        current: list[str] = []
+        size = 0
+        for seg in reversed(self.layout.segments):
+            current.append(seg.name)
+            size += seg.numel
+            if size >= self._bucket_elements:
+                groups.append(current)
+                current, size = [], 0
+        if current:
+            groups.append(current)
+        groups.sort(key=lambda g: min(self._seg[n].offset for n in g))
+        starts = [0] + [min(self._seg[n].offset for n in g) for g in groups[1:]]
+        ends = starts[1:] + [self.layout.total]
+        buckets = []
+        for g, a, b in zip(groups, starts, ends, strict=True):
+            splits = [o.length for o in owners(self.layout, a, b)]
+            buckets.append(_Bucket(a, b, tuple(g), splits))
+        return buckets
+
+    # ---- public surface ------------------------------------------------------------------------------------
+    @property
+    def module(self) -> nn.Module:
+        """The wrapped model (call it, or the engine, for the forward)."""
+        return self._module
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._module(*args, **kwargs)
+
+    @property
+    def micro_steps(self) -> int:
+        return self._micro_steps
+
+    @property
+    def global_steps(self) -> int:
+        return self._global_steps
+
+    @property
+    def global_samples(self) -> int:
+        return self._global_samples
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        """R2 (managed) / R6 (unmanaged)."""
+        if not self.config.managed_gradient_accumulation:
+            return self._in_step
+        if self._boundary_override is not None:
+            return self._boundary_override
+        return (self._micro_steps + 1) % self.config.gradient_accumulation_steps == 0
+
+    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
+        """R2: override the counter-driven boundary until called again. Rejected in unmanaged mode (R20)."""
+        if not self.config.managed_gradient_accumulation:
+            raise UnsupportedOperationError(
+                "set_gradient_accumulation_boundary() cannot be used with "
+                "managed_gradient_accumulation=False: "
+                "every step() is the boundary there; allowed: managed_gradient_accumulation=True"
+            )
+        if type(is_boundary) is not bool:
+            raise ConfigurationError(f"is_boundary={is_boundary!r} must be a bool; allowed values: True, False")
+        self._boundary_override = is_boundary
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """R18: backwards that must not communicate. Stages 0/1 only (they communicate only in the boundary
+        step anyway), not nested, no step() inside."""
+        self._check_alive()
+        if self.stage >= 2:
+            raise UnsupportedOperationError(
+                f"no_sync() is not supported with zero_stage={self.stage}: stages 2/3 reduce every backward; "
+                f"allowed: zero_stage 0 or 1"
+            )
+        if self._in_no_sync:
+            raise UnsupportedOperationError("no_sync() contexts cannot be nested; allowed: one no_sync() at a time")
+        self._in_no_sync = True
+        try:
+            yield
+        finally:
+            self._in_no_sync = False
+
+    def backward(self, loss: torch.Tensor, scale_wrt_gas: bool = True) -> None:
+        """Back-propagate this rank's ``loss`` and accumulate (R5, R7, R9, R10)."""
+        self._check_alive()
+        if type(scale_wrt_gas) is not bool:
+            raise ConfigurationError(f"scale_wrt_gas={scale_wrt_gas!r} must be a bool; allowed values: True, False")
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
+            raise ConfigurationError("loss must be a one-element tensor that requires grad")
+        if self.stage >= 2:
+            self._got_grad.clear()
+            for b in self._buckets:
+                b.pending = len(b.names)
+                b.reduce = None
+                b.keep_alive = None
+        self._in_backward = True
+        finished = False
+        try:
+            # R5: the same division a user writes as ``loss / gas``, in the loss dtype.
+            (loss / self.config.gradient_accumulation_steps if scale_wrt_gas else loss).backward()
+            if self.stage >= 2:
+                self._finish_reductions()
+            finished = True
+        finally:
+            self._in_backward = False
+            for p in self._params.values():
+                p.grad = None
+            if self.stage == 3:
+                self._release_all()
+            if not finished and self.stage >= 2:
+                for b in self._buckets:  # abandoned: the failing rank does not wait on its peers
+                    b.reduce = None
+                    b.keep_alive = None
+        self._backwards_since_boundary += 1
+
+    def step(self) -> StepOutcome:
+        """R2-R4 / R6 and, at a boundary, the epilogue R13."""
+        self._check_alive()
+        if self._in_no_sync:
+            raise UnsupportedOperationError(
+                "step() was called inside no_sync(); allowed: call step() after the no_sync() context has exited"
+            )
+        cfg = self.config
+        self._in_step = True
+        try:
+            boundary = self.is_gradient_accumulation_boundary()
+            outcome = self._boundary_epilogue() if boundary else StepOutcome(boundary=False)
+        finally:
+            self._in_step = False
+        if boundary:
+            self._global_steps += 1
+            per_boundary = (
+                cfg.gradient_accumulation_steps if cfg.managed_gradient_accumulation else self._backwards_since_boundary
+            )
+            self._global_samples += cfg.train_micro_batch_size_per_gpu * self.world_size * per_boundary
+            self._backwards_since_boundary = 0
+        if cfg.managed_gradient_accumulation:
+            self._micro_steps += 1
+        return outcome
+
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        """Copies of every parameter at full shape in the model dtype (stage 3: a collective, all ranks call)."""
+        self._check_alive()
+        if self.stage < 3:
+            return {n: p.detach().clone() for n, p in self._params.items()}
+        out = dict(unflatten(self.layout, self._gather_all(self.layout, self._param_part)))
+        out.update(unflatten(self.frozen_layout, self._gather_all(self.frozen_layout, self._frozen_part)))
+        return {n: out[n].clone() for n in self.parameter_names}
+
+    def master_partition(self) -> torch.Tensor:
+        """This rank's fp32 master (whole at stage 0), a copy."""
+        self._check_alive()
+        return self._master.clone()
+
+    def optimizer_state(self) -> OptimizerState:
+        self._check_alive()
+        return OptimizerState(self._opt_state.step, {k: v.clone() for k, v in self._opt_state.buffers.items()})
+
+    def pinned_buffers(self) -> tuple[torch.Tensor, ...]:
+        """The pinned host buffers this engine allocated (offload state), for inspection."""
+        return tuple(self._pinned)
+
+    def destroy(self) -> None:
+        """Remove every hook, unpin every pinned buffer the engine allocated and drop all state. Never
+        communicates, so it is safe after another rank failed. The engine cannot be used afterwards."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+        pinned, self._pinned = self._pinned, []
+        for attr in (
+            "_master", "_opt_state", "_grad_host", "_flat_params", "_param_part", "_frozen_part", "_lp_out",
+            "_lp_part", "_acc", "_gbuf", "_buckets", "_bucket_of", "_units",
+        ):
+            self.__dict__.pop(attr, None)
+        for t in pinned:
+            unpin(t)
+        del pinned
+        self._destroyed = True
+
+    # ---- gradients -----------------------------------------------------------------------------------------
+    def _make_grad_hook(self, name: str) -> Callable[[torch.Tensor], None]:
+        seg = self._seg[name]
+
+        def hook(p: torch.Tensor) -> None:
+            if not self._in_backward or p.grad is None:
+                return  # a backward not driven by engine.backward(): leave p.grad to the caller
+            g = p.grad.reshape(-1)
+            if self.stage <= 1:
+                # R9: acc = acc + g.to(accum_dtype), per backward, locally.
+                self._acc[seg.offset : seg.end].add_(g.to(self.config.accum_dtype))
+            else:
+                # R10: this backward's gradient in the communication dtype, reduced per bucket.
+                self._gbuf[seg.offset : seg.end].copy_(g)
+                self._got_grad.add(name)
+                bucket = self._bucket_of[name]
+                bucket.pending -= 1
+                if bucket.pending == 0:
+                    self._launch(bucket)
+            p.grad = None
+
+        return hook
+
+    def _launch(self, bucket: _Bucket) -> None:
+        contribution = torch.div(self._gbuf[bucket.start : bucket.end], self.world_size)
+        bucket.keep_alive = contribution
+        bucket.reduce = self._comm.start_reduce_scatter(contribution, bucket.splits, "bucket reduce-scatter")
+
+    def _finish_reductions(self) -> None:
+        """End of a stage-2/3 backward: launch the buckets whose parameters got no gradient (R7: zeros), wait
+        for every bucket and add this rank's reduced slice into its partition accumulator (R10)."""
+        for b in self._buckets:
+            if b.reduce is None:
+                for n in b.names:
+                    if n not in self._got_grad:
+                        s = self._seg[n]
+                        self._gbuf[s.offset : s.end].zero_()
+                self._launch(b)
+        P = self.layout.partition_size
+        base = self.rank * P
+        accum = self.config.accum_dtype
+        for b in self._buckets:
+            mine = owners(self.layout, b.start, b.end)[self.rank]
+            reduced = b.reduce.result()
+            if mine.length:
+                dst = self._acc[mine.start - base : mine.end - base]
+                dst.add_(reduced.to(accum))
+            b.reduce = None
+            b.keep_alive = None
+
+    def _boundary_epilogue(self) -> StepOutcome:
+        """R13: finish reduction; norm; clip; optimizer; cast back and all-gather; clear gradient state."""
+        cfg = self.config
+        W, P = self.world_size, self.layout.partition_size
+        comm = self._comm
+        # 1. Finish the reduction: this rank's partition of the reduced gradient, accumulation dtype.
+        if self.stage <= 1:
+            contribution = torch.div(self._acc.to(cfg.comm_dtype), W)
+            part = comm.start_reduce_scatter(contribution, [P] * W, "boundary reduce-scatter").result()
+            part = part.to(cfg.accum_dtype)
+            if self.stage == 0:
+                owned = torch.empty(self.layout.total, dtype=cfg.accum_dtype, device=self.device)
+                comm.all_gather_into(owned, part, "boundary all-gather of gradients")
+            else:
+                owned = part
+        else:
+            part = owned = self._acc
+        gradients = None
+        if self.record_gradients:
+            if self.stage == 0:
+                full = owned
+            else:
+                full = torch.empty(self.layout.total, dtype=cfg.accum_dtype, device=self.device)
+                comm.all_gather_into(full, part, "gradient record all-gather")
+            gradients = {n: t.clone() for n, t in unflatten(self.layout, full.to(torch.float32)).items()}
+        # 2. Global norm (R14): fp64 per piece of this rank's partition, in flat order, then rank order.
+        sums = []
+        for piece in self.layout.pieces(self.rank):
+            seg = part[piece.local_start : piece.local_start + piece.length].to(torch.float64)
+            sums.append(torch.sum(torch.mul(seg, seg)))
+        local = 0.0
+        if sums:
+            for v in torch.stack(sums).cpu().tolist():
+                local += v
+        norm = math.sqrt(comm.sum_floats_in_rank_order(local, self.device, "gradient norm all-gather"))
+        # 3. Clipping coefficient (R15); the multiplication happens with the optimizer.
+        clip_coef: float | None = None
+        if cfg.gradient_clipping > 0:
+            coef = cfg.gradient_clipping / (norm + CLIP_EPSILON)
+            if coef < 1.0:
+                clip_coef = coef
+        # 4. Optimizer on the fp32 master (R16), on the host when offloaded (R17).
+        g32 = owned.to(torch.float32)
+        if self._grad_host is not None:
+            self._grad_host.copy_(g32, non_blocking=True)
+            torch.cuda.current_stream(self.device).synchronize()
+            g32 = self._grad_host
+        elif g32.device != self._master.device:
+            g32 = g32.to(self._master.device)
+        wrote_lp = step_master(
+            cfg.optimizer, self._master, g32, self._opt_state, clip_coef=clip_coef, bf16_out=self._lp_out
+        )
+        # 5. Cast back to the model dtype and all-gather (R12).
+        lp = self._lp_out if wrote_lp else self._master.to(cfg.model_dtype)
+        if self.stage == 0:
+            if lp is not self._flat_params:
+                self._flat_params.copy_(lp, non_blocking=True)
+        elif self.stage in (1, 2):
+            self._lp_part.copy_(lp, non_blocking=True)
+            comm.all_gather_into(self._flat_params, self._lp_part, "parameter all-gather")
+        elif lp is not self._param_part:
+            self._param_part.copy_(lp, non_blocking=True)
+        # 6. Clear the gradient state.
+        self._acc.zero_()
+        return StepOutcome(boundary=True, grad_norm=norm, clip_coef=clip_coef, gradients=gradients)
+
+    # ---- stage 3 parameter lifecycle (R12, R21) ------------------------------------------------------------
+    def _gather_all(self, layout: FlatLayout, part: torch.Tensor) -> torch.Tensor:
+        full = torch.empty(layout.total, dtype=self.config.model_dtype, device=self.device)
+        self._comm.all_gather_into(full, part.to(self.device), "full parameter all-gather")
+        return full
+
+    def _install_stage3_hooks(self) -> None:
+        names_of = {id(p): n for n, p in self._params.items()}
+        for mod in self._module.modules():
+            direct = [names_of[id(p)] for p in mod.parameters(recurse=False) if id(p) in names_of]
+            if not direct:
+                continue
+            unit = _Unit(
+                tuple(n for n in direct if n in self._seg), tuple(n for n in direct if n in self._fseg)
+            )
+            self._units[id(mod)] = unit
+            self._hooks.append(mod.register_forward_pre_hook(self._make_pre_forward(id(mod))))
+            self._hooks.append(mod.register_forward_hook(self._make_post_forward(id(mod))))
+
+    def _range_of(self, names: tuple[str, ...], segs: dict) -> tuple[int, int]:
+        return min(segs[n].offset for n in names), max(segs[n].end for n in names)
+
+    def _start_gather(self, unit: _Unit) -> list[Any]:
+        """Post the broadcasts that assemble ``unit``'s parameters; returns what :meth:`_install` needs."""
+        plans = []
+        pieces = []
+        for names, layout, segs, part in (
+            (unit.trainable, self.layout, self._seg, self._param_part),
+            (unit.frozen, self.frozen_layout, self._fseg, self._frozen_part),
+        ):
+            if not names:
+                continue
+            a, b = self._range_of(names, segs)
+            buf = torch.empty(b - a, dtype=self.config.model_dtype, device=self.device)
+            P = layout.partition_size
+            for o in owners(layout, a, b):
+                if not o.length:
+                    continue
+                view = buf[o.start - a : o.end - a]
+                if o.rank == self.rank:
+                    view.copy_(part[o.start - self.rank * P : o.end - self.rank * P], non_blocking=True)
+                pieces.append((o.rank, view))
+            plans.append((names, segs, a, buf))
+        return [plans, pieces]
+
+    def _install(self, unit: _Unit, plan: list[Any], works: list[Any] | None = None) -> None:
+        plans, pieces = plan
+        if works is None:
+            self._comm.broadcast_pieces(pieces, "stage-3 parameter gather")
+        else:
+            self._comm.wait_all(works, "stage-3 parameter prefetch")
+        for names, segs, a, buf in plans:
+            for n in names:
+                s = segs[n]
+                self._params[n].data = buf[s.offset - a : s.end - a].view(s.shape)
+        unit.gathered = True
+
+    def _gather(self, key: int) -> None:
+        unit = self._units[key]
+        if unit.gathered:
+            return
+        if unit.prefetched:
+            plan, works = unit.prefetched
+            unit.prefetched = []
+            self._install(unit, plan, works)
+            return
+        self._install(unit, self._start_gather(unit))
+
+    def _release(self, key: int) -> None:
+        unit = self._units[key]
+        if unit.prefetched:  # prefetched but never used: complete the broadcasts every rank posted
+            plan, works = unit.prefetched
+            unit.prefetched = []
+            self._comm.wait_all(works, "stage-3 parameter prefetch")
+        for n in (*unit.trainable, *unit.frozen):
+            p = self._params[n]
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        unit.gathered = False
+
+    def _release_all(self) -> None:
+        for key in self._units:
+            self._release(key)
+        if self._order:
+            self._order_done = True
+
+    def _make_pre_forward(self, key: int) -> Callable[..., None]:
+        def pre_forward(module: nn.Module, args: Any) -> None:
+            # R21: every parameter of the module, frozen or not, is gathered before its forward runs,
+            # including the forward that activation checkpointing replays during backward.
+            self._gather(key)
+            if not self._in_backward:
+                if not self._order_done:
+                    self._order.append(key)
+                elif self.prefetch:
+                    self._prefetch_after(key)
+
+        return pre_forward
+
+    def _prefetch_after(self, key: int) -> None:
+        """Gather the module that ran after ``key`` in the first forward, now, so it is ready when it runs.
+        Broadcasts are posted in the same order on every rank (the recorded order is the same)."""
+        try:
+            nxt = self._order[self._order.index(key) + 1]
+        except (ValueError, IndexError):
+            return
+        unit = self._units[nxt]
+        if not unit.gathered and not unit.prefetched:
+            plan = self._start_gather(unit)
+            unit.prefetched = [plan, self._comm.start_broadcasts(plan[1], "stage-3 parameter prefetch")]
+
+    def _make_post_forward(self, key: int) -> Callable[..., None]:
+        def regather(grad: torch.Tensor) -> None:
+            self._gather(key)
+
+        def post_forward(module: nn.Module, args: Any, output: Any) -> None:
+            if self._in_backward:
+                # A checkpoint recompute: its backward nodes still need the parameters until backward() ends.
+                return
+            self._release(key)
+            # The module's backward reads the parameters it saved; gather them again as soon as the gradient
+            # reaches its output, i.e. before any of its backward nodes run.
+            for t in _tensors_in(output):
+                if t.requires_grad:
+                    t.register_hook(regather)
+
+        return post_forward
+
+    def _check_alive(self) -> None:
+        if self._destroyed:
+            raise UnsupportedOperationError("the engine was destroyed; allowed: build a new ZeroEngine")

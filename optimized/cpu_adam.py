@@ -1,0 +1,162 @@
+"""Native CPU Adam / AdamW on flat fp32 host buffers (issue 6; formula: docs/accumulation.md R16).
+
+Why a native kernel: the offloaded optimizer step is memory-bound (it streams 16 bytes in and 12 bytes out per
+fp32 parameter, plus 2 bytes of bf16 copy), and torch's single-tensor AdamW makes a dozen passes over memory.
+``optimized._cpu_adam`` makes one pass, vectorised (AVX2 / AVX-512F chosen at run time), on several threads,
+and can write the bf16 copy of the updated weights (the buffer the accelerator reads back) in that same pass.
+
+The arithmetic is R16's sequence with one fp32 rounding per operation and no FMA, so the result equals
+:func:`reference.accumulation.optimizers.optimizer_step` bitwise, element for element, on every ISA variant
+(checked by conformance/suite/test_accumulation_engine_cpu_adam.py). Hyper-parameter expressions are evaluated
+here in fp64 exactly as the reference writes them and rounded to fp32 once inside the kernel.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from reference.accumulation.config import OptimizerConfig
+from reference.errors import ConfigurationError
+
+try:
+    from optimized import _cpu_adam
+except ImportError as exc:  # pragma: no cover - only on a broken build
+    _cpu_adam = None
+    _IMPORT_ERROR: ImportError | None = exc
+else:
+    _IMPORT_ERROR = None
+
+THREADS_ENV = "HOSTOFFLOAD_CPU_ADAM_THREADS"
+
+__all__ = ["THREADS_ENV", "adam_step", "available", "available_isas", "best_isa", "cast_to_bf16", "default_threads"]
+
+
+def available() -> bool:
+    """Whether the native extension was built and loads."""
+    return _cpu_adam is not None
+
+
+def _module():
+    if _cpu_adam is None:
+        raise ImportError(f"optimized._cpu_adam is not built ({_IMPORT_ERROR}); rebuild with pip install -e .")
+    return _cpu_adam
+
+
+def available_isas() -> list[str]:
+    """ISA variants this CPU can run (``scalar`` always)."""
+    return list(_module().available_isas())
+
+
+def best_isa() -> str:
+    return str(_module().best_isa())
+
+
+def default_threads() -> int:
+    """``$HOSTOFFLOAD_CPU_ADAM_THREADS`` if set, else the cores this process may run on."""
+    value = os.environ.get(THREADS_ENV)
+    if value is not None:
+        try:
+            n = int(value)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise ConfigurationError(f"{THREADS_ENV}={value!r} must be an int >= 1")
+        return n
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return os.cpu_count() or 1
+
+
+def _check_flat(name: str, t: object, dtype: torch.dtype, numel: int | None) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise ConfigurationError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu" or t.dtype != dtype or not t.is_contiguous():
+        raise ConfigurationError(
+            f"{name} must be a contiguous CPU tensor of dtype {dtype}; got device={t.device}, dtype={t.dtype}, "
+            f"contiguous={t.is_contiguous()}"
+        )
+    if numel is not None and t.numel() != numel:
+        raise ConfigurationError(f"{name} has {t.numel()} elements; allowed: exactly {numel} (the param's size)")
+    return t
+
+
+def _check_isa_threads(isa: str | None, threads: int | None) -> tuple[str, int]:
+    isa = best_isa() if isa is None else isa
+    if isa not in available_isas():
+        raise ConfigurationError(f"isa={isa!r} is not available on this CPU; allowed values: {available_isas()}")
+    threads = default_threads() if threads is None else threads
+    if type(threads) is not int or threads < 1:
+        raise ConfigurationError(f"threads={threads!r} must be an int >= 1")
+    return isa, threads
+
+
+def adam_step(
+    config: OptimizerConfig,
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    step: int,
+    *,
+    grad_scale: float | None = None,
+    bf16_out: torch.Tensor | None = None,
+    isa: str | None = None,
+    threads: int | None = None,
+) -> None:
+    """One Adam/AdamW step (``config.type``) on flat fp32 CPU tensors, in place; ``step`` is the 1-based ``t``.
+
+    ``grad_scale``: the clipping coefficient of R15 (the gradient is multiplied by it rounded to fp32 before
+    use, as ``torch.mul(grad, coef)`` would; ``grad`` itself is not modified). ``bf16_out``: a bf16 tensor of
+    the same size that receives the updated weights cast with round-to-nearest-even, in the same pass.
+    """
+    if config.type not in ("adam", "adamw"):
+        raise ConfigurationError(f"config.type={config.type!r} is not handled natively; allowed values: adam, adamw")
+    if type(step) is not int or step < 1:
+        raise ConfigurationError(f"step={step!r} must be an int >= 1 (the 1-based step count t)")
+    n = _check_flat("param", param, torch.float32, None).numel()
+    _check_flat("grad", grad, torch.float32, n)
+    _check_flat("exp_avg", exp_avg, torch.float32, n)
+    _check_flat("exp_avg_sq", exp_avg_sq, torch.float32, n)
+    out_ptr = 0
+    if bf16_out is not None:
+        out_ptr = _check_flat("bf16_out", bf16_out, torch.bfloat16, n).data_ptr()
+    isa, threads = _check_isa_threads(isa, threads)
+    beta1, beta2 = config.betas
+    wd, lr = config.weight_decay, config.lr
+    decoupled = config.type == "adamw"
+    # The fp64 expressions of reference.accumulation.optimizers._adam, written the same way.
+    decay = (1.0 - lr * wd) if decoupled else wd
+    _module().adam_step(
+        param.data_ptr(),
+        grad.data_ptr(),
+        exp_avg.data_ptr(),
+        exp_avg_sq.data_ptr(),
+        out_ptr,
+        n,
+        beta1,
+        1.0 - beta1,
+        beta2,
+        1.0 - beta2,
+        1.0 / math.sqrt(1.0 - beta2**step),
+        config.eps,
+        lr / (1.0 - beta1**step),
+        decay,
+        1.0 if grad_scale is None else float(grad_scale),
+        decoupled,
+        wd > 0,
+        grad_scale is not None,
+        isa,
+        threads,
+    )
+
+
+def cast_to_bf16(src: torch.Tensor, dst: torch.Tensor, *, isa: str | None = None, threads: int | None = None) -> None:
+    """``dst.copy_(src)`` for a flat fp32 -> bf16 pair, vectorised and threaded (same rounding as torch)."""
+    n = _check_flat("src", src, torch.float32, None).numel()
+    _check_flat("dst", dst, torch.bfloat16, n)
+    isa, threads = _check_isa_threads(isa, threads)
+    _module().cast_to_bf16(src.data_ptr(), dst.data_ptr(), n, isa, threads)
