@@ -285,3 +285,49 @@ def test_slab_pieces_under_contention(impl, area_api, accelerator):
     slab = extra = None  # drop the last references: the allocation must go with them
     gc.collect()
     assert area_api.pinned_stats() == stats0, "the slab's allocation outlived its last piece"
+
+
+_SHUTDOWN_PROBE = """
+import os, sys, threading
+os.environ["HOSTOFFLOAD_PIN_BACKEND"] = "native"
+import importlib
+api = importlib.import_module(sys.argv[1])
+import torch
+# 1. The last view dies on another thread: the release runs there.
+t = api.pin_empty(1 << 20, dtype=torch.uint8)
+holder = [t[100:200]]
+del t
+worker = threading.Thread(target=holder.clear)
+worker.start()
+worker.join()
+assert api.pinned_stats().allocations == 0, api.pinned_stats()
+# 2. Buffers still alive at interpreter exit: a module global, a reference cycle, an unpinned survivor.
+KEEP = api.pin_empty(3, 4096, dtype=torch.float32)
+class Node:
+    pass
+n = Node(); n.self = n; n.t = api.pin_empty(5000, dtype=torch.uint8)
+SURVIVOR = api.pin_empty(64, dtype=torch.uint8)[3:9]
+api.unpin(SURVIVOR)
+print("probe-ok", flush=True)
+"""
+
+
+def test_release_on_other_threads_and_at_shutdown(impl, accelerator):
+    """The last view may die on any thread, or only at interpreter shutdown: no crash, no error output."""
+    if "native" not in impl.capabilities.get("pin_backends", ()):
+        pytest.skip(f"{impl.name} has no native pinning backend")
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HOSTOFFLOAD_ACCELERATOR": accelerator.name}
+    proc = subprocess.run(
+        [sys.executable, "-c", _SHUTDOWN_PROBE, impl.areas["pinning"]],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, f"probe exited with {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    assert "probe-ok" in proc.stdout, proc.stdout
+    assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
