@@ -60,8 +60,12 @@ def is_direct(t: torch.Tensor, registry_contains, extent_of, o_direct: bool) -> 
 
 
 def flat_bytes(t: torch.Tensor) -> torch.Tensor:
-    """A contiguous tensor's bytes as a flat uint8 view (same memory, same device)."""
-    return t.reshape(-1).view(torch.uint8)
+    """A contiguous tensor's bytes as a flat uint8 view (same memory, same device).
+
+    ``as_strided`` rather than ``reshape``: torch calls a tensor with size-1 dimensions contiguous whatever their
+    strides, and ``reshape`` keeps such a stride, which ``view(uint8)`` then rejects.
+    """
+    return t.as_strided((t.numel(),), (1,)).view(torch.uint8)
 
 
 def byte_view(t: torch.Tensor) -> memoryview:
