@@ -430,6 +430,9 @@ owns it, and the memory is released when the last view of that tensor dies.)doc"
                 // Called exactly once, before munlock, from unpin or from the last view's deleter (any thread).
                 PyObject* fn = unregister.release().ptr();
                 const unsigned long long ptr = a->data();
+                // The allocation's mutex is never taken while holding the GIL (the hook takes the GIL while
+                // holding the mutex), so release it first.
+                py::gil_scoped_release unlocked;
                 a->set_external_registration([fn, ptr]() {
                     if (!interpreter_alive()) return;  // shutdown: the process is going away, leak the callable
                     PyGILState_STATE st = PyGILState_Ensure();
