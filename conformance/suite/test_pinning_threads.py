@@ -331,3 +331,58 @@ def test_release_on_other_threads_and_at_shutdown(impl, accelerator):
     assert proc.returncode == 0, f"probe exited with {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
     assert "probe-ok" in proc.stdout, proc.stdout
     assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_registration_hook_undone_once_from_any_thread(impl, area_api, accelerator, monkeypatch):
+    """With an accelerator that registers host memory through its Python hook, every registration is undone
+    exactly once, before the pages are unlocked: by ``unpin``, or by the last view dying on another thread.
+
+    The accelerator's hooks are replaced by recording ones (on CPU this turns registration on), so the test runs
+    on every machine.
+    """
+    if "native" not in impl.capabilities.get("pin_backends", ()):
+        pytest.skip(f"{impl.name} has no native pinning backend")
+    from conformance.assertions import vm_locked_kib
+
+    cls = type(accelerator)
+    calls: list[tuple[str, int, int]] = []  # (event, ptr, VmLck KiB at the time)
+    lock = threading.Lock()
+
+    def register(self, ptr: int, nbytes: int) -> bool:
+        with lock:
+            calls.append(("register", ptr, vm_locked_kib()))
+        return True
+
+    def unregister(self, ptr: int) -> None:
+        with lock:
+            calls.append(("unregister", ptr, vm_locked_kib()))
+
+    monkeypatch.setattr(cls, "supports_host_registration", property(lambda self: True))
+    monkeypatch.setattr(cls, "register_host_memory", register)
+    monkeypatch.setattr(cls, "unregister_host_memory", unregister)
+    monkeypatch.setenv("HOSTOFFLOAD_PIN_BACKEND", "native")
+    monkeypatch.delenv("HOSTOFFLOAD_PIN_REGISTER_DEVICE", raising=False)
+    gc.collect()
+    s0 = area_api.pinned_stats()
+    size = 64 * 4096
+    a = area_api.pin_empty(size, dtype=torch.uint8)
+    b = area_api.pin_empty(size, dtype=torch.uint8)
+    pa, pb = a.data_ptr(), b.data_ptr()
+    assert area_api.pinned_stats().registered_bytes - s0.registered_bytes == 2 * size
+    locked_with_both = vm_locked_kib()
+    assert area_api.unpin(a) is True and area_api.unpin(a) is False
+    holder = [b[10:20]]
+    del b
+    th = threading.Thread(target=holder.clear)
+    th.start()
+    th.join()
+    del a
+    gc.collect()
+    events = [(e, p) for e, p, _ in calls if p in (pa, pb)]
+    assert sorted(events) == sorted(
+        [("register", pa), ("register", pb), ("unregister", pa), ("unregister", pb)]
+    ), f"hook calls: {events}"
+    for event, ptr, locked in calls:
+        if event == "unregister" and ptr == pa:
+            assert locked == locked_with_both, "unregister must run before the pages are unlocked"
+    assert area_api.pinned_stats() == s0
