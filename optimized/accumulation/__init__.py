@@ -8,6 +8,7 @@ trace types are the reference's own (shared contracts).
 
 from __future__ import annotations
 
+from optimized import cpu_adam as native_cpu_adam
 from optimized.accumulation.collectives import CollectiveError, Collectives, fold_in_rank_order
 from optimized.accumulation.config import CONFIG_KEYS, DTYPES, AccumulationConfig, OptimizerConfig
 from optimized.accumulation.engine import DEFAULT_BUCKET_ELEMENTS, StepOutcome, ZeroEngine
@@ -67,6 +68,7 @@ __all__ = [
     "compute_loss",
     "fold_in_rank_order",
     "micro_batch",
+    "native_cpu_adam",
     "run_on_ranks",
     "run_scenario",
     "scenario_calls",

@@ -24,6 +24,9 @@ import torch.distributed as dist
 
 from reference.errors import HostOffloadError
 
+# torch >= 2.13 renames all_gather_into_tensor (and warns on the old name); 2.4-2.12 only have the old one.
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 __all__ = ["CollectiveError", "Collectives", "PendingReduce", "fold_in_rank_order"]
 
 
@@ -110,7 +113,7 @@ class Collectives:
         if self.world == 1:
             output.copy_(part)
             return
-        self._call(what, lambda: dist.all_gather_into_tensor(output, part, group=self.group))
+        self._call(what, lambda: _ALL_GATHER(output, part, group=self.group))
 
     def start_broadcasts(self, pieces: Sequence[tuple[int, torch.Tensor]], what: str = "gather") -> list[Any]:
         """Post, for each ``(owner, tensor)``, the broadcast of the owner's tensor into everyone's; returns the

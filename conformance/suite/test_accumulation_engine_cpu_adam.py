@@ -1,0 +1,117 @@
+"""The native CPU Adam / AdamW kernel against the R16 formula, bitwise, on every ISA variant this CPU has.
+
+The bound is zero ulps: the kernel performs R16's operations one IEEE fp32 rounding at a time, with no fused
+multiply-add (its build uses -ffp-contract=off) and the hardware's correctly rounded sqrt and division, which is
+exactly what the reference's torch sequence computes. So equality is asserted with ``torch.equal`` semantics,
+element by element, against :func:`reference.accumulation.optimizers.optimizer_step` (itself checked against
+scalar numpy float32 arithmetic in test_accumulation_optimizers.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conformance.accumulation_assertions import assert_tensor_equal
+from conformance.accumulation_strategies import optimizer_configs
+from reference.errors import ConfigurationError
+
+pytestmark = pytest.mark.conformance_area("accumulation")
+
+
+def _kernel(area_api):
+    kernel = getattr(area_api, "native_cpu_adam", None)
+    if kernel is None or not kernel.available():
+        pytest.skip("this implementation has no native CPU Adam kernel")
+    return kernel
+
+
+def _values(n: int, gen: torch.Generator, scale: float) -> torch.Tensor:
+    x = torch.randn(n, generator=gen) * scale
+    x[:: max(1, n // 7)] = 0.0  # exact zeros: sqrt(0), 0/denom
+    return x
+
+
+@given(
+    cfg=optimizer_configs(types=("adam", "adamw")),
+    n=st.sampled_from((1, 7, 8, 15, 16, 17, 63, 1000, 4099)),
+    steps=st.integers(1, 3),
+    clip=st.sampled_from((None, 0.37)),
+    seed=st.integers(0, 2**16),
+    data=st.data(),
+)
+def test_R16_native_adam_equals_reference_formula_bitwise(area_api, reference_api, cfg, n, steps, clip, seed, data):
+    """R16/R15: Adam and AdamW (with and without weight decay), the clipping coefficient applied inside the
+    kernel, several steps (bias corrections), odd sizes (vector tails), every available ISA and 1 or 3
+    threads: master and both moments equal the reference formula bitwise; the gradient is not modified."""
+    kernel = _kernel(area_api)
+    gen = torch.Generator().manual_seed(seed)
+    p0 = _values(n, gen, 1.0)
+    grads = [_values(n, gen, 10.0 ** data.draw(st.integers(-6, 1))) for _ in range(steps)]
+    expected = p0.clone()
+    state = reference_api.init_state(cfg, expected)
+    for g in grads:
+        reference_api.optimizer_step(cfg, expected, torch.mul(g, clip) if clip is not None else g, state)
+    for isa in kernel.available_isas():
+        for threads in (1, 3):
+            p, m, v = p0.clone(), torch.zeros(n), torch.zeros(n)
+            for t, g in enumerate(grads, start=1):
+                g_before = g.clone()
+                kernel.adam_step(cfg, p, g, m, v, t, grad_scale=clip, isa=isa, threads=threads)
+                assert_tensor_equal(g, g_before, f"{isa}: gradient must stay unmodified")
+            what = f"{cfg.type} isa={isa} threads={threads} n={n} steps={steps} clip={clip}"
+            assert_tensor_equal(p, expected, f"{what}: master")
+            assert_tensor_equal(m, state.buffers["exp_avg"], f"{what}: exp_avg")
+            assert_tensor_equal(v, state.buffers["exp_avg_sq"], f"{what}: exp_avg_sq")
+
+
+@pytest.mark.parametrize("n", [1, 9, 100_003])
+def test_R13_fused_bf16_copy_equals_cast_of_updated_master(area_api, reference_api, n):
+    """R13 step 5: the bf16 weights the kernel writes in the same pass equal ``master.to(torch.bfloat16)`` of
+    the updated master, for every ISA, including ties, infinities and NaN (a NaN stays a NaN)."""
+    kernel = _kernel(area_api)
+    cfg = reference_api.OptimizerConfig(type="adamw", lr=1e-2, weight_decay=0.1)
+    gen = torch.Generator().manual_seed(n)
+    p0 = torch.randn(n, generator=gen) * 1e3
+    special = torch.tensor([1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8, float("inf"), -float("inf"), float("nan"), 3e38, 1e-40])
+    p0[: min(n, special.numel())] = special[: min(n, special.numel())]
+    g = torch.randn(n, generator=gen)
+    for isa in kernel.available_isas():
+        p, m, v = p0.clone(), torch.zeros(n), torch.zeros(n)
+        out = torch.empty(n, dtype=torch.bfloat16)
+        kernel.adam_step(cfg, p, g, m, v, 1, bf16_out=out, isa=isa, threads=2)
+        assert_tensor_equal(out, p.to(torch.bfloat16), f"isa={isa}: fused bf16 copy")
+        cast = torch.empty(n, dtype=torch.bfloat16)
+        kernel.cast_to_bf16(p, cast, isa=isa)
+        assert_tensor_equal(cast, p.to(torch.bfloat16), f"isa={isa}: cast_to_bf16")
+
+
+@pytest.mark.parametrize(
+    ("call", "words"),
+    [
+        (lambda k, c, t: k.adam_step(c, t, t[:-1].clone(), t.clone(), t.clone(), 1), ["grad", "exactly"]),
+        (lambda k, c, t: k.adam_step(c, t.double(), t, t, t, 1), ["param", "float32"]),
+        (lambda k, c, t: k.adam_step(c, t, t, t, t, 0), ["step", ">= 1"]),
+        (lambda k, c, t: k.adam_step(c, t, t, t, t, 1, isa="avx1024"), ["isa", "allowed values"]),
+        (lambda k, c, t: k.adam_step(c, t, t, t, t, 1, threads=0), ["threads", ">= 1"]),
+        (
+            lambda k, c, t: k.adam_step(c.__class__(type="sgd"), t, t, t, t, 1),
+            ["config.type", "adam, adamw"],
+        ),
+        (lambda k, c, t: k.adam_step(c, t, t, t, t, 1, bf16_out=torch.empty(8)), ["bf16_out", "bfloat16"]),
+    ],
+    ids=["size", "dtype", "step", "isa", "threads", "optimizer", "bf16_out"],
+)
+def test_R16_native_adam_rejects_bad_arguments(area_api, reference_api, call, words):
+    """R16 (kernel inputs): wrong sizes, dtypes, step counts, ISA names, thread counts, optimizer types and
+    output buffers raise ConfigurationError naming the argument and what is allowed; nothing is written."""
+    kernel = _kernel(area_api)
+    cfg = reference_api.OptimizerConfig(type="adam")
+    t = torch.ones(8)
+    with pytest.raises(ConfigurationError) as info:
+        call(kernel, cfg, t)
+    for w in words:
+        assert w in str(info.value), f"{info.value!s} does not mention {w!r}"
+    assert_tensor_equal(t, torch.ones(8), "input after a rejected call")
