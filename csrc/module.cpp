@@ -18,6 +18,7 @@
 #include "dlpack_export.h"
 #include "host_allocator.h"
 #include "range_registry.h"
+#include "registry_stress.h"
 #include "slab_arena.h"
 
 namespace py = pybind11;
@@ -361,6 +362,28 @@ writer mutex. Same methods, arguments, results and errors as reference.ranges.Ra
             return registry_contains(r, extent[0].ptr(), extent[1].ptr());
         });
 
+    m.def(
+        "stress_registry",
+        [](int readers, int writers, int ops_per_writer) {
+            if (readers < 1 || writers < 1 || ops_per_writer < 1) {
+                raise_configuration_error("stress_registry needs readers, writers and ops_per_writer >= 1");
+            }
+            StressResult r;
+            {
+                py::gil_scoped_release unlocked;
+                r = stress_registry(readers, writers, ops_per_writer);
+            }
+            py::dict d;
+            d["reads"] = r.reads;
+            d["writes"] = r.writes;
+            d["violations"] = r.violations;
+            d["first_violation"] = r.first_violation;
+            d["final_ranges"] = r.final_ranges;
+            d["retired_pending"] = r.retired_pending;
+            return d;
+        },
+        py::arg("readers"), py::arg("writers"), py::arg("ops_per_writer"),
+        "Native threads reading and writing a private registry at once, without the GIL (see registry_stress.h).");
     m.def(
         "global_registry", []() { return &RangeRegistry::global(); }, py::return_value_policy::reference,
         "The process-wide registry optimized's native pinning registers into (never destroyed).");

@@ -337,8 +337,8 @@ def test_registration_hook_undone_once_from_any_thread(impl, area_api, accelerat
     """With an accelerator that registers host memory through its Python hook, every registration is undone
     exactly once, before the pages are unlocked: by ``unpin``, or by the last view dying on another thread.
 
-    The accelerator's hooks are replaced by recording ones (on CPU this turns registration on), so the test runs
-    on every machine.
+    The accelerator's hooks are replaced by recording ones (on CPU this turns registration on), so the test
+    runs on every machine.
     """
     if "native" not in impl.capabilities.get("pin_backends", ()):
         pytest.skip(f"{impl.name} has no native pinning backend")
@@ -386,3 +386,38 @@ def test_registration_hook_undone_once_from_any_thread(impl, area_api, accelerat
         if event == "unregister" and ptr == pa:
             assert locked == locked_with_both, "unregister must run before the pages are unlocked"
     assert area_api.pinned_stats() == s0
+
+
+_STRESS_PROBE = """
+import json, sys, importlib
+ranges = importlib.import_module(sys.argv[1])
+print(json.dumps(ranges.stress_registry(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))))
+"""
+
+
+def test_registry_native_readers_and_writers_overlap(impl):
+    """Registries that claim concurrent reads (``concurrent_registry_reads``) and offer a native stress run
+    (``stress_registry`` in their ranges module) survive readers and writers truly overlapping, without the
+    GIL.
+
+    Run in a subprocess: a reclamation bug shows up as a crash, which must fail this test, not end the
+    session.
+    """
+    if not impl.capabilities.get("concurrent_registry_reads"):
+        pytest.skip(f"{impl.name} does not claim concurrent registry reads")
+    if not impl.provides("ranges") or not hasattr(impl.load("ranges"), "stress_registry"):
+        pytest.skip(f"{impl.name} offers no native registry stress run")
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _STRESS_PROBE, impl.areas["ranges"], "4", "4", "20000"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, f"stress run died with {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["violations"] == 0, f"registry answered impossibly under contention: {result}"
+    assert result["reads"] > 0 and result["writes"] > 0, result
