@@ -17,4 +17,12 @@ from reference.accumulation.config import (
     OptimizerConfig,
 )
 
-__all__ = ["CONFIG_KEYS", "DTYPES", "OFFLOAD_DEVICES", "OPTIMIZERS", "ZERO_STAGES", "AccumulationConfig", "OptimizerConfig"]
+__all__ = [
+    "CONFIG_KEYS",
+    "DTYPES",
+    "OFFLOAD_DEVICES",
+    "OPTIMIZERS",
+    "ZERO_STAGES",
+    "AccumulationConfig",
+    "OptimizerConfig",
+]

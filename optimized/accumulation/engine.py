@@ -199,7 +199,7 @@ class ZeroEngine:
 
     def _build_buffers(self, trainable: list, frozen: list) -> None:
         cfg = self.config
-        W, P, total = self.world_size, self.layout.partition_size, self.layout.total
+        P, total = self.layout.partition_size, self.layout.total
         lo, hi = self.rank * P, (self.rank + 1) * P
         mdt = cfg.model_dtype
         # R1: every rank starts from rank 0's parameters (the same model built from the same seed already is).
@@ -306,7 +306,7 @@ class ZeroEngine:
             groups.append(current)
         groups.sort(key=lambda g: min(self._seg[n].offset for n in g))
         starts = [0] + [min(self._seg[n].offset for n in g) for g in groups[1:]]
-        ends = starts[1:] + [self.layout.total]
+        ends = [*starts[1:], self.layout.total]
         buckets = []
         for g, a, b in zip(groups, starts, ends, strict=True):
             splits = [o.length for o in owners(self.layout, a, b)]
@@ -656,7 +656,7 @@ class ZeroEngine:
     def _release(self, key: int) -> None:
         unit = self._units[key]
         if unit.prefetched:  # prefetched but never used: complete the broadcasts every rank posted
-            plan, works = unit.prefetched
+            works = unit.prefetched[1]
             unit.prefetched = []
             self._comm.wait_all(works, "stage-3 parameter prefetch")
         for n in (*unit.trainable, *unit.frozen):

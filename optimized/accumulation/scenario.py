@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 
-from optimized.accumulation.collectives import CollectiveError
 from optimized.accumulation.engine import ZeroEngine
 from optimized.accumulation.workers import RankFailure, get_pool
 from reference.accumulation.scenario import (
@@ -40,7 +39,7 @@ from reference.accumulation.scenario import (
 )
 from reference.errors import ConfigurationError
 
-__all__ = ["TIMEOUT_ENV", "POOL_SIZE_ENV", "run_on_ranks", "run_scenario"]
+__all__ = ["POOL_SIZE_ENV", "TIMEOUT_ENV", "run_on_ranks", "run_scenario"]
 
 #: Seconds a collective may wait before the process group reports a timeout (default 60).
 TIMEOUT_ENV = "HOSTOFFLOAD_ACCUMULATION_TIMEOUT"

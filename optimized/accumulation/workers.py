@@ -63,17 +63,16 @@ def _worker_main(rank: int, size: int, backend: str, store_path: str, timeout_s:
     torch.set_num_threads(1)
     try:
         dist.init_process_group(
-            backend,
-            init_method=f"file://{store_path}",
-            rank=rank,
-            world_size=size,
+            backend, init_method=f"file://{store_path}", rank=rank, world_size=size,
             timeout=datetime.timedelta(seconds=timeout_s),
         )
         if backend == "nccl":
             torch.cuda.set_device(rank)
-        groups = {w: dist.new_group(list(range(w))) for w in range(1, size + 1)}
+        # new_group does not inherit the world's timeout: give every sub-group the same one.
+        timeout = datetime.timedelta(seconds=timeout_s)
+        groups = {w: dist.new_group(list(range(w)), timeout=timeout) for w in range(1, size + 1)}
         conn.send(("ready", rank))
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises
+    except BaseException as exc:
         conn.send(("error", _failure(rank, exc)))
         return
     while True:
@@ -92,14 +91,14 @@ def _worker_main(rank: int, size: int, backend: str, store_path: str, timeout_s:
         try:
             result = fn(groups[world], *args)
             conn.send(("ok", result))
-        except BaseException as exc:  # noqa: BLE001 - every failure goes back to the parent
+        except BaseException as exc:
             try:
                 conn.send(("error", _failure(rank, exc)))
             except (OSError, EOFError):
                 break
     try:
         dist.destroy_process_group()
-    except Exception:  # noqa: BLE001 - exiting anyway
+    except Exception:
         pass
 
 
@@ -110,7 +109,7 @@ def _failure(rank: int, exc: BaseException) -> RankFailure:
     try:
         pickle.dumps(exc)
         kept: BaseException | None = exc
-    except Exception:  # noqa: BLE001 - unpicklable exception: the parent rebuilds it from type and text
+    except Exception:
         kept = None
     return RankFailure(rank, kept, f"{type(exc).__module__}.{type(exc).__qualname__}", str(exc), tb)
 
@@ -174,7 +173,7 @@ class WorkerPool:
                     self.broken = True
                     out[r] = RankFailure(r, None, "builtins.RuntimeError", f"rank process exited (code {code})", "")
                     continue
-                out[r] = value if kind in ("ok", "ready") else value
+                out[r] = value
                 if isinstance(value, RankFailure) or kind == "error":
                     # One rank failed: the others get a short grace period, then are considered stuck.
                     deadline = min(deadline, time.monotonic() + grace_s)

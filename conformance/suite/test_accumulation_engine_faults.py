@@ -1,0 +1,165 @@
+"""Failure behaviour of the multi-process ZeRO engine: no deadlock, a clear error on every rank, and
+``destroy()`` giving back every pinned byte (issue 6 "Faults"; R17 offload buffers, R20 destroyed engine).
+
+The rank functions below run inside the engine's worker processes (they are pickled by reference, so they live
+at module level). Offloaded state is allocated with the native pinning backend here, because that is the
+backend whose pinned bytes ``pinned_stats()`` can count on every machine.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import pytest
+import torch
+
+from reference.accumulation import AccumulationConfig, ModelSpec, Scenario, compute_loss, micro_batch
+from reference.errors import ConfigurationError, UnsupportedOperationError
+
+pytestmark = pytest.mark.conformance_area("accumulation")
+
+FAULT_TIMEOUT_S = 4  # the process-group timeout the fault test runs under (seconds)
+
+
+class InjectedBackwardError(RuntimeError):
+    """The failure the tests inject into one rank's backward."""
+
+
+class _FailInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise InjectedBackwardError("injected failure inside backward")
+
+
+def _engine_rank(group, stage: int, failing_rank: int | None, catch: bool) -> dict:
+    """Build an offloading engine, run two micro-steps (``failing_rank`` raises inside its first backward),
+    then destroy it; report the error (if ``catch``) and the pinned-memory statistics around the engine."""
+    import torch.distributed as dist
+
+    from optimized import pinned_stats
+    from optimized.accumulation import ZeroEngine
+
+    rank = dist.get_rank(group)
+    cfg = AccumulationConfig(
+        zero_stage=stage, offload_optimizer="cpu", offload_param="cpu" if stage == 3 else "none", dtype="bf16"
+    )
+    sc = Scenario(cfg, dist.get_world_size(group), ())
+    gc.collect()
+    before = pinned_stats()
+    engine = ZeroEngine(ModelSpec().build(0), cfg, process_group=group)
+    during = pinned_stats()
+    start = time.monotonic()
+    error = None
+    try:
+        for k in range(2):
+            loss = compute_loss(engine.module, *micro_batch(sc, k, rank), cfg.model_dtype)
+            if rank == failing_rank:
+                loss = _FailInBackward.apply(loss)
+            engine.backward(loss)
+            engine.step()
+    except Exception as exc:
+        error = exc
+    elapsed = time.monotonic() - start
+    engine.destroy()
+    gc.collect()
+    after = pinned_stats()
+    if error is not None and not catch:
+        raise error
+    return {
+        "error": None if error is None else type(error).__name__,
+        "message": "" if error is None else str(error),
+        "elapsed": elapsed,
+        "before": tuple(before),
+        "during": tuple(during),
+        "after": tuple(after),
+    }
+
+
+def _engine_api(area_api):
+    if not getattr(area_api, "DISTRIBUTED_ENGINE", False):
+        pytest.skip("this implementation's accumulation module is not a multi-process engine")
+    return area_api
+
+
+@pytest.fixture
+def native_pinning(monkeypatch):
+    monkeypatch.setenv("HOSTOFFLOAD_PIN_BACKEND", "native")
+    monkeypatch.setenv("HOSTOFFLOAD_PIN_REGISTER_DEVICE", "0")
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_R17_destroy_returns_every_pinned_byte(area_api, native_pinning, stage):
+    """R17: offloaded masters, optimizer state (and stage-3 parameter partitions) live in pinned host memory
+    from the pinning API; after destroy() the pinned allocations and bytes are back at their starting value."""
+    api = _engine_api(area_api)
+    for r, out in enumerate(api.run_on_ranks(_engine_rank, 2, stage, None, True)):
+        assert out["error"] is None, out
+        assert out["during"][0] > out["before"][0], f"rank {r}: the engine pinned nothing: {out}"
+        assert out["after"] == out["before"], f"rank {r}: pinned_stats before {out['before']} after {out['after']}"
+
+
+@pytest.mark.parametrize("stage", [0, 3])  # reduction at the boundary step / inside backward
+def test_R20_fault_in_backward_gives_clear_errors_on_all_ranks(area_api, native_pinning, monkeypatch, stage):
+    """R20 (a call that cannot complete): an exception inside backward on rank 1 reaches rank 1's caller as
+    itself; rank 0, blocked in its next collective, gets a CollectiveError that names the collective and says
+    another rank failed, within the process-group timeout (no deadlock); destroy() after the failure returns
+    every pinned byte on both ranks."""
+    api = _engine_api(area_api)
+    monkeypatch.setenv(api.TIMEOUT_ENV, str(FAULT_TIMEOUT_S))
+    try:
+        results = api.run_on_ranks(_engine_rank, 2, stage, 1, True, grace_s=60.0)
+    finally:
+        api.shutdown_pools()  # the group timed out: never reuse it
+    failing, survivor = results[1], results[0]
+    assert failing["error"] == "InjectedBackwardError", failing
+    assert survivor["error"] == "CollectiveError", survivor
+    assert "rank 0 of 2" in survivor["message"] and "another rank" in survivor["message"].lower(), survivor
+    assert survivor["elapsed"] < FAULT_TIMEOUT_S + 20, f"rank 0 waited {survivor['elapsed']:.1f}s"
+    for r, out in enumerate(results):
+        assert out["after"] == out["before"], f"rank {r}: pinned_stats before {out['before']} after {out['after']}"
+
+
+def test_R26_failing_rank_error_reaches_the_caller_without_deadlock(area_api):
+    """R26: when a rank raises and its peer is stuck in a collective, the runner stops the stuck rank after a
+    grace period and re-raises the failing rank's exception, same class and message, naming the rank."""
+    api = _engine_api(area_api)
+    start = time.monotonic()
+    with pytest.raises(InjectedBackwardError, match="injected failure inside backward") as info:
+        api.run_on_ranks(_engine_rank, 2, 2, 1, False, grace_s=3.0)
+    assert time.monotonic() - start < 40, "the runner took too long to give up on the stuck rank"
+    assert any("rank 1 of 2" in note for note in getattr(info.value, "__notes__", [])), info.value
+
+
+def test_R20_engine_refuses_without_process_group_and_after_destroy(area_api):
+    """R20/R1: building the engine before torch.distributed is initialised is a ConfigurationError saying what
+    to call; after destroy() every call is an UnsupportedOperationError (checked in a rank process)."""
+    api = _engine_api(area_api)
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("this test process already has a default process group")
+    with pytest.raises(ConfigurationError, match="init_process_group"):
+        api.ZeroEngine(ModelSpec().build(0), AccumulationConfig())
+    assert api.run_on_ranks(_destroyed_calls, 1) == [["destroyed"] * 4]
+
+
+def _destroyed_calls(group) -> list[str]:
+    from optimized.accumulation import ZeroEngine
+
+    engine = ZeroEngine(ModelSpec().build(0), AccumulationConfig(zero_stage=3), process_group=group)
+    engine.destroy()
+    engine.destroy()  # idempotent
+    out = []
+    loss = torch.ones((), requires_grad=True)
+    for call in (engine.step, lambda: engine.backward(loss), lambda: engine.no_sync().__enter__(),
+                 engine.full_parameters):
+        try:
+            call()
+        except UnsupportedOperationError as exc:
+            out.append("destroyed" if "destroyed" in str(exc) else str(exc))
+    return out
