@@ -1,0 +1,282 @@
+"""ZeRO engine and native CPU Adam benchmarks (issue 6; figures go to docs/benchmarks.md).
+
+Two parts, each printing a table and writing JSON into the output directory:
+
+``cpu-adam``: parameters/s and bytes/s of one optimizer step on N fp32 parameters (N from ``--sizes``) for
+torch.optim.AdamW single-tensor, foreach and fused, the native kernel (optimized.cpu_adam), and the offload
+path's two variants: fused AdamW followed by a separate fp32->bf16 cast-copy vs the native kernel writing the
+bf16 copy in the same pass. Bytes: 28 per parameter (read p, g, m, v; write p, m, v) + 2 for the bf16 copy.
+
+``engine``: step time (``--gas`` micro-batches + step) and peak device memory of a GPT-style model on one rank for
+ZeroEngine stages 0-3, with and without CPU optimizer offload, next to DDP (stage 0) and FSDP2 fully_shard
+(stage 3) with the same model, batch and accumulation.
+
+Defaults are small so that it runs on a CPU CI host in seconds; on the GPU box use e.g.::
+
+    python benchmarks/bench_zero.py cpu-adam --sizes 10e6,100e6,1e9 --out results/
+    python benchmarks/bench_zero.py engine --device cuda --layers 12 --hidden 1024 --seq 1024 --batch 8 --out results/
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import math
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# ---- CPU Adam -----------------------------------------------------------------------------------------------
+
+
+def _time(fn, iters: int) -> float:
+    fn()  # warm-up (first touch of pages, thread start-up)
+    best = math.inf
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def bench_cpu_adam(sizes: list[int], iters: int, threads: int) -> list[dict]:
+    from optimized import cpu_adam
+    from reference.accumulation import OptimizerConfig
+
+    torch.set_num_threads(threads)
+    cfg = OptimizerConfig(type="adamw", lr=1e-3, weight_decay=0.01)
+    rows = []
+    for n in sizes:
+        g = torch.randn(n)
+
+        def torch_arm(**kw):
+            p = nn.Parameter(torch.randn(n))
+            p.grad = g
+            opt = torch.optim.AdamW([p], lr=1e-3, weight_decay=0.01, **kw)
+            return p, opt
+
+        arms: dict[str, tuple] = {}
+        for name, kw in (("torch_single", {"foreach": False}), ("torch_foreach", {"foreach": True}),
+                         ("torch_fused", {"fused": True})):
+            try:
+                p, opt = torch_arm(**kw)
+                arms[name] = (opt.step, 28)
+            except (RuntimeError, ValueError) as exc:  # fused needs torch >= 2.4 on CPU
+                print(f"  {name}: unavailable ({exc})")
+        p32, m, v = torch.randn(n), torch.zeros(n), torch.zeros(n)
+        bf16 = torch.empty(n, dtype=torch.bfloat16)
+        step = [0]
+
+        def native(out=None):
+            step[0] += 1
+            cpu_adam.adam_step(cfg, p32, g, m, v, step[0], bf16_out=out, threads=threads)
+
+        arms["native"] = (native, 28)
+        if "torch_fused" in arms:
+            fused_step = arms["torch_fused"][0]
+            fused_param = fused_step.__self__.param_groups[0]["params"][0]
+            arms["torch_fused+cast"] = (lambda: (fused_step(), bf16.copy_(fused_param.detach())), 30)
+        arms["native+bf16"] = (lambda: native(bf16), 30)
+        for name, (fn, bytes_per) in arms.items():
+            with torch.no_grad():
+                sec = _time(fn, iters)
+            rows.append({"params": n, "arm": name, "seconds": sec, "params_per_s": n / sec,
+                         "bytes_per_s": n * bytes_per / sec, "threads": threads, "isa": cpu_adam.best_isa()})
+            print(f"  N={n:>12,d} {name:<18} {sec * 1e3:9.2f} ms  {n / sec / 1e6:9.1f} M params/s  "
+                  f"{n * bytes_per / sec / 1e9:7.2f} GB/s")
+        del arms
+    return rows
+
+
+# ---- engine ------------------------------------------------------------------------------------------------
+
+
+class Block(nn.Module):
+    def __init__(self, hidden: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(hidden)
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.proj = nn.Linear(hidden, hidden)
+        self.ln2 = nn.LayerNorm(hidden)
+        self.fc = nn.Linear(hidden, 4 * hidden)
+        self.out = nn.Linear(4 * hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, h = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, h)
+        x = x + self.proj(a)
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class GPT(nn.Module):
+    """A small decoder-only transformer (no weight tying, so every parameter belongs to one module)."""
+
+    def __init__(self, vocab: int, hidden: int, layers: int, heads: int, seq: int) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, hidden)
+        self.pos = nn.Embedding(seq, hidden)
+        self.blocks = nn.ModuleList(Block(hidden, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(hidden)
+        self.head = nn.Linear(hidden, vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(self.ln(x))
+
+
+def _loss(model, idx):
+    logits = model(idx[:, :-1])
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), idx[:, 1:].reshape(-1))
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def bench_engine(args) -> list[dict]:
+    import torch.distributed as dist
+
+    device = torch.device(args.device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    store = tempfile.mkdtemp(prefix="bench-zero-")
+    if not dist.is_initialized():
+        dist.init_process_group(backend, init_method=f"file://{store}/s", rank=0, world_size=1)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    gen = torch.Generator().manual_seed(0)
+    data = [torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=gen).to(device)
+            for _ in range(args.gas)]
+
+    def build():
+        torch.manual_seed(0)
+        return GPT(args.vocab, args.hidden, args.layers, args.heads, args.seq + 1)
+
+    n_params = sum(p.numel() for p in build().parameters())
+    print(f"  model: {args.layers} layers, hidden {args.hidden}, {n_params / 1e6:.1f}M parameters, {args.dtype}, "
+          f"batch {args.batch}x{args.seq}, gas {args.gas}, device {device}")
+    rows = []
+
+    def measure(name, stage, offload, run_step):
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+        times = []
+        for i in range(args.warmup + args.iters):
+            _sync(device)
+            t0 = time.perf_counter()
+            run_step()
+            _sync(device)
+            if i >= args.warmup:
+                times.append(time.perf_counter() - t0)
+        peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+        med = sorted(times)[len(times) // 2]
+        rows.append({"arm": name, "stage": stage, "offload_optimizer": offload, "step_seconds": med,
+                     "peak_bytes": peak, "params": n_params})
+        print(f"  {name:<28} {med * 1e3:9.1f} ms/step" + (f"  peak {peak / 2**30:7.2f} GiB" if peak else ""))
+
+    from optimized.accumulation import ZeroEngine
+
+    for stage in [int(s) for s in args.stages.split(",")]:
+        for offload in (False, True):
+            cfg = {"zero_stage": stage, "gradient_accumulation_steps": args.gas, "dtype": args.dtype,
+                   "grad_accum_dtype": "fp32", "optimizer": {"type": "adamw", "lr": 1e-4, "weight_decay": 0.01},
+                   "offload_optimizer": "cpu" if offload else "none"}
+            engine = ZeroEngine(build(), cfg, device=device)
+
+            def engine_step(engine=engine):
+                for idx in data:
+                    engine.backward(_loss(engine.module, idx))
+                    engine.step()
+
+            measure(f"zero stage {stage}" + (" +offload" if offload else ""), stage, offload, engine_step)
+            engine.destroy()
+            del engine
+
+    def torch_baseline(name, stage, wrap):
+        try:
+            model = wrap(build().to(device=device, dtype=dtype))
+        except Exception as exc:  # noqa: BLE001 - report, keep benchmarking the other arms
+            print(f"  {name}: unavailable ({type(exc).__name__}: {exc})")
+            return
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01,
+                                **({"fused": True} if device.type == "cuda" else {}))
+
+        def step():
+            for k, idx in enumerate(data):
+                ctx = model.no_sync() if hasattr(model, "no_sync") and k < len(data) - 1 else contextlib.nullcontext()
+                with ctx:
+                    (_loss(model, idx) / args.gas).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        measure(name, stage, False, step)
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch_baseline("torch DDP", 0, lambda m: DistributedDataParallel(m, device_ids=[device.index] if device.type == "cuda" else None))
+
+    def fsdp2(m):
+        try:
+            from torch.distributed.fsdp import fully_shard
+        except ImportError:
+            from torch.distributed._composable.fsdp import fully_shard
+        for blk in m.blocks:
+            fully_shard(blk)
+        fully_shard(m)
+        return m
+
+    torch_baseline("torch FSDP2 fully_shard", 3, fsdp2)
+    dist.destroy_process_group()
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("part", choices=("cpu-adam", "engine", "all"))
+    ap.add_argument("--out", default="bench-zero-results", help="directory for the JSON results")
+    ap.add_argument("--sizes", default="1e6,1e7", help="cpu-adam: comma-separated parameter counts")
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default="bf16", choices=("fp32", "bf16"))
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=32)
+    ap.add_argument("--vocab", type=int, default=512)
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--gas", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--stages", default="0,1,2,3")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "host": platform.node(),
+            "cpu": platform.processor(), "cores": len(os.sched_getaffinity(0)), "torch": torch.__version__,
+            "cuda_device": torch.cuda.get_device_name() if torch.cuda.is_available() else None, "args": vars(args)}
+    if args.part in ("cpu-adam", "all"):
+        print("CPU Adam (AdamW, one flat fp32 tensor):")
+        rows = bench_cpu_adam([int(float(s)) for s in args.sizes.split(",")], args.iters, args.threads)
+        (out / "cpu_adam.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    if args.part in ("engine", "all"):
+        print("Engine step time (one rank):")
+        rows = bench_engine(args)
+        (out / "engine.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    print(f"results written to {out}/")
+
+
+if __name__ == "__main__":
+    main()
