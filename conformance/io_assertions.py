@@ -56,7 +56,8 @@ def assert_round_trip(actual: torch.Tensor, expected: torch.Tensor, what: str) -
 
 def raw_bytes(t: torch.Tensor) -> bytes:
     """The bytes of a tensor's contiguous image (what a record's payload must hold)."""
-    c = t.detach().cpu().contiguous()
+    src = t.detach().cpu()
+    c = torch.empty(src.shape, dtype=src.dtype).copy_(src)  # standard strides even where size-1 dims are odd
     return bytes(c.reshape(-1).view(torch.uint8).numpy().tobytes()) if c.numel() else b""
 
 

@@ -94,7 +94,7 @@ def swap_tensors(spec: TensorSpec, pin_empty: Callable[..., torch.Tensor], devic
         return values.clone()
     if kind == "pageable-strided":
         if values.dim() >= 2:
-            return values.t().contiguous().t()
+            return values.transpose(0, -1).contiguous().transpose(0, -1)
         return torch.stack([values, torch.zeros_like(values)], dim=-1)[..., 0]  # every other element
     if kind == "pageable-expanded":
         if values.dim() == 0 or spec.shape[0] == 0:

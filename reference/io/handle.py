@@ -129,26 +129,29 @@ class SwapHandle:
 
     def _submit(self, op: str, tensor: object, path: object, offset: object) -> SwapRequest:
         t, p, off = check_request(tensor, path, offset)
-        if self._closed:
-            raise HandleClosedError(f"{op}() on a closed SwapHandle")
-        req = SwapRequest(self, op, t, p, off)
-        try:
-            if op == "write":
-                self._do_write(req)
+        # One request at a time, whatever the number of calling threads: the handle has one bounce buffer, and
+        # serialising is also the simplest way to honour "same path, submission order".
+        with self._lock:
+            if self._closed:
+                raise HandleClosedError(f"{op}() on a closed SwapHandle")
+            req = SwapRequest(self, op, t, p, off)
+            try:
+                if op == "write":
+                    self._do_write(req)
+                else:
+                    self._do_read(req)
+            except SwapError as exc:
+                self._fail(req, exc)
+            except OSError as exc:
+                self._fail(req, chain(os_error(op, p, exc), exc))
+            except Exception as exc:  # e.g. a device copy into the bounce buffer: still the request's failure
+                self._fail(req, chain(SwapError(f"{op} {p!r} failed: {exc!r}"), exc))
             else:
-                self._do_read(req)
-        except SwapError as exc:
-            self._fail(req, exc)
-        except OSError as exc:
-            self._fail(req, chain(os_error(op, p, exc), exc))
-        except Exception as exc:  # e.g. a device copy into the bounce buffer: still the request's failure
-            self._fail(req, chain(SwapError(f"{op} {p!r} failed: {exc!r}"), exc))
-        else:
-            key = "bytes_written" if op == "write" else "bytes_read"
-            self._counts[key] += req.nbytes
-            self._counts["direct_bytes" if req.direct else "bounced_bytes"] += req.nbytes
-        self._counts["requests"] += 1
-        return req
+                key = "bytes_written" if op == "write" else "bytes_read"
+                self._counts[key] += req.nbytes
+                self._counts["direct_bytes" if req.direct else "bounced_bytes"] += req.nbytes
+            self._counts["requests"] += 1
+            return req
 
     def _fail(self, req: SwapRequest, exc: SwapError) -> None:
         exc.request = req
@@ -249,8 +252,9 @@ class SwapHandle:
 
     # -- waiting, stats, lifetime ------------------------------------------------------------------------
     def _mark_reported(self, req: SwapRequest) -> None:
-        if req in self._unreported:
-            self._unreported.remove(req)
+        with self._lock:
+            if req in self._unreported:
+                self._unreported.remove(req)
 
     def wait(self, request: SwapRequest | None = None) -> None:
         """Wait for ``request``, or for every request submitted so far; raise the first failure not yet raised.
@@ -261,8 +265,9 @@ class SwapHandle:
         if request is not None:
             request.wait()
             return
-        if self._unreported:
+        with self._lock:
             failed, self._unreported = self._unreported, []
+        if failed:
             first = failed[0]._error
             first.other_failures = [r._error for r in failed[1:]]
             raise first
