@@ -173,23 +173,16 @@ class SwapEngine:
             t.start()
 
     # -- submission ------------------------------------------------------------------------------------------
-    def write(self, tensor: torch.Tensor, path: str | os.PathLike, offset: int = 0) -> SwapRequest:
-        """Queue storing ``tensor`` as a record at ``offset`` of ``path``; errors are raised by ``wait()``."""
-        return self._submit("write", tensor, path, offset)
-
-    def read(self, tensor: torch.Tensor, path: str | os.PathLike, offset: int = 0) -> SwapRequest:
-        """Queue filling ``tensor`` from the record at ``offset`` of ``path``; errors are raised by ``wait()``."""
-        return self._submit("read", tensor, path, offset)
-
     def _submit(self, op: str, tensor: object, path: object, offset: object) -> SwapRequest:
         t, p, off = check_request(tensor, path, offset)
+        # A strided tensor to write is gathered now, on the caller's thread and outside the lock: its values are
+        # those at submission, and the workers are not held up by the copy.
+        staging = Staging.for_write(t) if op == "write" else None
         with self._cond:
             if self._closing:
                 raise HandleClosedError(f"{op}() on a closed SwapHandle")
             req = SwapRequest(self, next(self._seq), op, t, p, off)
-            if op == "write":
-                # A strided tensor is gathered now, on the caller's thread: its values are those at submission.
-                req._staging = Staging.for_write(t)
+            req._staging = staging
             self._pending.add(req)
             chain_ = self._chains.get(req._key)
             if chain_ is None:
