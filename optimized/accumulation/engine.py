@@ -618,6 +618,10 @@ class ZeroEngine:
             if not names:
                 continue
             a, b = self._range_of(names, segs)
+            if self.world_size == 1 and part.device == self.device:
+                # One rank owns everything and it is already on the device: view it, copy nothing.
+                plans.append((names, segs, a, part[a:b]))
+                continue
             buf = torch.empty(b - a, dtype=self.config.model_dtype, device=self.device)
             P = layout.partition_size
             for o in owners(layout, a, b):

@@ -62,12 +62,12 @@ def _worker_main(rank: int, size: int, backend: str, store_path: str, timeout_s:
 
     torch.set_num_threads(1)
     try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank)  # before the group exists, so NCCL binds this rank to its GPU
         dist.init_process_group(
             backend, init_method=f"file://{store_path}", rank=rank, world_size=size,
             timeout=datetime.timedelta(seconds=timeout_s),
         )
-        if backend == "nccl":
-            torch.cuda.set_device(rank)
         # new_group does not inherit the world's timeout: give every sub-group the same one.
         timeout = datetime.timedelta(seconds=timeout_s)
         groups = {w: dist.new_group(list(range(w)), timeout=timeout) for w in range(1, size + 1)}
