@@ -4,7 +4,8 @@ Three groups, each measured side by side in one process (the issue's targets com
 
 - ``alloc``: a fresh pinned buffer of 64 MiB / 1 GiB / 4 GiB. Arms: ``torch`` (``torch.empty(...,
   pin_memory=True)``, torch's host cache emptied before every round so each round really allocates),
-  ``reference`` (reference native backend) and ``optimized`` (optimized native backend), both registering with the
+  ``reference`` (reference native backend), ``optimized`` (optimized native backend) and ``optimized_overlap``
+  (the same with ``HOSTOFFLOAD_PIN_REGISTER_OVERLAP=1``), all registering with the
   device when there is one. The buffer is freed outside the timed region; the optimized arm also records where
   its time went (map / lock / populate / register / registry) in ``extra_info``.
 - ``is_pinned``: latency of one ``is_pinned`` call on a native pinned tensor while 1, 1k, 100k or 1M ranges are
@@ -71,6 +72,8 @@ GiB = 1 << 30
 ALLOC_SIZES = (64 * MiB, 1 * GiB, 4 * GiB)
 RANGE_COUNTS = (1, 1_000, 100_000, 1_000_000)
 BANDWIDTH_SIZES = (4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB, 1 * GiB)
+# optimized_overlap: optimized with HOSTOFFLOAD_PIN_REGISTER_OVERLAP=1 (registration overlapped with population).
+ALLOC_ARMS = ("torch", "reference", "optimized", "optimized_overlap")
 # Synthetic ranges live above the canonical user address space: no real allocation can collide with them.
 SYNTHETIC_BASE = 0x7000_0000_0000_0000
 SYNTHETIC_STRIDE = 8192
@@ -204,10 +207,10 @@ def _alloc_fn(arm: str, nbytes: int) -> Callable[[], torch.Tensor]:
         return lambda: torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     if arm == "reference":
         import reference.pinning as api
-    elif arm == "optimized":
+    elif arm in ("optimized", "optimized_overlap"):
         import optimized.pinning as api
     else:
-        raise ValueError(f"unknown arm {arm!r}; allowed: torch, reference, optimized")
+        raise ValueError(f"unknown arm {arm!r}; allowed: torch, reference, optimized, optimized_overlap")
     return lambda: api.pin_empty(nbytes, dtype=torch.uint8)
 
 
@@ -219,7 +222,7 @@ def bench_alloc(runner: Any, arm: str, nbytes: int, rounds: int) -> None:
     cache_emptied = [True]
 
     def setup() -> None:
-        if holder and arm == "optimized":
+        if holder and arm.startswith("optimized"):
             from optimized import _native
 
             t = holder[0]
@@ -239,18 +242,27 @@ def bench_alloc(runner: Any, arm: str, nbytes: int, rounds: int) -> None:
         holder.append(fn())
 
     extra: dict[str, Any] = {"nbytes": nbytes, "arm": arm}
-    with native_backend(register=True):
-        runner.run(
-            "alloc",
-            f"alloc[{arm}-{nbytes // MiB}MiB]",
-            {"arm": arm, "nbytes": nbytes},
-            target,
-            setup,
-            rounds,
-            1,
-            1,
-            extra,
-        )
+    overlap_env = "HOSTOFFLOAD_PIN_REGISTER_OVERLAP"
+    old_overlap = os.environ.get(overlap_env)
+    os.environ[overlap_env] = "1" if arm == "optimized_overlap" else "0"
+    try:
+        with native_backend(register=True):
+            runner.run(
+                "alloc",
+                f"alloc[{arm}-{nbytes // MiB}MiB]",
+                {"arm": arm, "nbytes": nbytes},
+                target,
+                setup,
+                rounds,
+                1,
+                1,
+                extra,
+            )
+    finally:
+        if old_overlap is None:
+            os.environ.pop(overlap_env, None)
+        else:
+            os.environ[overlap_env] = old_overlap
     if arm == "torch":
         extra["torch_host_cache_emptied"] = cache_emptied[0]
     if phases:
@@ -416,14 +428,20 @@ def bench_phases(out: list[dict[str, Any]], nbytes: int) -> None:
     grid = [("off", t) for t in sorted({1, min(16, cpu)})]
     grid += [("auto", t) for t in sorted({1, 4, 8, min(16, cpu), cpu})]
     grid += [("hugetlb", min(16, cpu))]
-    for huge, threads in grid:
+    grid = [(h, t, False) for h, t in grid]
+    if register:
+        grid += [("auto", t, True) for t in sorted({2, 4, 8, min(16, cpu)})]
+    for huge, threads, overlap in grid:
         t0 = time.perf_counter()
-        a = _native.allocate(nbytes, huge, threads, register and _native.cuda_runtime_available(), 0, False)
+        a = _native.allocate(
+            nbytes, huge, threads, register and _native.cuda_runtime_available(), 0, False, overlap
+        )
         total = time.perf_counter() - t0
         row = {
             "nbytes": nbytes,
             "huge_pages": huge,
             "threads": threads,
+            "overlap_register": overlap,
             "page_kind": a.page_kind,
             "registered": a.registered,
             "total_s": round(total, 6),
@@ -444,7 +462,7 @@ def _cleanup_synthetic() -> Iterator[None]:
 
 
 @pytest.mark.parametrize("nbytes", ALLOC_SIZES, ids=lambda n: f"{n // MiB}MiB")
-@pytest.mark.parametrize("arm", ("torch", "reference", "optimized"))
+@pytest.mark.parametrize("arm", ALLOC_ARMS)
 def test_alloc(benchmark, arm: str, nbytes: int) -> None:
     bench_alloc(PytestRunner(benchmark), arm, nbytes, rounds=3 if nbytes >= GiB else 5)
 
@@ -552,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def run_alloc() -> None:
         for nbytes in alloc_sizes:
-            for arm in ("torch", "reference", "optimized"):
+            for arm in ALLOC_ARMS:
                 rounds = 2 if args.quick or nbytes > GiB else 3
                 attempt(
                     lambda a=arm, n=nbytes, r=rounds: bench_alloc(runner, a, n, rounds=r),

@@ -32,6 +32,7 @@ struct AllocRequest {
     int populate_threads = 0;  // 0: chosen from the size and the hardware
     bool register_cuda = false;
     unsigned cuda_flags = 0;
+    bool overlap_register = false;  // start cudaHostRegister while population threads are still faulting
     bool slab = false;  // owner of sub-allocated pieces; unpin() of a piece must not unpin it
 };
 

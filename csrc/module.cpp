@@ -475,7 +475,7 @@ owns it, and the memory is released when the last view of that tensor dies.)doc"
     m.def(
         "allocate",
         [](std::size_t nbytes, const std::string& huge_pages, int populate_threads, bool register_cuda,
-           unsigned cuda_flags, bool slab) {
+           unsigned cuda_flags, bool slab, bool overlap_register) {
             AllocRequest req;
             req.nbytes = nbytes;
             req.huge_pages = parse_huge_pages(huge_pages);
@@ -483,11 +483,13 @@ owns it, and the memory is released when the last view of that tensor dies.)doc"
             req.register_cuda = register_cuda;
             req.cuda_flags = cuda_flags;
             req.slab = slab;
+            req.overlap_register = overlap_register;
             py::gil_scoped_release unlocked;  // faulting in gigabytes must not stall other Python threads
             return Allocation::create(req);
         },
         py::arg("nbytes"), py::arg("huge_pages") = "auto", py::arg("populate_threads") = 0,
         py::arg("register_cuda") = false, py::arg("cuda_flags") = 0, py::arg("slab") = false,
+        py::arg("overlap_register") = false,
         "Map, lock, populate (in parallel), optionally register with CUDA, and add to the global registry.");
 
     m.def(

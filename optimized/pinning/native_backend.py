@@ -19,6 +19,9 @@ transparent huge pages on buffers of 2 MiB and more; ``hugetlb`` tries reserved 
 back to THP when none are reserved; sizes then round to 2 MiB); ``off`` uses 4 KiB pages.
 ``HOSTOFFLOAD_PIN_POPULATE_THREADS``: an int >= 0, threads faulting pages in (0 or unset: one per 256 MiB, at
 most 4 and at most the CPU count; measured best on the H200 box, see docs/native.md).
+``HOSTOFFLOAD_PIN_REGISTER_OVERLAP`` (boolean, default off): start ``cudaHostRegister`` while the population
+threads are still faulting pages in (the driver faults in what is missing itself), so registration and population
+share wall time. Off by default until measured on the GPU box.
 """
 
 from __future__ import annotations
@@ -32,13 +35,14 @@ import torch
 from optimized import _native
 from reference.accelerators import Accelerator
 from reference.accelerators.cuda import CudaAccelerator
-from reference.envvars import read_choice
+from reference.envvars import read_bool, read_choice
 from reference.errors import ConfigurationError
 from reference.pinning.native_backend import PinnedStats
 
 HUGE_PAGES_ENV = "HOSTOFFLOAD_PIN_HUGE_PAGES"
 HUGE_PAGE_MODES: tuple[str, ...] = ("auto", "thp", "hugetlb", "off")
 POPULATE_THREADS_ENV = "HOSTOFFLOAD_PIN_POPULATE_THREADS"
+REGISTER_OVERLAP_ENV = "HOSTOFFLOAD_PIN_REGISTER_OVERLAP"
 
 # The reference CUDA accelerator registers with cudaHostRegisterDefault; the native path uses the same flags
 # so both implementations produce the same kind of registration.
@@ -66,6 +70,10 @@ def populate_threads() -> int:
             f"{POPULATE_THREADS_ENV}={raw!r} is not allowed; allowed values: an int >= 0 (0: automatic)"
         )
     return value
+
+
+def register_overlap() -> bool:
+    return read_bool(REGISTER_OVERLAP_ENV, False)
 
 
 def _itemsize(dtype: torch.dtype) -> int:
@@ -118,9 +126,10 @@ def allocate(nbytes: int, accelerator: Accelerator, register: bool, *, slab: boo
     """
     huge = huge_page_mode()
     threads = populate_threads()
+    overlap = register_overlap()
     want_registration = register and accelerator.supports_host_registration
     native_cuda = want_registration and _uses_native_cuda(accelerator)
-    alloc = _native.allocate(nbytes, huge, threads, native_cuda, _CUDA_REGISTER_FLAGS, slab)
+    alloc = _native.allocate(nbytes, huge, threads, native_cuda, _CUDA_REGISTER_FLAGS, slab, overlap)
     # Until export() hands it to torch, `alloc` is the only owner: any exception below drops it, and its
     # destructor unregisters, unlocks, drops the range and unmaps.
     if native_cuda:
