@@ -181,8 +181,10 @@ def test_no_record_at_offset(area_api, reference_api, tmp_path):
 
 
 @pytest.mark.parametrize("memory", ["pageable", "pinned"])
-def test_write_failing_half_way_leaves_no_file(area_api, reference_api, pin_empty, tmp_path, memory):
-    """A new file whose write dies after some blocks: no file at the path, no temporary left, nothing leaked."""
+def test_new_file_write_refused_by_the_kernel_leaves_no_file(area_api, reference_api, pin_empty, tmp_path, memory):
+    """A new file that cannot be written in full (the kernel refuses bytes past the limit, part way through the
+    payload or, where an implementation reserves the file's size first, up front): no file at the path, no
+    temporary left, nothing leaked, and the handle keeps working."""
     path = str(tmp_path / "new.bin")
     n = 64 * 1024
     src = pin_empty(n, dtype=torch.uint8) if memory == "pinned" else torch.empty(n, dtype=torch.uint8)
@@ -203,24 +205,42 @@ def test_write_failing_half_way_leaves_no_file(area_api, reference_api, pin_empt
         assert_round_trip(out, src, "write after a failed one")
 
 
-def test_in_place_update_failing_half_way_is_incomplete_not_data(area_api, reference_api, tmp_path):
-    """Updating a record of an existing file dies half way: that record reads as incomplete, others stay good."""
+@pytest.mark.parametrize("memory", ["pageable", "pinned"])
+@pytest.mark.parametrize("where", ["overwrite", "append"])
+def test_in_place_update_failing_half_way_is_incomplete_not_data(area_api, reference_api, pin_empty, tmp_path,
+                                                                 where, memory):
+    """Updating a record of an existing file dies half way: that record reads as incomplete, others stay good.
+
+    ``overwrite`` rewrites an existing record inside the file, so the kernel refuses the payload after its first
+    blocks (a failure in the middle of the request, whatever the implementation does up front); ``append`` adds a
+    record past the end of the file.
+    """
     path = str(tmp_path / "packed.bin")
     first, second = torch.arange(1000, dtype=torch.float32), torch.arange(16384, dtype=torch.float32)
     off2 = reference_api.record_span(first.numel() * 4)
-    with area_api.SwapHandle(block_size=4096) as h:
+    off3 = off2 + reference_api.record_span(second.numel() * 4)
+    target = off2 if where == "overwrite" else off3
+    update = pin_empty(16384, dtype=torch.float32) if memory == "pinned" else torch.empty(16384)
+    update.copy_(second * 2)
+    with area_api.SwapHandle(block_size=4096, queue_depth=2, num_threads=2) as h:
         h.write(first, path).wait()
         h.write(second, path, off2).wait()
-        off3 = off2 + reference_api.record_span(second.numel() * 4)  # a third record, after the file's end
-        with file_size_limit(off3 + reference_api.HEADER_SIZE + 3 * 4096):
-            exc = _raised(h.write(second * 2, path, off3))  # the header fits, the payload is refused half way
-        assert_swap_error(exc, reference_api.SwapIOError, path, "in-place write past the limit")
-        exc = _raised(h.read(torch.empty(16384), path, off3))
+        with file_size_limit(target + reference_api.HEADER_SIZE + 3 * 4096):
+            exc = _raised(h.write(update, path, target))  # the header fits, the payload is refused half way
+        assert_swap_error(exc, reference_api.SwapIOError, path, f"in-place write past the limit ({where})")
+        assert exc.errno == errno.EFBIG, exc.errno
+        assert h.stats().bounce_in_use == 0
+        exc = _raised(h.read(torch.empty(16384), path, target))
         assert_swap_error(exc, reference_api.IncompleteRecordError, path, "read of the failed record")
-        for t, off in ((first, 0), (second, off2)):
+        intact = ((first, 0),) if where == "overwrite" else ((first, 0), (second, off2))
+        for t, off in intact:
             out = torch.empty_like(t)
             h.read(out, path, off).wait()
             assert_round_trip(out, t, f"untouched record at {off}")
+        h.write(update, path, target).wait()  # a later complete write makes the record good again
+        out = torch.empty(16384)
+        h.read(out, path, target).wait()
+        assert_round_trip(out, update, "record rewritten after the failure")
 
 
 def test_out_of_space(area_api, reference_api):

@@ -26,6 +26,8 @@ queue, joins the workers and unpins the pool.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import errno
 import itertools
 import os
@@ -105,6 +107,40 @@ class SwapRequest:
     def __repr__(self) -> str:
         state = "failed" if self._error is not None else ("done" if self.done() else "pending")
         return f"<SwapRequest {self.op} {self.nbytes} B {self.path!r}@{self.offset} {state}>"
+
+
+def _load_fallocate():
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        fn = libc.fallocate
+    except (OSError, AttributeError):  # pragma: no cover - not glibc/Linux
+        return None
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+    return fn
+
+
+_fallocate = _load_fallocate()
+
+
+def _reserve(fd: int, end: int) -> None:
+    """Give the file its final size before the payload is written, blocks allocated where the filesystem can.
+
+    Why: parallel O_DIRECT writes past end-of-file are serialised by ext4 and XFS (each one moves the size), writes
+    inside the size are not; and a full disk fails here, before any byte of payload moved. ``fallocate`` (not
+    ``posix_fallocate``, which glibc emulates by writing zeros where the filesystem lacks it) with a plain
+    ``ftruncate`` fallback. The size equals the one the writes would produce, so the file is the same either way.
+    """
+    size = os.fstat(fd).st_size
+    if end <= size:
+        return
+    if _fallocate is not None:
+        if _fallocate(fd, 0, size, end - size) == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.ENODEV):
+            raise OSError(err, os.strerror(err))
+    os.ftruncate(fd, end)
 
 
 def _pwrite_all(fd: int, view: memoryview, pos: int) -> None:
@@ -271,9 +307,11 @@ class SwapEngine:
             req._target = req.path if exists else temporary_name(req.path)
             flags = os.O_WRONLY | _O_CLOEXEC | (0 if exists else os.O_CREAT | os.O_EXCL)
             req._fd = os.open(req._target, flags, 0o644)
-            if exists:
+            if exists:  # mark the record incomplete first: whatever fails after this reads as incomplete
                 header = record.pack_header(staging.source.dtype, req.nbytes, record.STATE_WRITING)
                 _pwrite_all(req._fd, memoryview(header), req.offset)
+            if os.path.isfile(req._target):  # a regular file (not e.g. a device): reserve its final size
+                _reserve(req._fd, req.offset + record.HEADER_SIZE + req.nbytes)
         else:
             req._fd = os.open(req.path, os.O_RDONLY | _O_CLOEXEC)
             size = os.fstat(req._fd).st_size
