@@ -13,9 +13,9 @@ pinned iff its address is inside a range). What changes is the cost model:
 :func:`global_registry` is the one instance per process that :mod:`optimized.pinning`'s native backend
 registers into. It is separate from the reference's (each implementation answers for its own allocations).
 
-Differences from the reference, both deliberate: addresses and sizes are 64-bit (a range past ``2**64`` is a
-``ConfigurationError`` rather than a silently stored big integer), and :meth:`RangeRegistry.add_many` exists
-to populate many ranges with one rebuild (benchmarks register a million).
+Differences from the reference, all deliberate: addresses and sizes are 64-bit (a range past ``2**64`` is a
+``ConfigurationError`` rather than a silently stored big integer); ``add_many``/``remove_many`` change many
+ranges with one rebuild (benchmarks register a million); :func:`stress_registry` is a native self-test.
 """
 
 from __future__ import annotations

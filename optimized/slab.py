@@ -16,15 +16,14 @@ Usage::
         ...                                               # copy with non_blocking=True in and out
         slab.free(grads)                                  # the bytes may be handed out again
         print(slab.stats())                               # SlabStats(capacity, used, free, largest_free, ...)
-    # leaving the block unpins the slab (unregister + munlock at once); memory is unmapped when the last piece
-    dies
+    # leaving the block unpins the slab (unregister + munlock at once);
+    # the memory is unmapped when the last piece dies
 
 Rules:
 
 - Pieces are views of the slab's base tensor: they keep the mapping alive, so a piece that outlives ``free``
-or
-  ``close`` never points at unmapped memory. After ``free`` its bytes may back a new piece, so writing through
-  a freed piece corrupts that piece: the same discipline as any allocator.
+  or ``close`` never points at unmapped memory. After ``free`` its bytes may back a new piece, so writing
+  through a freed piece corrupts that piece: the same discipline as any allocator.
 - ``free`` takes the piece tensor itself (or any tensor starting at the piece's first byte). Freeing something
   that is not a live piece raises ``ConfigurationError``; so does a second ``free``.
 - ``unpin`` (pinning API) of a piece returns False: the slab owns the pin. ``close()`` unpins the slab.
@@ -57,8 +56,7 @@ class SlabStats(NamedTuple):
     """``capacity``: slab bytes (page-rounded). ``used``: bytes requested by live pieces. ``free``: bytes not
     held by a live piece (alignment padding counts as free). ``largest_free``: the longest free run, i.e.
     the largest piece that can be allocated with alignment 1. ``pieces``: live pieces. ``free_blocks``:
-    free runs
-    (fragmentation indicator)."""
+    free runs (fragmentation indicator)."""
 
     capacity: int
     used: int
@@ -110,8 +108,7 @@ class PinnedSlab:
         self._lock = threading.Lock()
         self._closed = False
 
-    # -- properties
-    # ---------------------------------------------------------------------------------------------
+    # -- properties ----------------------------------------------------------------------------------------
     @property
     def capacity(self) -> int:
         """Usable bytes (the requested size rounded up to whole pages)."""
@@ -137,8 +134,7 @@ class PinnedSlab:
         alloc = _native.allocation_of(self._ptr, 0)
         return bool(alloc is not None and alloc.registered)
 
-    # -- pieces
-    # -------------------------------------------------------------------------------------------------
+    # -- pieces --------------------------------------------------------------------------------------------
     def allocate(
         self, *shape: int | tuple[int, ...], dtype: torch.dtype | None = None, alignment: int | None = None
     ) -> torch.Tensor:
@@ -208,8 +204,7 @@ class PinnedSlab:
         s = self._arena.stats()
         return SlabStats(s.capacity, s.used, s.free, s.largest_free, s.pieces, s.free_blocks)
 
-    # -- lifetime
-    # -----------------------------------------------------------------------------------------------
+    # -- lifetime ------------------------------------------------------------------------------------------
     def close(self) -> bool:
         """Unpin the slab now (unregister, munlock, drop its range); True if this call did it.
 

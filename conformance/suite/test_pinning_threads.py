@@ -165,8 +165,7 @@ def test_eight_threads_pin_view_lookup_unpin_drop(impl, area_api, accelerator, c
 
 def test_lookups_never_miss_while_other_threads_churn(impl, area_api, accelerator):
     """Readers probing a buffer that stays pinned must see it pinned on every probe while writers add and
-    remove
-    neighbouring ranges (a torn or half-published registry would make a probe miss)."""
+    remove neighbouring ranges (a torn or half-published registry would make a probe miss)."""
     if "native" not in impl.capabilities.get("pin_backends", ()):
         pytest.skip(f"{impl.name} has no native pinning backend")
     import os

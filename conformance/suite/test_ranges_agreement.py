@@ -6,8 +6,7 @@ not spell out (error types and messages, the order of overlap checks, results on
 tokens) still shows up. Two machines run one trace on both sides at once:
 
 - ``RegistryAgreement``: private ``RangeRegistry`` objects of both implementations, fed the same adds
-(including
-  overlapping and malformed ones), removes and probes; every result and every exception must match.
+  (including overlapping and malformed ones), removes and probes; every result and every exception must match.
 - ``PinningAgreement``: the same pin / view / unpin / drop / lookup trace through both implementations' native
   pinning; every ``is_pinned`` and ``unpin`` result and every ``pinned_stats`` delta must match.
 """

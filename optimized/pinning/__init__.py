@@ -6,9 +6,9 @@ exactly as in the reference; ``native``: :mod:`optimized.pinning.native_backend`
 from either backend. Argument checks and environment parsing are the reference's own helpers, so messages
 cannot drift.
 
-``is_pinned`` is the hot call (every copy decision asks it), so plain CPU tensors take a short path: one
-native registry lookup on ``(data_ptr, nbytes)`` for contiguous tensors. Everything else (subclasses such as
-fake tensors, meta and device tensors, non-tensors) goes through the reference's checks.
+``is_pinned`` is the hot call (every copy decision asks it), so it is a native function: plain contiguous CPU
+tensors are answered by one registry lookup on ``(data_ptr, nbytes)``. Everything else (subclasses such as
+fake tensors, meta and device tensors, strided views, non-tensors) goes through the reference's checks.
 """
 
 from __future__ import annotations
@@ -140,9 +140,11 @@ def _torch_reports_pinned(t: torch.Tensor) -> bool:
 
 
 def _is_pinned_fallback(t: object, hit: bool | None) -> bool:
-    """What the native ``is_pinned`` does not answer itself: ``hit`` is False for a plain contiguous CPU
-    tensor
-    outside every registered range (only torch's own pinning can still say yes), None for everything else."""
+    """The cases the native ``is_pinned`` does not answer itself.
+
+    ``hit`` is False for a plain contiguous CPU tensor outside every registered range (only torch's own pinning
+    can still say yes) and None for everything else (the reference's checks decide).
+    """
     if hit is None:
         return _is_pinned_checked(t)
     return _torch_reports_pinned(t)
@@ -150,11 +152,11 @@ def _is_pinned_fallback(t: object, hit: bool | None) -> bool:
 
 _native.set_is_pinned_fallback(_is_pinned_fallback)
 
-# : ``is_pinned(t) -> bool``: True iff ``t``'s whole byte extent is pinned host memory; never touches the data
-# of : meta or fake tensors. It is the hot call (every copy decision asks it), so it is one native function: a
-# plain : contiguous CPU tensor whose ``(data_ptr, nbytes)`` lies in a registered range is answered without
-# running any : Python; every other case goes through :func:`_is_pinned_fallback` (the reference's checks,
-# same errors).
+#: ``is_pinned(t) -> bool``: True iff ``t``'s whole byte extent is pinned host memory; never touches the data
+#: of meta or fake tensors. It is the hot call (every copy decision asks it), so it is one native function: a
+#: plain contiguous CPU tensor whose ``(data_ptr, nbytes)`` lies in a registered range is answered without
+#: running any Python; every other case goes through :func:`_is_pinned_fallback` (the reference's checks, the
+#: same errors).
 is_pinned = _native.is_pinned
 
 

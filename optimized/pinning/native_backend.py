@@ -19,9 +19,9 @@ transparent huge pages on buffers of 2 MiB and more; ``hugetlb`` tries reserved 
 back to THP when none are reserved; sizes then round to 2 MiB); ``off`` uses 4 KiB pages.
 ``HOSTOFFLOAD_PIN_POPULATE_THREADS``: an int >= 0, threads faulting pages in (0 or unset: one per 256 MiB, at
 most 4 and at most the CPU count; measured best on the H200 box, see docs/native.md).
-``HOSTOFFLOAD_PIN_REGISTER_OVERLAP`` (boolean, default off): start ``cudaHostRegister`` while the population
-threads are still faulting pages in (the driver faults in what is missing itself), so registration and population
-share wall time. Off by default until measured on the GPU box.
+``HOSTOFFLOAD_PIN_REGISTER_OVERLAP`` (boolean, default off): start ``cudaHostRegister`` while the
+population threads are still faulting pages in (the driver faults in what is missing itself), so registration
+and population share wall time. Off by default until measured on the GPU box.
 """
 
 from __future__ import annotations
