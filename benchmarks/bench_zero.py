@@ -56,43 +56,48 @@ def bench_cpu_adam(sizes: list[int], iters: int, threads: int) -> list[dict]:
     rows = []
     for n in sizes:
         g = torch.randn(n)
+        bf16 = torch.empty(n, dtype=torch.bfloat16)
 
-        def torch_arm(**kw):
+        def torch_arm(cast: bool = False, **kw):
+            """A torch AdamW over one flat parameter; built per arm and freed after it (1B params = 16 GB)."""
             p = nn.Parameter(torch.randn(n))
             p.grad = g
             opt = torch.optim.AdamW([p], lr=1e-3, weight_decay=0.01, **kw)
-            return p, opt
+            if cast:
+                return lambda: (opt.step(), bf16.copy_(p.detach()))
+            return opt.step
 
-        arms: dict[str, tuple] = {}
-        for name, kw in (("torch_single", {"foreach": False}), ("torch_foreach", {"foreach": True}),
-                         ("torch_fused", {"fused": True})):
+        def native_arm(with_bf16: bool):
+            p32, m, v = torch.randn(n), torch.zeros(n), torch.zeros(n)
+            step = [0]
+
+            def run():
+                step[0] += 1
+                cpu_adam.adam_step(cfg, p32, g, m, v, step[0], bf16_out=bf16 if with_bf16 else None, threads=threads)
+
+            return run
+
+        arms = [
+            ("torch_single", lambda: torch_arm(foreach=False), 28),
+            ("torch_foreach", lambda: torch_arm(foreach=True), 28),
+            ("torch_fused", lambda: torch_arm(fused=True), 28),
+            ("native", lambda: native_arm(False), 28),
+            ("torch_fused+cast", lambda: torch_arm(cast=True, fused=True), 30),
+            ("native+bf16", lambda: native_arm(True), 30),
+        ]
+        for name, build, bytes_per in arms:
             try:
-                p, opt = torch_arm(**kw)
-                arms[name] = (opt.step, 28)
-            except (RuntimeError, ValueError) as exc:  # fused needs torch >= 2.4 on CPU
+                fn = build()
+            except (RuntimeError, ValueError) as exc:  # fused AdamW needs torch >= 2.4 on CPU
                 print(f"  {name}: unavailable ({exc})")
-        p32, m, v = torch.randn(n), torch.zeros(n), torch.zeros(n)
-        bf16 = torch.empty(n, dtype=torch.bfloat16)
-        step = [0]
-
-        def native(out=None):
-            step[0] += 1
-            cpu_adam.adam_step(cfg, p32, g, m, v, step[0], bf16_out=out, threads=threads)
-
-        arms["native"] = (native, 28)
-        if "torch_fused" in arms:
-            fused_step = arms["torch_fused"][0]
-            fused_param = fused_step.__self__.param_groups[0]["params"][0]
-            arms["torch_fused+cast"] = (lambda: (fused_step(), bf16.copy_(fused_param.detach())), 30)
-        arms["native+bf16"] = (lambda: native(bf16), 30)
-        for name, (fn, bytes_per) in arms.items():
+                continue
             with torch.no_grad():
                 sec = _time(fn, iters)
+            del fn
             rows.append({"params": n, "arm": name, "seconds": sec, "params_per_s": n / sec,
                          "bytes_per_s": n * bytes_per / sec, "threads": threads, "isa": cpu_adam.best_isa()})
-            print(f"  N={n:>12,d} {name:<18} {sec * 1e3:9.2f} ms  {n / sec / 1e6:9.1f} M params/s  "
+            print(f"  N={n:>13,d} {name:<18} {sec * 1e3:9.2f} ms  {n / sec / 1e6:9.1f} M params/s  "
                   f"{n * bytes_per / sec / 1e9:7.2f} GB/s")
-        del arms
     return rows
 
 
