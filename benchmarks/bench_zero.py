@@ -7,6 +7,10 @@ torch.optim.AdamW single-tensor, foreach and fused, the native kernel (optimized
 path's two variants: fused AdamW followed by a separate fp32->bf16 cast-copy vs the native kernel writing the
 bf16 copy in the same pass. Bytes: 28 per parameter (read p, g, m, v; write p, m, v) + 2 for the bf16 copy.
 
+``scenarios``: the accumulation scenarios of every stage x managed/unmanaged x offload x dtype at world size 1 (or
+``--world``) on the chosen backend (NCCL on the GPU box), each compared with the reference trace -- bitwise on gloo,
+within R25's tolerance on a GPU -- printing the largest differences and the run time per scenario.
+
 ``engine``: step time (``--gas`` micro-batches + step) and peak device memory of a GPT-style model on one rank for
 ZeroEngine stages 0-3, with and without CPU optimizer offload, next to DDP (stage 0) and FSDP2 fully_shard
 (stage 3) with the same model, batch and accumulation.
@@ -248,9 +252,55 @@ def bench_engine(args) -> list[dict]:
     return rows
 
 
+def bench_scenarios(args) -> list[dict]:
+    from conformance.accumulation_assertions import arithmetic_tolerance, assert_traces_match
+    from optimized.accumulation import run_scenario
+    from reference.accumulation import AccumulationConfig, ModelSpec, Scenario, scenario_calls
+    from reference.accumulation import run_scenario as reference_run
+
+    backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    rows = []
+    for stage in (0, 1, 2, 3):
+        for managed in (True, False):
+            for offload in (False, True):
+                for dtype in ("fp32", "bf16"):
+                    cfg = AccumulationConfig(
+                        zero_stage=stage, managed_gradient_accumulation=managed, gradient_accumulation_steps=2,
+                        dtype=dtype, gradient_clipping=0.05,
+                        optimizer={"type": "adamw", "lr": 1e-2, "weight_decay": 0.01},
+                        offload_optimizer="cpu" if offload else "none",
+                        offload_param="cpu" if offload and stage == 3 else "none",
+                    )
+                    calls = scenario_calls("BSBSFBSTBS" if managed else "BBSBSBBBS")
+                    sc = Scenario(cfg, args.world, calls, model=ModelSpec(checkpoint=stage == 3), seed=stage)
+                    expected = reference_run(sc)
+                    t0 = time.perf_counter()
+                    actual = run_scenario(sc, backend=backend)
+                    sec = time.perf_counter() - t0
+                    exact = backend == "gloo"
+                    try:
+                        assert_traces_match(actual, expected, None if exact else arithmetic_tolerance(sc))
+                        status = "pass"
+                    except AssertionError as exc:
+                        status = f"FAIL: {exc}"
+                    last_a, last_e = actual.steps()[-1], expected.steps()[-1]
+                    pdiff = max((last_a.parameters[n].double() - last_e.parameters[n].double()).abs().max().item()
+                                for n in last_e.parameters)
+                    ga, ge = actual.boundaries()[0].gradients, expected.boundaries()[0].gradients
+                    gdiff = max((ga[n].double() - ge[n].double()).abs().max().item() for n in ge)
+                    rows.append({"stage": stage, "managed": managed, "offload": offload, "dtype": dtype,
+                                 "world": args.world, "backend": backend, "status": status, "seconds": sec,
+                                 "max_param_diff": pdiff, "max_first_grad_diff": gdiff,
+                                 "exact_comparison": exact})
+                    print(f"  stage {stage} {'managed  ' if managed else 'unmanaged'} offload={offload!s:<5} "
+                          f"{dtype}: {status[:120]}  {sec * 1e3:7.1f} ms  max|dparam| {pdiff:.3e}  "
+                          f"max|dgrad| {gdiff:.3e}")
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("part", choices=("cpu-adam", "engine", "all"))
+    ap.add_argument("part", choices=("cpu-adam", "engine", "scenarios", "all"))
     ap.add_argument("--out", default="bench-zero-results", help="directory for the JSON results")
     ap.add_argument("--sizes", default="1e6,1e7", help="cpu-adam: comma-separated parameter counts")
     ap.add_argument("--iters", type=int, default=5)
@@ -266,21 +316,32 @@ def main() -> None:
     ap.add_argument("--gas", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--stages", default="0,1,2,3")
+    ap.add_argument("--world", type=int, default=1, help="scenarios: world size")
+    ap.add_argument("--backend", choices=("gloo", "nccl"), default=None, help="scenarios: default nccl on a GPU")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "host": platform.node(),
             "cpu": platform.processor(), "cores": len(os.sched_getaffinity(0)), "torch": torch.__version__,
             "cuda_device": torch.cuda.get_device_name() if torch.cuda.is_available() else None, "args": vars(args)}
+    failed: list = []
     if args.part in ("cpu-adam", "all"):
         print("CPU Adam (AdamW, one flat fp32 tensor):")
         rows = bench_cpu_adam([int(float(s)) for s in args.sizes.split(",")], args.iters, args.threads)
         (out / "cpu_adam.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    if args.part in ("scenarios", "all"):
+        print("Accumulation scenarios vs the reference trace:")
+        rows = bench_scenarios(args)
+        (out / "scenarios.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+        failed = [r for r in rows if r["status"] != "pass"]
+        print(f"  {len(rows) - len(failed)} of {len(rows)} scenarios match the reference")
     if args.part in ("engine", "all"):
         print("Engine step time (one rank):")
         rows = bench_engine(args)
         (out / "engine.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     print(f"results written to {out}/")
+    if args.part in ("scenarios", "all") and failed:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":
