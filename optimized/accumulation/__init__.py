@@ -12,7 +12,7 @@ from optimized import cpu_adam as native_cpu_adam
 from optimized.accumulation.collectives import CollectiveError, Collectives, fold_in_rank_order
 from optimized.accumulation.config import CONFIG_KEYS, DTYPES, AccumulationConfig, OptimizerConfig
 from optimized.accumulation.engine import DEFAULT_BUCKET_ELEMENTS, StepOutcome, ZeroEngine
-from optimized.accumulation.optimizers import step_master, uses_native
+from optimized.accumulation.optimizers import step_master, torch_step, uses_native
 from optimized.accumulation.scenario import POOL_SIZE_ENV, TIMEOUT_ENV, run_on_ranks, run_scenario
 from optimized.accumulation.workers import WorkerTimeoutError, shutdown_pools
 from reference.accumulation.scenario import (
@@ -74,5 +74,6 @@ __all__ = [
     "scenario_calls",
     "shutdown_pools",
     "step_master",
+    "torch_step",
     "uses_native",
 ]

@@ -3,19 +3,29 @@
 Where the master lives on the host (``offload_optimizer: cpu``, or any run on the cpu accelerator) Adam and
 AdamW run in the native kernel (:mod:`optimized.cpu_adam`): one pass, the clipping coefficient applied inside
 it, and -- for a bf16 model -- the bf16 copy of the updated weights written in that same pass. The kernel is
-bitwise equal to the reference formula, so this choice never changes a result on the host. Everything else
-(SGD, masters on a device) uses the reference's torch-op sequence, which is the formula itself.
+bitwise equal to the reference formula, so this choice never changes a result on the host.
+
+Everything else (SGD, masters on a device) runs :func:`torch_step`: the reference's torch-op sequence operation
+for operation (same roundings, same correctly rounded sqrt), but in place and over chunks of
+:data:`CHUNK_ELEMENTS`, so its temporaries stay a few chunks in size instead of several copies of the master
+(the reference's out-of-place sequence, with its fp64 square root, would need about five master-sized buffers).
+Elementwise arithmetic does not depend on where a chunk starts, so chunking changes no bit.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
 from optimized import cpu_adam
 from reference.accumulation.config import OptimizerConfig
-from reference.accumulation.optimizers import OptimizerState, correctly_rounded_sqrt, init_state, optimizer_step
+from reference.accumulation.optimizers import OptimizerState, correctly_rounded_sqrt, init_state
 
-__all__ = ["OptimizerState", "correctly_rounded_sqrt", "init_state", "optimizer_step", "step_master", "uses_native"]
+__all__ = ["CHUNK_ELEMENTS", "OptimizerState", "init_state", "step_master", "torch_step", "uses_native"]
+
+#: Elements per chunk of the torch path (16M: 64 MB of fp32, 128 MB for the fp64 square root).
+CHUNK_ELEMENTS = 1 << 24
 
 
 def uses_native(config: OptimizerConfig, master: torch.Tensor) -> bool:
@@ -27,6 +37,54 @@ def uses_native(config: OptimizerConfig, master: torch.Tensor) -> bool:
         and master.is_contiguous()
         and cpu_adam.available()
     )
+
+
+def torch_step(
+    config: OptimizerConfig,
+    master: torch.Tensor,
+    grad: torch.Tensor,
+    state: OptimizerState,
+    *,
+    clip_coef: float | None,
+    chunk: int = CHUNK_ELEMENTS,
+) -> None:
+    """R15 + R16 with torch ops, in place, chunk by chunk; ``grad`` is not modified. Flat tensors."""
+    if master.dtype != torch.float32 or grad.dtype != torch.float32:
+        raise TypeError(f"torch_step needs fp32 master and gradient, got {master.dtype} and {grad.dtype}")
+    if master.shape != grad.shape:
+        raise ValueError(f"master shape {tuple(master.shape)} != gradient shape {tuple(grad.shape)}")
+    state.step += 1
+    t = state.step
+    wd, lr = config.weight_decay, config.lr
+    n = master.numel()
+    for lo in range(0, n, chunk):
+        hi = min(n, lo + chunk)
+        p, g = master[lo:hi], grad[lo:hi]
+        if clip_coef is not None:
+            g = torch.mul(g, clip_coef)  # R15: the coefficient rounded to fp32 where it meets the tensor
+        if config.type == "sgd":
+            if wd > 0:
+                g = torch.add(g, torch.mul(p, wd))
+            if config.momentum > 0:
+                buf = state.buffers["momentum_buffer"][lo:hi]
+                buf.mul_(config.momentum).add_(g)
+                g = buf
+            p.sub_(torch.mul(g, lr))
+            continue
+        beta1, beta2 = config.betas
+        if wd > 0:
+            if config.type == "adamw":
+                p.mul_(1.0 - lr * wd)
+            else:
+                g = torch.add(g, torch.mul(p, wd))
+        m = state.buffers["exp_avg"][lo:hi]
+        v = state.buffers["exp_avg_sq"][lo:hi]
+        m.mul_(beta1).add_(torch.mul(g, 1.0 - beta1))
+        gg = torch.mul(g, g)
+        v.mul_(beta2).add_(gg.mul_(1.0 - beta2))
+        denom = correctly_rounded_sqrt(v)
+        denom.mul_(1.0 / math.sqrt(1.0 - beta2**t)).add_(config.eps)
+        p.sub_(torch.div(m, denom).mul_(lr / (1.0 - beta1**t)))
 
 
 def step_master(
@@ -56,6 +114,5 @@ def step_master(
             bf16_out=bf16_out,
         )
         return bf16_out is not None
-    g = torch.mul(grad, clip_coef) if clip_coef is not None else grad
-    optimizer_step(config, master, g, state)
+    torch_step(config, master, grad, state, clip_coef=clip_coef)
     return False
