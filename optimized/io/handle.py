@@ -39,6 +39,7 @@ import torch
 
 from optimized.io.pool import BouncePool
 from optimized.ranges import global_registry, tensor_extent
+from reference.errors import HostOffloadError
 from reference.io import record
 from reference.io.config import DIRECT_ALIGNMENT, SwapConfig, SwapStats
 from reference.io.errors import HandleClosedError, ShortFileError, SwapError, chain, os_error
@@ -70,7 +71,7 @@ class SwapRequest:
         self.nbytes = tensor_nbytes(tensor)
         self.direct: bool | None = None
         self.o_direct: bool | None = None
-        self._error: SwapError | None = None
+        self._error: HostOffloadError | None = None
         self._event = threading.Event()
         # Engine state, guarded by the handle's condition.
         self._key = os.path.abspath(path)
@@ -262,7 +263,7 @@ class SwapEngine:
                     self._cond.wait()
                 self._calls_in_flight += 1
             req, phase, index = unit
-            error: SwapError | None = None
+            error: HostOffloadError | None = None
             try:
                 if phase == "prepare":
                     self._prepare(req)
@@ -270,7 +271,7 @@ class SwapEngine:
                     self._block(req, index)
                 else:
                     self._finish(req)
-            except SwapError as exc:
+            except HostOffloadError as exc:  # a SwapError, or e.g. a bad pinning variable met by the bounce pool
                 error = exc
             except OSError as exc:
                 error = chain(os_error(req.op, req.path, exc), exc)

@@ -31,7 +31,7 @@ import torch
 
 from reference import envvars
 from reference.accelerators import get_accelerator
-from reference.errors import PinnedMemoryLockError
+from reference.errors import HostOffloadError, PinnedMemoryLockError
 from reference.io import record
 from reference.io.config import SwapConfig, SwapStats
 from reference.io.errors import HandleClosedError, ShortFileError, SwapError, chain, os_error
@@ -64,7 +64,7 @@ class SwapRequest:
         self.nbytes = tensor_nbytes(tensor)
         self.direct: bool | None = None
         self.o_direct: bool | None = None
-        self._error: SwapError | None = None
+        self._error: HostOffloadError | None = None
 
     def done(self) -> bool:
         return True
@@ -140,7 +140,7 @@ class SwapHandle:
                     self._do_write(req)
                 else:
                     self._do_read(req)
-            except SwapError as exc:
+            except HostOffloadError as exc:  # a SwapError, or e.g. a bad pinning variable met by the bounce buffer
                 self._fail(req, exc)
             except OSError as exc:
                 self._fail(req, chain(os_error(op, p, exc), exc))
@@ -153,7 +153,7 @@ class SwapHandle:
             self._counts["requests"] += 1
             return req
 
-    def _fail(self, req: SwapRequest, exc: SwapError) -> None:
+    def _fail(self, req: SwapRequest, exc: HostOffloadError) -> None:
         exc.request = req
         req._error = exc
         self._counts["failed_requests"] += 1
