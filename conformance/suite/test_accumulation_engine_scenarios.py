@@ -10,8 +10,14 @@ for everything) so that each is checked bitwise on every CI run, not only when h
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
 
-from conformance.accumulation_assertions import assert_traces_match, cross_implementation_tolerance
+from conformance.accumulation_assertions import (
+    arithmetic_tolerance,
+    assert_traces_match,
+    cross_implementation_tolerance,
+)
+from conformance.accumulation_strategies import scenarios
 from reference.accumulation import AccumulationConfig, ModelSpec, Scenario, scenario_calls
 
 pytestmark = pytest.mark.conformance_area("accumulation")
@@ -95,3 +101,15 @@ def test_R19_unmanaged_overlap_comm_on_stages_2_3_through_the_engine(area_api, r
     api = _engine_api(area_api)
     sc = _scenario(stage, False, 2, overlap_comm=True)
     assert_traces_match(api.run_scenario(sc), reference_api.run_scenario(sc))
+
+
+@pytest.mark.gpu
+@given(scenario=scenarios(world_sizes=(1,)))
+def test_R17_R25_engine_on_nccl_matches_reference_within_tolerance(area_api, reference_api, accelerator, scenario):
+    """R25/R17: the engine on NCCL (world size 1, rank on the GPU, offload keeping state on the host) gives the
+    reference's records, flags and counters exactly and its values within R25's device tolerance."""
+    api = _engine_api(area_api)
+    if accelerator.device_type != "cuda":
+        pytest.skip("needs the cuda accelerator (NCCL); the host runs are the tests above")
+    expected = reference_api.run_scenario(scenario)
+    assert_traces_match(api.run_scenario(scenario, backend="nccl"), expected, arithmetic_tolerance(scenario))

@@ -13,7 +13,7 @@ from optimized.accumulation.collectives import CollectiveError, Collectives, fol
 from optimized.accumulation.config import CONFIG_KEYS, DTYPES, AccumulationConfig, OptimizerConfig
 from optimized.accumulation.engine import DEFAULT_BUCKET_ELEMENTS, StepOutcome, ZeroEngine
 from optimized.accumulation.optimizers import step_master, torch_step, uses_native
-from optimized.accumulation.scenario import POOL_SIZE_ENV, TIMEOUT_ENV, run_on_ranks, run_scenario
+from optimized.accumulation.scenario import BACKEND_ENV, POOL_SIZE_ENV, TIMEOUT_ENV, run_on_ranks, run_scenario
 from optimized.accumulation.workers import WorkerTimeoutError, shutdown_pools
 from reference.accumulation.scenario import (
     Backward,
@@ -38,6 +38,7 @@ from reference.errors import ConfigurationError, UnsupportedOperationError
 DISTRIBUTED_ENGINE = True
 
 __all__ = [
+    "BACKEND_ENV",
     "CONFIG_KEYS",
     "DEFAULT_BUCKET_ELEMENTS",
     "DISTRIBUTED_ENGINE",

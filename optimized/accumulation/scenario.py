@@ -1,11 +1,11 @@
 """The multi-process scenario runner of the optimized engine (R26): ``run_scenario(scenario) -> Trace``.
 
 Each of the scenario's W ranks is a process of a warm :class:`~optimized.accumulation.workers.WorkerPool`
-(gloo on the host; NCCL, one GPU per rank, when the accelerator is cuda and has W devices). Every rank builds
-the model from the scenario's spec and seed, wraps it in :class:`~optimized.accumulation.engine.ZeroEngine`
-and performs the calls exactly as docs/accumulation.md's runner notes prescribe; the parent merges the
-per-rank records into the shared :class:`~reference.accumulation.Trace` type after checking that all ranks
-agree on boundary flags and counters.
+(gloo on the host by default, like the reference runner's host default; NCCL, one GPU per rank, on request).
+Every rank builds the model from the scenario's spec and seed, wraps it in
+:class:`~optimized.accumulation.engine.ZeroEngine` and performs the calls exactly as docs/accumulation.md's
+runner notes prescribe; the parent merges the per-rank records into the shared
+:class:`~reference.accumulation.Trace` type after checking that all ranks agree on boundary flags and counters.
 
 A call that raises on any rank surfaces here as the same exception class with the rank's message (the first
 rank whose error is not a mere consequence -- a collective that failed because a peer stopped -- wins); a rank
@@ -41,6 +41,9 @@ from reference.errors import ConfigurationError
 
 __all__ = ["POOL_SIZE_ENV", "TIMEOUT_ENV", "run_on_ranks", "run_scenario"]
 
+#: Default transport of run_scenario: gloo (host, the default), nccl (one GPU per rank) or auto.
+BACKEND_ENV = "HOSTOFFLOAD_ACCUMULATION_BACKEND"
+BACKENDS = ("gloo", "nccl", "auto")
 #: Seconds a collective may wait before the process group reports a timeout (default 60).
 TIMEOUT_ENV = "HOSTOFFLOAD_ACCUMULATION_TIMEOUT"
 #: Ranks the host (gloo) pool starts with, so that growing W does not respawn it (default 4).
@@ -63,22 +66,33 @@ def _env_number(name: str, default: float, minimum: float) -> float:
 
 
 def _choose_backend(world: int, backend: str | None) -> str:
-    if backend is not None:
-        if backend not in ("gloo", "nccl"):
-            raise ConfigurationError(f"backend={backend!r} is not supported; allowed values: None, 'gloo', 'nccl'")
-        return backend
-    from reference.accelerators import get_accelerator
+    """``backend`` argument, else ``$HOSTOFFLOAD_ACCUMULATION_BACKEND``, else ``gloo``.
 
-    acc = get_accelerator()
-    if acc.device_type == "cuda":
-        if torch.cuda.device_count() >= world:
-            return "nccl"
-        warnings.warn(
-            f"run_scenario: world_size={world} needs {world} GPUs for NCCL, this host has "
-            f"{torch.cuda.device_count()}; running the scenario on the host with gloo",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+    The host is the default for the same reason the reference runner defaults to ``device='cpu'``: the
+    suite's exact properties (R5, R7-R11, R22-R24 ...) are statements about host arithmetic. ``nccl`` runs
+    each rank on its own GPU; ``auto`` picks NCCL when the selected accelerator is cuda with at least W GPUs.
+    Where NCCL is asked for but W GPUs are not there, the run falls back to gloo with a RuntimeWarning.
+    """
+    choice = backend if backend is not None else os.environ.get(BACKEND_ENV, "gloo")
+    if choice not in BACKENDS:
+        name = "backend" if backend is not None else BACKEND_ENV
+        raise ConfigurationError(f"{name}={choice!r} is not supported; allowed values: {', '.join(BACKENDS)}")
+    if choice == "gloo":
+        return "gloo"
+    if choice == "auto":
+        from reference.accelerators import get_accelerator
+
+        if get_accelerator().device_type != "cuda":
+            return "gloo"
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus >= world:
+        return "nccl"
+    warnings.warn(
+        f"run_scenario: world_size={world} needs {world} GPUs for NCCL, this host has {gpus}; "
+        f"running the scenario on the host with gloo",
+        RuntimeWarning,
+        stacklevel=3,
+    )
     return "gloo"
 
 
@@ -207,8 +221,8 @@ def run_scenario(
 ) -> Trace:
     """Run ``scenario`` on W rank processes of the optimized engine and return its trace (R26).
 
-    ``backend``: ``None`` picks NCCL when the selected accelerator is cuda with at least W GPUs, else gloo on
-    the host (with a RuntimeWarning when a cuda accelerator has too few GPUs).
+    ``backend``: ``gloo`` (host), ``nccl`` (one GPU per rank) or ``auto``; ``None`` reads
+    ``$HOSTOFFLOAD_ACCUMULATION_BACKEND`` (default ``gloo``). See :func:`_choose_backend`.
     """
     if not isinstance(scenario, Scenario):
         raise ConfigurationError(f"scenario={scenario!r} must be a reference.accumulation.Scenario")
