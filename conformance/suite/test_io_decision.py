@@ -118,6 +118,40 @@ def test_torch_backend_memory_follows_the_registry(area_api, apis, tmp_path, mon
         assert_decision(r, t, ranges, "read into torch-pinned memory")
 
 
+@pytest.mark.parametrize("use_o_direct", [False, True])
+def test_extent_straddling_two_ranges_is_bounced(area_api, apis, tmp_path, use_o_direct):
+    """The registry rule through the handle: an extent inside ONE range is direct, one straddling two adjacent
+    ranges is not. The two ranges are registered by hand in the implementation's process-wide registry over an
+    ordinary buffer (kept alive, removed again in ``finally``), the only way to get two ranges that touch."""
+    _, ranges = apis
+    page = 4096
+    raw = torch.empty(4 * page, dtype=torch.uint8)
+    skip = -raw.data_ptr() % page
+    buf = raw[skip : skip + 2 * page]
+    base = buf.data_ptr()
+    registry = ranges.global_registry()
+    registry.add(base, page, 0)
+    try:
+        registry.add(base + page, page, 0)
+        try:
+            cases = {"first range": buf[:page], "second range": buf[page:], "inside": buf[100:900],
+                     "straddling": buf[page - 512 : page + 512], "both whole": buf}
+            with area_api.SwapHandle(block_size=4096, use_o_direct=use_o_direct) as h:
+                for k, (name, view) in enumerate(cases.items()):
+                    view.copy_(torch.arange(view.numel()) % 253)
+                    w, r = _move(h, view, str(tmp_path / f"{k}.bin"))
+                    direct = assert_decision(w, view, ranges, f"write of {name}")
+                    assert_decision(r, view, ranges, f"read into {name}")
+                    if name in ("straddling", "both whole"):
+                        assert not direct, f"{name}: an extent over two ranges must be bounced"
+                    elif not use_o_direct:
+                        assert direct, f"{name}: an extent inside one range must be direct"
+        finally:
+            registry.remove(base + page)
+    finally:
+        registry.remove(base)
+
+
 def test_slab_pieces_are_direct(impl, area_api, apis, tmp_path):
     """Pieces of a pinned slab (and views of them) lie in the slab's one registered range: direct."""
     spec = impl.capabilities.get("pinned_slab")
