@@ -36,5 +36,7 @@ IMPLEMENTATION = Implementation(
         "pin_backends": ("torch", "native"),
         # Registry lookups read an immutable published snapshot; only writers take a lock.
         "concurrent_registry_reads": True,
+        # optimized.slab.PinnedSlab: one pinned allocation handed out in pieces, each recognised by is_pinned.
+        "pinned_slab": "optimized.slab",
     },
 )
