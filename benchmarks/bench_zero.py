@@ -213,41 +213,52 @@ def bench_engine(args) -> list[dict]:
             engine.destroy()
             del engine
 
-    def torch_baseline(name, stage, wrap):
+    def torch_baseline(name, stage, wrap, autocast: bool):
+        """torch's own data parallelism on the same model, batch and accumulation. With a bf16 model the
+        baselines keep fp32 parameters and compute in bf16 (DDP: autocast; FSDP2: its mixed-precision policy),
+        which matches the engine's fp32 master + bf16 weights."""
         try:
-            model = wrap(build().to(device=device, dtype=dtype))
+            model = wrap(build().to(device=device))
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01,
+                                    **({"fused": True} if device.type == "cuda" else {}))
         except Exception as exc:  # noqa: BLE001 - report, keep benchmarking the other arms
             print(f"  {name}: unavailable ({type(exc).__name__}: {exc})")
             return
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01,
-                                **({"fused": True} if device.type == "cuda" else {}))
+        amp = (lambda: torch.autocast(device.type, dtype=dtype)) if autocast and dtype != torch.float32 else (
+            contextlib.nullcontext)
 
         def step():
             for k, idx in enumerate(data):
-                ctx = model.no_sync() if hasattr(model, "no_sync") and k < len(data) - 1 else contextlib.nullcontext()
-                with ctx:
-                    (_loss(model, idx) / args.gas).backward()
+                sync_off = hasattr(model, "no_sync") and k < len(data) - 1
+                with model.no_sync() if sync_off else contextlib.nullcontext(), amp():
+                    loss = _loss(model, idx) / args.gas
+                loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             opt.zero_grad(set_to_none=True)
 
-        measure(name, stage, False, step)
+        try:
+            measure(name, stage, False, step)
+        except Exception as exc:  # noqa: BLE001
+            print(f"  {name}: failed ({type(exc).__name__}: {exc})")
 
     from torch.nn.parallel import DistributedDataParallel
 
-    torch_baseline("torch DDP", 0, lambda m: DistributedDataParallel(m, device_ids=[device.index] if device.type == "cuda" else None))
+    ids = [torch.cuda.current_device()] if device.type == "cuda" else None
+    torch_baseline("torch DDP", 0, lambda m: DistributedDataParallel(m, device_ids=ids), autocast=True)
 
     def fsdp2(m):
         try:
-            from torch.distributed.fsdp import fully_shard
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         except ImportError:
-            from torch.distributed._composable.fsdp import fully_shard
+            from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
+        mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
         for blk in m.blocks:
-            fully_shard(blk)
-        fully_shard(m)
+            fully_shard(blk, mp_policy=mp)
+        fully_shard(m, mp_policy=mp)
         return m
 
-    torch_baseline("torch FSDP2 fully_shard", 3, fsdp2)
+    torch_baseline("torch FSDP2 fully_shard", 3, fsdp2, autocast=False)
     dist.destroy_process_group()
     return rows
 
