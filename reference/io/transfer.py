@@ -16,7 +16,6 @@ buffer from the handle's own pinned pool, ``block_size`` bytes at a time.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import uuid
 from dataclasses import dataclass
@@ -71,12 +70,10 @@ def flat_bytes(t: torch.Tensor) -> torch.Tensor:
 def byte_view(t: torch.Tensor) -> memoryview:
     """A writable memoryview over a contiguous CPU tensor's bytes, without copying.
 
-    The view does not keep ``t`` alive: callers hold the tensor for as long as they use the view.
+    Through numpy's uint8 view of the tensor's bytes (numpy has no bfloat16, uint8 always works), which also keeps
+    the tensor's storage alive for as long as the view exists.
     """
-    n = tensor_nbytes(t)
-    if n == 0:
-        return memoryview(bytearray(0))
-    return memoryview((ctypes.c_ubyte * n).from_address(t.data_ptr())).cast("B")
+    return memoryview(flat_bytes(t.detach()).numpy())
 
 
 @dataclass
