@@ -87,8 +87,27 @@ def assert_swap_error(exc: BaseException | None, cls: type, path: str | None, wh
         raise AssertionError(f"{what}: message {str(exc)!r} does not name the path {path!r}")
 
 
-def assert_released(handle: object, pinning_api: ModuleType, threads_before: int, pinned_before: object,
-                    what: str) -> None:
+def thread_baseline() -> tuple[int, frozenset[threading.Thread]]:
+    """``(threading.active_count(), the live threads)`` now, after a collection (for :func:`assert_no_new_threads`)."""
+    gc.collect()
+    return threading.active_count(), frozenset(threading.enumerate())
+
+
+def assert_no_new_threads(baseline: tuple[int, frozenset[threading.Thread]], what: str) -> None:
+    """No thread started since ``baseline`` is still alive, and ``threading.active_count()`` is not above it.
+
+    Threads that other code ended meanwhile are fine (the count may drop); a thread the handle started is not.
+    """
+    count, before = baseline
+    new = [t.name for t in threading.enumerate() if t not in before]
+    now = threading.active_count()
+    if new or now > count:
+        raise AssertionError(f"{what}: threads started since the baseline still alive: {sorted(new)} "
+                             f"(active_count {now}, {count} before)")
+
+
+def assert_released(handle: object, pinning_api: ModuleType, threads_before: tuple[int, frozenset[threading.Thread]],
+                    pinned_before: object, what: str) -> None:
     """After ``close()``: no worker thread alive, no bounce buffer out, pinned memory back where it started."""
     gc.collect()
     stats = handle.stats()  # type: ignore[attr-defined]
@@ -99,10 +118,7 @@ def assert_released(handle: object, pinning_api: ModuleType, threads_before: int
             f"{what}: bounce pool not released after close(): {stats.bounce_in_use} buffers out, "
             f"{stats.pool_bytes} bytes held"
         )
-    now = threading.active_count()
-    if now != threads_before:
-        names = sorted(t.name for t in threading.enumerate())
-        raise AssertionError(f"{what}: {now} threads alive after close(), {threads_before} before: {names}")
+    assert_no_new_threads(threads_before, what)
     pinned = pinning_api.pinned_stats()
     if pinned != pinned_before:
         raise AssertionError(f"{what}: pinned_stats {pinned} after close(), {pinned_before} before")

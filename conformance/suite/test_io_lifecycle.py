@@ -13,12 +13,17 @@ import errno
 import gc
 import os
 import tempfile
-import threading
 
 import pytest
 import torch
 
-from conformance.io_assertions import assert_released, assert_round_trip, assert_stats_consistent
+from conformance.io_assertions import (
+    assert_no_new_threads,
+    assert_released,
+    assert_round_trip,
+    assert_stats_consistent,
+    thread_baseline,
+)
 from reference.envvars import PIN_BACKEND_ENV
 
 pytestmark = pytest.mark.conformance_area("io")
@@ -33,8 +38,8 @@ def pinning(impl, accelerator, monkeypatch):
 
 
 def _baseline(pinning):
-    gc.collect()
-    return threading.active_count(), pinning.pinned_stats()
+    threads = thread_baseline()
+    return threads, pinning.pinned_stats()
 
 
 def _exercise(h, tmp_path, pinning) -> None:
@@ -90,7 +95,7 @@ def test_dropped_handle_leaves_nothing(area_api, pinning, tmp_path):
     h.write(torch.ones(30000), str(tmp_path / "x.bin")).wait()
     del h
     gc.collect()
-    assert threading.active_count() == threads0, sorted(t.name for t in threading.enumerate())
+    assert_no_new_threads(threads0, "after dropping an open handle")
     assert pinning.pinned_stats() == pinned0
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import gc
 import shutil
 import tempfile
-import threading
 
 import pytest
 import torch
@@ -24,7 +23,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
-from conformance.io_assertions import assert_bytes_equal, raw_bytes
+from conformance.io_assertions import assert_bytes_equal, assert_no_new_threads, raw_bytes, thread_baseline
 from conformance.io_strategies import handle_configs
 from conformance.profiles import state_machine_settings
 from conformance.strategies import DTYPES, filled
@@ -198,8 +197,8 @@ def test_io_state_machine(impl, area_api, accelerator, conformance_property, tmp
         pytest.skip(f"{impl.name} provides io but not pinning")
     monkeypatch.setenv(PIN_BACKEND_ENV, "native")
     pinning = impl.load("pinning")
-    gc.collect()
-    threads0, pinned0 = threading.active_count(), pinning.pinned_stats()
+    threads0 = thread_baseline()
+    pinned0 = pinning.pinned_stats()
     machine = make_machine(area_api, pinning, str(tmp_path), conformance_property)
     from hypothesis.stateful import run_state_machine_as_test
 
@@ -208,5 +207,5 @@ def test_io_state_machine(impl, area_api, accelerator, conformance_property, tmp
     # state-machine count is sized for; a quarter of it keeps this test under ~10 s per implementation on CI.
     run_state_machine_as_test(machine, settings=settings(base, max_examples=max(10, base.max_examples // 4)))
     gc.collect()
-    assert threading.active_count() == threads0
+    assert_no_new_threads(threads0, "after the state machine")
     assert pinning.pinned_stats() == pinned0
