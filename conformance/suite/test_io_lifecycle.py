@@ -145,7 +145,7 @@ def test_o_direct_fallback_is_clean_and_reported(area_api):
     d = _dir_refusing_o_direct()
     if d is None:
         pytest.skip("no writable filesystem here refuses O_DIRECT (tmpfs accepts it since Linux 6.6); set "
-                    "HOSTOFFLOAD_IO_NO_O_DIRECT_DIR to one that does")
+                    "HOSTOFFLOAD_IO_NO_O_DIRECT_DIR to a directory on one that does (e.g. a ramfs mount)")
     path = tempfile.mkdtemp(dir=d)
     try:
         t = torch.arange(64 * 1024, dtype=torch.float32)
