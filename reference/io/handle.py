@@ -4,7 +4,8 @@ objects.
 It is the executable specification of the area: the same arguments, the same on-disk records
 (:mod:`reference.io.record`), the same direct-versus-bounce rule (:mod:`reference.io.transfer`) and the same errors
 (raised by ``wait()``, never by ``write``/``read`` themselves, exactly where an asynchronous handle raises them)
-as :mod:`optimized.io`, with none of the speed: one bounce buffer, no threads, no ``O_DIRECT``.
+as :mod:`optimized.io`, with none of the speed: one bounce buffer, no threads, no ``O_DIRECT``. It may be called
+from several threads; their requests run one at a time.
 
 Semantics both implementations follow:
 
