@@ -111,6 +111,7 @@ def test_R20_fault_in_backward_gives_clear_errors_on_all_ranks(area_api, native_
     every pinned byte on both ranks."""
     api = _engine_api(area_api)
     monkeypatch.setenv(api.TIMEOUT_ENV, str(FAULT_TIMEOUT_S))
+    monkeypatch.setenv(api.POOL_SIZE_ENV, "2")  # this pool is discarded afterwards: spawn only what it needs
     try:
         results = api.run_on_ranks(_engine_rank, 2, stage, 1, True, grace_s=60.0)
     finally:
