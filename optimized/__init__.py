@@ -31,6 +31,7 @@ IMPLEMENTATION = Implementation(
         "pinning": "optimized.pinning",
         "ranges": "optimized.ranges",
         "offload": "optimized.offload",
+        "io": "optimized.io",
     },
     capabilities={
         "pin_backends": ("torch", "native"),
