@@ -27,27 +27,11 @@ STATE_MACHINE_EXAMPLES = {"dev": 40, "ci": 400, "gpu": 100, "thorough": 4000}
 
 
 def register_profiles() -> None:
+    # ci and gpu share everything that makes a run reproducible; gpu draws fewer examples.
+    reproducible = dict(derandomize=True, deadline=None, database=None, print_blob=True, stateful_step_count=50)
     settings.register_profile("dev", max_examples=30, deadline=None, suppress_health_check=_SUPPRESS)
-    settings.register_profile(
-        "ci",
-        max_examples=60,
-        derandomize=True,
-        deadline=None,
-        database=None,
-        print_blob=True,
-        stateful_step_count=50,
-        suppress_health_check=_SUPPRESS,
-    )
-    settings.register_profile(
-        "gpu",
-        max_examples=30,
-        derandomize=True,
-        deadline=None,
-        database=None,
-        print_blob=True,
-        stateful_step_count=50,
-        suppress_health_check=_SUPPRESS,
-    )
+    settings.register_profile("ci", max_examples=60, suppress_health_check=_SUPPRESS, **reproducible)
+    settings.register_profile("gpu", max_examples=30, suppress_health_check=_SUPPRESS, **reproducible)
     settings.register_profile(
         "thorough", max_examples=1000, deadline=None, stateful_step_count=100, suppress_health_check=_SUPPRESS
     )
