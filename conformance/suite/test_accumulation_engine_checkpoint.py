@@ -110,3 +110,34 @@ def test_R21_R12_engine_recompute_sees_full_frozen_parameters(area_api, kind, dt
                 assert torch.equal(ga[name], gb[name]), f"rank {r}: gradient {name} differs"
         for name, p in pl["params"].items():
             assert torch.equal(ck["params"][name], p), f"rank {r}: parameter {name} differs"
+
+
+def _prefetch_rank(group, prefetch: bool) -> dict:
+    from optimized.accumulation import ZeroEngine
+    from reference.accumulation import ModelSpec, Scenario, compute_loss, micro_batch
+
+    cfg = AccumulationConfig(zero_stage=3, dtype="bf16")
+    sc = Scenario(cfg, 2, ())
+    engine = ZeroEngine(ModelSpec(checkpoint=True).build(3), cfg, process_group=group, prefetch=prefetch)
+    rank = engine.rank
+    for k in range(3):
+        engine.backward(compute_loss(engine.module, *micro_batch(sc, k, rank), cfg.model_dtype))
+        engine.step()
+    out = {"params": engine.full_parameters(), "hits": engine.prefetch_hits}
+    engine.destroy()
+    return out
+
+
+def test_R12_stage3_prefetch_serves_gathers_and_changes_no_bit(area_api):
+    """R12: with prefetch on, stage-3 gathers after the first step are served by prefetched broadcasts (one
+    module ahead in forward, one behind in backward) and the parameters after three steps equal those of a run
+    without prefetch, bitwise, on both ranks."""
+    if not getattr(area_api, "DISTRIBUTED_ENGINE", False):
+        pytest.skip("this implementation's accumulation module is not a multi-process engine")
+    on = area_api.run_on_ranks(_prefetch_rank, 2, True)
+    off = area_api.run_on_ranks(_prefetch_rank, 2, False)
+    for r in range(2):
+        assert on[r]["hits"] > 0, f"rank {r}: prefetch never served a gather"
+        assert off[r]["hits"] == 0
+        for name, p in off[r]["params"].items():
+            assert torch.equal(on[r]["params"][name], p), f"rank {r}: parameter {name} differs with prefetch"

@@ -18,8 +18,8 @@ What happens where, per stage (R9-R12):
   reduced slices into its partition accumulator.
 - Stage 3: parameters hold no data between uses; a module's parameters are gathered (broadcast from the ranks
   owning each piece of the R8 layout) before its forward -- with the next module's gather prefetched --
-  released after it, gathered again when the gradient reaches the module's output (and by any checkpoint
-  recompute, R21), and all released when ``backward()`` returns.
+  released after it, gathered again when the gradient reaches the module's output (prefetching the module
+  before it) and by any checkpoint recompute (R21), and all released when ``backward()`` returns.
 - Offload (R17): the fp32 master and optimizer state live in pinned host buffers from the project's pinning
   API; gradients are copied device-to-host asynchronously, the native CPU Adam runs the step (writing the bf16
   weights in the same pass), the weights go back asynchronously. ``offload_param`` keeps stage-3 partitions in
@@ -137,6 +137,8 @@ class ZeroEngine:
         self.record_gradients = record_gradients
         self.prefetch = prefetch
         self._bucket_elements = bucket_elements
+        #: Stage-3 gathers that found their parameters already prefetched (for tests and tuning).
+        self.prefetch_hits = 0
         module = model if isinstance(model, nn.Module) else model()
         if not isinstance(module, nn.Module):
             raise ConfigurationError(f"model={model!r} must be an nn.Module or a factory returning one")
@@ -654,6 +656,7 @@ class ZeroEngine:
             plan, works = unit.prefetched
             unit.prefetched = []
             self._install(unit, plan, works)
+            self.prefetch_hits += 1
             return
         self._install(unit, self._start_gather(unit))
 
@@ -683,18 +686,21 @@ class ZeroEngine:
                 if not self._order_done:
                     self._order.append(key)
                 elif self.prefetch:
-                    self._prefetch_after(key)
+                    self._prefetch_next(key, 1)
 
         return pre_forward
 
-    def _prefetch_after(self, key: int) -> None:
-        """Gather the module that ran after ``key`` in the first forward, now, so it is ready when it runs.
-        Broadcasts are posted in the same order on every rank (the recorded order is the same)."""
+    def _prefetch_next(self, key: int, direction: int) -> None:
+        """Post the gather of the module that ran just after (``direction=1``, forward) or just before
+        (``direction=-1``, backward) ``key`` in the first forward, so it is ready when it runs. Every rank posts
+        the same broadcasts in the same order (the recorded order is the same everywhere)."""
         try:
-            nxt = self._order[self._order.index(key) + 1]
-        except (ValueError, IndexError):
+            pos = self._order.index(key) + direction
+        except ValueError:
             return
-        unit = self._units[nxt]
+        if not 0 <= pos < len(self._order):
+            return
+        unit = self._units[self._order[pos]]
         if not unit.gathered and not unit.prefetched:
             plan = self._start_gather(unit)
             unit.prefetched = [plan, self._comm.start_broadcasts(plan[1], "stage-3 parameter prefetch")]
@@ -702,6 +708,9 @@ class ZeroEngine:
     def _make_post_forward(self, key: int) -> Callable[..., None]:
         def regather(grad: torch.Tensor) -> None:
             self._gather(key)
+            if self.prefetch and self._order_done:
+                # Backward visits modules roughly in reverse forward order: fetch the one before this now.
+                self._prefetch_next(key, -1)
 
         def post_forward(module: nn.Module, args: Any, output: Any) -> None:
             if self._in_backward:
