@@ -98,8 +98,8 @@ class ZeroEngine:
     ``model``: an ``nn.Module`` (used in place, cast to the model dtype and moved to ``device``) or a factory.
     ``process_group``: default the world group. ``device``: default ``cuda:<current>`` with NCCL, else cpu.
     ``record_gradients``: return the full reduced gradient from boundary steps (an extra all-gather; the
-    conformance runner uses it). ``bucket_elements``: stage-2/3 bucket size. ``prefetch``: stage-3 forward
-    prefetch of the next module's parameters.
+    conformance runner uses it). ``bucket_elements``: stage-2/3 bucket size. ``prefetch``: stage-3 prefetch
+    of the next module's parameters (one module ahead in forward, one behind in backward).
     """
 
     def __init__(
