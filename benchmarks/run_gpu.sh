@@ -1,16 +1,39 @@
 #!/usr/bin/env bash
-# Every GPU-box benchmark in one go (the figures in docs/benchmarks.md come from this script).
-# Usage: benchmarks/run_gpu.sh OUT_DIR   (repository root; builds in place first, no network needed)
+# One GPU-box session: build in place, the conformance suite on cuda (area by area, each with its report), then
+# every benchmark. Each part is time-boxed so that one slow part cannot starve the rest of a lease; the figures in
+# docs/benchmarks.md come from this script. Usage: benchmarks/run_gpu.sh OUT_DIR (from the repository root).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+root=$PWD
 out=$(realpath -m "${1:?usage: benchmarks/run_gpu.sh OUT_DIR}"); mkdir -p "$out"
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HOSTOFFLOAD_SOURCE_ROOT=$root
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 python3 -m pip install --no-build-isolation --no-deps -e . >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
-{ date -u +%FT%TZ; nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.max,pcie.link.width.max --format=csv,noheader
+{ date -u +%FT%TZ; git -C "$root" rev-parse --short HEAD 2>/dev/null
+  nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.max,pcie.link.width.max --format=csv,noheader
   lscpu | grep -E 'Model name|^CPU\(s\)'; python3 -c 'import torch; print("torch", torch.__version__)'; } >"$out/hardware.txt" 2>&1
 cat "$out/hardware.txt"
-run() { local name=$1; shift; echo "== $name: $*"; timeout "${BENCH_TIMEOUT:-240}" "$@" >"$out/$name.log" 2>&1; echo "   exit $?"; tail -25 "$out/$name.log"; }
-run pinning python3 benchmarks/bench_pinning.py --out "$out/bench_pinning.json"
-run offload python3 benchmarks/bench_offload.py --arms no_ckpt,ckpt,save_on_cpu,reference,optimized,optimized_p2,optimized_p0 --out "$out/bench_offload.json"
-run io python3 benchmarks/bench_io.py --sizes 64M,256M,1G,4G --dir /tmp/hostoffload-io --out "$out/bench_io.json"
-run zero python3 benchmarks/bench_zero.py all --out "$out/zero"
+part() {  # part NAME SECONDS COMMAND...: run, keep the log, print its tail
+  local name=$1 secs=$2; shift 2; echo "== $name (${secs}s): $*"
+  timeout "$secs" "$@" >"$out/$name.log" 2>&1; echo "   exit $?"
+  grep -E '^(FAILED|ERROR)|passed|failed|^\|' "$out/$name.log" | tail -30
+}
+suite() {  # suite NAME SECONDS PYTEST-TARGETS...
+  local name=$1 secs=$2; shift 2
+  part "suite-$name" "$secs" bash -c 'cd /tmp && exec python3 -m pytest --pyargs -p no:cacheprovider -W ignore::DeprecationWarning \
+    --conformance-accelerator cuda --conformance-profile gpu --conformance-report "$0" -q "$@"' "$out/report-$name" "$@"
+}
+suite pinning "${T_PIN:-100}" conformance.suite.test_pinning_api conformance.suite.test_pinning_cuda \
+  conformance.suite.test_pinning_threads conformance.suite.test_pinning_memlock conformance.suite.test_ranges_state_machine \
+  conformance.suite.test_ranges_agreement conformance.suite.test_accelerators_contract
+suite offload "${T_OFF:-90}" conformance -k offload
+suite io "${T_IO:-40}" conformance -k "test_io"
+suite accumulation "${T_ACC:-100}" conformance -k accumulation
+part bench-pinning "${T_BPIN:-70}" python3 benchmarks/bench_pinning.py --out "$out/bench_pinning.json"
+part bench-offload "${T_BOFF:-110}" python3 benchmarks/bench_offload.py \
+  --arms ckpt,save_on_cpu,reference,optimized,optimized_p2,optimized_p0 --out "$out/bench_offload.json"
+part bench-zero-adam "${T_BZA:-40}" python3 benchmarks/bench_zero.py cpu-adam --sizes 1e7,1e8 --iters 5 --out "$out/zero"
+part bench-zero-engine "${T_BZE:-60}" python3 benchmarks/bench_zero.py engine --device cuda --layers 12 --hidden 1024 \
+  --seq 1024 --batch 8 --out "$out/zero"
+part bench-io "${T_BIO:-60}" python3 benchmarks/bench_io.py --sizes 64M,256M,1G --repeats 2 --dir /tmp/hostoffload-io \
+  --out "$out/bench_io.json"
