@@ -23,17 +23,17 @@ suite() {  # suite NAME SECONDS PYTEST-TARGETS...
   part "suite-$name" "$secs" bash -c 'cd /tmp && exec python3 -m pytest --pyargs -p no:cacheprovider -W ignore::DeprecationWarning \
     --conformance-accelerator cuda --conformance-profile gpu --conformance-report "$0" -q "$@"' "$out/report-$name" "$@"
 }
-suite pinning "${T_PIN:-100}" conformance.suite.test_pinning_api conformance.suite.test_pinning_cuda \
+suite pinning "${T_PIN:-80}" conformance.suite.test_pinning_api conformance.suite.test_pinning_cuda \
   conformance.suite.test_pinning_threads conformance.suite.test_pinning_memlock conformance.suite.test_ranges_state_machine \
   conformance.suite.test_ranges_agreement conformance.suite.test_accelerators_contract
-suite offload "${T_OFF:-90}" conformance -k offload
-suite io "${T_IO:-40}" conformance -k "test_io"
-suite accumulation "${T_ACC:-100}" conformance -k accumulation
+suite offload "${T_OFF:-75}" conformance -k offload
+suite io "${T_IO:-30}" conformance -k "test_io"
+suite accumulation "${T_ACC:-80}" conformance -k accumulation
 part bench-pinning "${T_BPIN:-70}" python3 benchmarks/bench_pinning.py --out "$out/bench_pinning.json"
-part bench-offload "${T_BOFF:-110}" python3 benchmarks/bench_offload.py \
+part bench-offload "${T_BOFF:-100}" python3 benchmarks/bench_offload.py \
   --arms ckpt,save_on_cpu,reference,optimized,optimized_p2,optimized_p0 --out "$out/bench_offload.json"
-part bench-zero-adam "${T_BZA:-40}" python3 benchmarks/bench_zero.py cpu-adam --sizes 1e7,1e8 --iters 5 --out "$out/zero"
-part bench-zero-engine "${T_BZE:-60}" python3 benchmarks/bench_zero.py engine --device cuda --layers 12 --hidden 1024 \
+part bench-zero-adam "${T_BZA:-30}" python3 benchmarks/bench_zero.py cpu-adam --sizes 1e7,1e8 --iters 5 --out "$out/zero"
+part bench-zero-engine "${T_BZE:-45}" python3 benchmarks/bench_zero.py engine --device cuda --layers 12 --hidden 1024 \
   --seq 1024 --batch 8 --out "$out/zero"
-part bench-io "${T_BIO:-60}" python3 benchmarks/bench_io.py --sizes 64M,256M,1G --repeats 2 --dir /tmp/hostoffload-io \
+part bench-io "${T_BIO:-40}" python3 benchmarks/bench_io.py --sizes 64M,256M,1G --repeats 2 --dir /tmp/hostoffload-io \
   --out "$out/bench_io.json"
