@@ -309,6 +309,58 @@ def bench_scenarios(args) -> list[dict]:
     return rows
 
 
+# ---- pytest-benchmark entry points (tox -e bench) -----------------------------------------------------------
+
+_BENCH_PARAMS = 1 << 22  # 4M parameters: big enough to be memory-bound, small enough for a CI host
+
+
+def _pytest_arm(arm: str):
+    from optimized import cpu_adam
+    from reference.accumulation import OptimizerConfig
+
+    n = _BENCH_PARAMS
+    g = torch.randn(n)
+    if arm.startswith("native"):
+        cfg = OptimizerConfig(type="adamw", lr=1e-3, weight_decay=0.01)
+        p, m, v = torch.randn(n), torch.zeros(n), torch.zeros(n)
+        out = torch.empty(n, dtype=torch.bfloat16) if arm == "native+bf16" else None
+        step = [0]
+
+        def run():
+            step[0] += 1
+            cpu_adam.adam_step(cfg, p, g, m, v, step[0], bf16_out=out)
+
+        return run
+    param = nn.Parameter(torch.randn(n))
+    param.grad = g
+    kw = {"torch_single": {"foreach": False}, "torch_foreach": {"foreach": True}, "torch_fused": {"fused": True}}[arm]
+    opt = torch.optim.AdamW([param], lr=1e-3, weight_decay=0.01, **kw)
+    return opt.step
+
+
+def _pytest_parametrize():
+    import pytest
+
+    return pytest.mark.parametrize("arm", ["torch_single", "torch_foreach", "torch_fused", "native", "native+bf16"])
+
+
+try:
+    _arms_mark = _pytest_parametrize()
+except ImportError:  # pragma: no cover - running as a script without pytest
+    _arms_mark = None
+
+if _arms_mark is not None:
+
+    @_arms_mark
+    def test_cpu_adam_step(benchmark, arm: str) -> None:
+        """One AdamW step on 4M fp32 parameters per arm; params/s in extra_info."""
+        fn = _pytest_arm(arm)
+        with torch.no_grad():
+            benchmark(fn)
+        benchmark.extra_info["params"] = _BENCH_PARAMS
+        benchmark.extra_info["params_per_s"] = _BENCH_PARAMS / benchmark.stats.stats.min
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("part", choices=("cpu-adam", "engine", "scenarios", "all"))
