@@ -26,14 +26,14 @@ suite() {  # suite NAME SECONDS PYTEST-TARGETS...
 suite pinning "${T_PIN:-80}" conformance.suite.test_pinning_api conformance.suite.test_pinning_cuda \
   conformance.suite.test_pinning_threads conformance.suite.test_pinning_memlock conformance.suite.test_ranges_state_machine \
   conformance.suite.test_ranges_agreement conformance.suite.test_accelerators_contract
-suite offload "${T_OFF:-75}" conformance -k offload
+suite offload "${T_OFF:-70}" conformance -k offload
 suite io "${T_IO:-30}" conformance -k "test_io"
-suite accumulation "${T_ACC:-80}" conformance -k accumulation
+part zero-scenarios-nccl "${T_ZSC:-70}" python3 benchmarks/bench_zero.py scenarios --backend nccl --world 1 --out "$out/zero"
 part bench-pinning "${T_BPIN:-70}" python3 benchmarks/bench_pinning.py --out "$out/bench_pinning.json"
 part bench-offload "${T_BOFF:-100}" python3 benchmarks/bench_offload.py \
   --arms ckpt,save_on_cpu,reference,optimized,optimized_p2,optimized_p0 --out "$out/bench_offload.json"
-part bench-zero-adam "${T_BZA:-30}" python3 benchmarks/bench_zero.py cpu-adam --sizes 1e7,1e8 --iters 5 --out "$out/zero"
-part bench-zero-engine "${T_BZE:-45}" python3 benchmarks/bench_zero.py engine --device cuda --layers 12 --hidden 1024 \
-  --seq 1024 --batch 8 --out "$out/zero"
+part bench-zero-adam "${T_BZA:-35}" python3 benchmarks/bench_zero.py cpu-adam --sizes 1e7,1e8 --iters 5 --out "$out/zero"
+part bench-zero-engine "${T_BZE:-50}" python3 benchmarks/bench_zero.py engine --device cuda --dtype bf16 --layers 12 \
+  --hidden 1024 --heads 16 --seq 1024 --vocab 32000 --batch 8 --gas 4 --iters 5 --out "$out/zero"
 part bench-io "${T_BIO:-40}" python3 benchmarks/bench_io.py --sizes 64M,256M,1G --repeats 2 --dir /tmp/hostoffload-io \
   --out "$out/bench_io.json"

@@ -32,6 +32,7 @@ IMPLEMENTATION = Implementation(
         "ranges": "optimized.ranges",
         "offload": "optimized.offload",
         "io": "optimized.io",
+        "accumulation": "optimized.accumulation",
     },
     capabilities={
         "pin_backends": ("torch", "native"),
@@ -39,5 +40,7 @@ IMPLEMENTATION = Implementation(
         "concurrent_registry_reads": True,
         # optimized.slab.PinnedSlab: one pinned allocation handed out in pieces, each recognised by is_pinned.
         "pinned_slab": "optimized.slab",
+        # Reductions add the W owned slices in rank order, so traces equal the reference's at any world size.
+        "accumulation_rank_ordered_reduction": True,
     },
 )
