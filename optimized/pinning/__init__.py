@@ -131,6 +131,9 @@ def _torch_reports_pinned(t: torch.Tensor) -> bool:
     to "does it have torch pinning" is cached per value of ``HOSTOFFLOAD_ACCELERATOR``; the variable is still
     read at every call, and an invalid value still raises from ``get_accelerator`` (errors are never cached).
     """
+    if t.numel() == 0:
+        # No elements, no bytes: never pinned (torch's own is_pinned() looks at the storage and may say yes).
+        return False
     key = os.environ.get(ACCELERATOR_ENV)
     has = _torch_pinning_by_env.get(key)
     if has is None:
