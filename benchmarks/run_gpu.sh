@@ -35,5 +35,6 @@ part bench-offload "${T_BOFF:-100}" python3 benchmarks/bench_offload.py \
 part bench-zero-adam "${T_BZA:-35}" python3 benchmarks/bench_zero.py cpu-adam --sizes 1e7,1e8 --iters 5 --out "$out/zero"
 part bench-zero-engine "${T_BZE:-50}" python3 benchmarks/bench_zero.py engine --device cuda --dtype bf16 --layers 12 \
   --hidden 1024 --heads 16 --seq 1024 --vocab 32000 --batch 8 --gas 4 --iters 5 --out "$out/zero"
+mkdir -p /tmp/hostoffload-io
 part bench-io "${T_BIO:-40}" python3 benchmarks/bench_io.py --sizes 64M,256M,1G --repeats 2 --dir /tmp/hostoffload-io \
   --out "$out/bench_io.json"
