@@ -62,7 +62,7 @@ def bench_cpu_adam(sizes: list[int], iters: int, threads: int) -> list[dict]:
         g = torch.randn(n)
         bf16 = torch.empty(n, dtype=torch.bfloat16)
 
-        def torch_arm(cast: bool = False, **kw):
+        def torch_arm(cast: bool = False, n=n, g=g, bf16=bf16, **kw):
             """A torch AdamW over one flat parameter; built per arm and freed after it (1B params = 16 GB)."""
             p = nn.Parameter(torch.randn(n))
             p.grad = g
@@ -71,11 +71,11 @@ def bench_cpu_adam(sizes: list[int], iters: int, threads: int) -> list[dict]:
                 return lambda: (opt.step(), bf16.copy_(p.detach()))
             return opt.step
 
-        def native_arm(with_bf16: bool):
+        def native_arm(with_bf16: bool, n=n, g=g, bf16=bf16):
             p32, m, v = torch.randn(n), torch.zeros(n), torch.zeros(n)
             step = [0]
 
-            def run():
+            def run(p32=p32, m=m, v=v, g=g, bf16=bf16):
                 step[0] += 1
                 cpu_adam.adam_step(cfg, p32, g, m, v, step[0], bf16_out=bf16 if with_bf16 else None, threads=threads)
 
@@ -223,7 +223,7 @@ def bench_engine(args) -> list[dict]:
             model = wrap(build().to(device=device))
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01,
                                     **({"fused": True} if device.type == "cuda" else {}))
-        except Exception as exc:  # noqa: BLE001 - report, keep benchmarking the other arms
+        except Exception as exc:
             print(f"  {name}: unavailable ({type(exc).__name__}: {exc})")
             return
         amp = (lambda: torch.autocast(device.type, dtype=dtype)) if autocast and dtype != torch.float32 else (
@@ -241,7 +241,7 @@ def bench_engine(args) -> list[dict]:
 
         try:
             measure(name, stage, False, step)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             print(f"  {name}: failed ({type(exc).__name__}: {exc})")
 
     from torch.nn.parallel import DistributedDataParallel

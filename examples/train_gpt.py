@@ -108,9 +108,9 @@ def main() -> None:
         from optimized import offload
 
         if args.checkpoint:
-            checkpoint_fn = lambda fn, x: offload.checkpoint(fn, x, use_reentrant=False)  # noqa: E731
+            checkpoint_fn = lambda fn, x: offload.checkpoint(fn, x, use_reentrant=False)
         if args.activation_offload:
-            offload_ctx = lambda: offload.ActivationOffload(offload.OffloadConfig(min_offload_bytes=1 << 14))  # noqa: E731
+            offload_ctx = lambda: offload.ActivationOffload(offload.OffloadConfig(min_offload_bytes=1 << 14))
     torch.manual_seed(0)  # every rank builds the same model (the engine also broadcasts rank 0's)
     model = GPT(args.vocab, args.hidden, args.layers, args.heads, args.seq, checkpoint_fn)
     config = {
