@@ -30,6 +30,7 @@ from reference.accumulation.collectives import average_across_ranks
 from reference.accumulation.config import AccumulationConfig
 from reference.accumulation.optimizers import OptimizerState, init_state, optimizer_step
 from reference.accumulation.partition import FlatLayout, build_layout, flatten, gather, shard, unflatten
+from reference.accumulation.schedule import AccumulationSchedule
 from reference.errors import ConfigurationError, UnsupportedOperationError
 
 #: Added to the norm in the clipping coefficient (R15) so a zero gradient never divides by zero.
@@ -164,27 +165,21 @@ class AccumulationEngine:
                 self._install_stage3_hooks(rank)
                 self._release(rank, self.parameter_names)
 
-        self._micro_steps = 0
-        self._global_steps = 0
-        self._global_samples = 0
-        self._backwards_since_boundary = 0
-        self._boundary_override: bool | None = None
-        self._in_step = False
-        self._in_no_sync = False
+        self._schedule = AccumulationSchedule(self.config, self.world_size, self.stage)
         self._destroyed = False
 
     # ---- public surface ------------------------------------------------------------------------------------
     @property
     def micro_steps(self) -> int:
-        return self._micro_steps
+        return self._schedule.micro_steps
 
     @property
     def global_steps(self) -> int:
-        return self._global_steps
+        return self._schedule.global_steps
 
     @property
     def global_samples(self) -> int:
-        return self._global_samples
+        return self._schedule.global_samples
 
     def module(self, rank: int) -> nn.Module:
         """Rank ``rank``'s replica: call it to run that rank's forward."""
@@ -194,41 +189,18 @@ class AccumulationEngine:
 
     def is_gradient_accumulation_boundary(self) -> bool:
         """R2 (managed) / R6 (unmanaged)."""
-        if not self.config.managed_gradient_accumulation:
-            return self._in_step
-        if self._boundary_override is not None:
-            return self._boundary_override
-        return (self._micro_steps + 1) % self.config.gradient_accumulation_steps == 0
+        return self._schedule.is_boundary()
 
     def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
         """R2: override the counter-driven boundary until called again. Rejected in unmanaged mode (R20)."""
-        if not self.config.managed_gradient_accumulation:
-            raise UnsupportedOperationError(
-                "set_gradient_accumulation_boundary() cannot be used with "
-                "managed_gradient_accumulation=False: "
-                "every step() is the boundary there; allowed: managed_gradient_accumulation=True"
-            )
-        if type(is_boundary) is not bool:
-            raise ConfigurationError(f"is_boundary={is_boundary!r} must be a bool; allowed values: True, False")
-        self._boundary_override = is_boundary
+        self._schedule.set_boundary(is_boundary)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
-        """R18: a region of backwards that must not communicate. Stages 0/1 only, not nested, no step()
-        inside."""
+        """R18: a region of backwards that must not communicate. Stages 0/1 only, not nested, no step() inside."""
         self._check_alive()
-        if self.stage >= 2:
-            raise UnsupportedOperationError(
-                f"no_sync() is not supported with zero_stage={self.stage}: stages 2/3 reduce every backward; "
-                f"allowed: zero_stage 0 or 1"
-            )
-        if self._in_no_sync:
-            raise UnsupportedOperationError("no_sync() contexts cannot be nested; allowed: one no_sync() at a time")
-        self._in_no_sync = True
-        try:
+        with self._schedule.no_sync():
             yield
-        finally:
-            self._in_no_sync = False
 
     def backward(self, losses: Sequence[torch.Tensor], scale_wrt_gas: bool = True) -> None:
         """Back-propagate one loss per rank and accumulate the gradients (R5, R7, R9, R10)."""
@@ -259,33 +231,13 @@ class AccumulationEngine:
                 if self.stage == 3:
                     self._release(r, self.parameter_names)
         self._accumulate(grads)
-        self._backwards_since_boundary += 1
+        self._schedule.backward_done()
 
     def step(self) -> StepOutcome:
         """R2-R4 / R6 and, at a boundary, the epilogue R13."""
         self._check_alive()
-        if self._in_no_sync:
-            raise UnsupportedOperationError(
-                "step() was called inside no_sync(); allowed: call step() after the no_sync() context has exited"
-            )
-        cfg = self.config
-        self._in_step = True
-        try:
-            boundary = self.is_gradient_accumulation_boundary()
+        with self._schedule.step() as boundary:
             outcome = self._boundary_epilogue() if boundary else StepOutcome(boundary=False)
-        finally:
-            self._in_step = False
-        if boundary:
-            self._global_steps += 1
-            per_boundary = (
-                cfg.gradient_accumulation_steps
-                if cfg.managed_gradient_accumulation
-                else (self._backwards_since_boundary)
-            )
-            self._global_samples += cfg.train_micro_batch_size_per_gpu * self.world_size * per_boundary
-            self._backwards_since_boundary = 0
-        if cfg.managed_gradient_accumulation:
-            self._micro_steps += 1
         return outcome
 
     def full_parameters(self, rank: int = 0) -> dict[str, torch.Tensor]:
