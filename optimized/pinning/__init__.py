@@ -22,12 +22,11 @@ from optimized.pinning import native_backend
 from optimized.ranges import tensor_extent
 from reference import envvars
 from reference.accelerators import ACCELERATOR_ENV, Accelerator, get_accelerator
-from reference.pinning import raise_bool, torch_backend
+from reference.pinning import move_to_pinned, torch_backend
 from reference.pinning.native_backend import PinnedStats
 from reference.pinning.tensors import (
     check_dtype,
     check_host_device,
-    check_host_tensor,
     check_tensor,
     is_data_less,
     normalize_shape,
@@ -83,23 +82,7 @@ def pin_memory(t: torch.Tensor, *, make_copy: bool = True, match_shape: bool = T
 
     The copy goes straight from ``t``'s strided layout into the pinned buffer: no pageable temporary.
     """
-    check_host_tensor("t", t)
-    if not isinstance(make_copy, bool):
-        raise_bool("make_copy", make_copy)
-    if not isinstance(match_shape, bool):
-        raise_bool("match_shape", match_shape)
-    shape = tuple(t.shape) if match_shape else (t.numel(),)
-    if not make_copy and is_pinned(t) and t.is_contiguous():
-        if not match_shape:
-            t.data = t.data.view(shape)
-        return t
-    dst = _allocate(shape, t.dtype)
-    dst.view(t.shape).copy_(t)
-    if make_copy:
-        return dst
-    with torch.no_grad():
-        t.data = dst
-    return t
+    return move_to_pinned(t, make_copy, match_shape, _allocate, is_pinned)
 
 
 def _is_pinned_checked(t: object) -> bool:

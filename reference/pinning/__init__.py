@@ -8,6 +8,8 @@ selected stays pinned after the variable changes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from reference import envvars
@@ -71,18 +73,33 @@ def pin_memory(t: torch.Tensor, *, make_copy: bool = True, match_shape: bool = T
     turns ``t`` into) a flat tensor of ``t.numel()`` elements. The values are copied straight from ``t``'s strided
     layout into the pinned buffer, so no full-size pageable temporary is ever made.
     """
+    return move_to_pinned(t, make_copy, match_shape, _allocate, is_pinned)
+
+
+def move_to_pinned(
+    t: torch.Tensor,
+    make_copy: object,
+    match_shape: object,
+    allocate: Callable[[tuple[int, ...], torch.dtype], torch.Tensor],
+    pinned: Callable[[torch.Tensor], bool],
+) -> torch.Tensor:
+    """The body of :func:`pin_memory` over an implementation's allocator and ``is_pinned``.
+
+    Every implementation shares it, so the argument checks, the in-place rules and the no-temporary copy are
+    written once; only where the pinned bytes come from differs.
+    """
     check_host_tensor("t", t)
     if not isinstance(make_copy, bool):
         raise_bool("make_copy", make_copy)
     if not isinstance(match_shape, bool):
         raise_bool("match_shape", match_shape)
     shape = tuple(t.shape) if match_shape else (t.numel(),)
-    if not make_copy and is_pinned(t) and t.is_contiguous():
+    if not make_copy and pinned(t) and t.is_contiguous():
         # Already pinned in place: nothing to move. Flattening a contiguous tensor is a view, not a copy.
         if not match_shape:
             t.data = t.data.view(shape)
         return t
-    dst = _allocate(shape, t.dtype)
+    dst = allocate(shape, t.dtype)
     dst.view(t.shape).copy_(t)
     if make_copy:
         return dst
