@@ -34,7 +34,17 @@ CONFIG_REJECTIONS = [
     pytest.param({"optimizer": {"type": "lamb"}}, ["optimizer.type", "sgd", "adam", "adamw"], id="opt-type"),
     pytest.param({"optimizer": {"type": "adam", "betas": (0.9, 1.0)}}, ["optimizer.betas[1]", "[0.0, 1.0)"], id="beta"),
     pytest.param({"optimizer": {"type": "adam", "eps": 0.0}}, ["optimizer.eps"], id="eps"),
-    pytest.param({"offload_optimizer": "nvme"}, ["offload_optimizer", "none", "cpu"], id="offload-opt"),
+    pytest.param({"offload_optimizer": "disk"}, ["offload_optimizer", "none", "cpu", "nvme"], id="offload-opt"),
+    pytest.param({"offload_optimizer": "nvme"}, ["offload_optimizer='nvme'", "nvme_path"], id="nvme-no-path"),
+    pytest.param(
+        {"offload_optimizer": "nvme", "nvme_path": "/nonexistent/hostoffload-nvme-dir"},
+        ["nvme_path", "/nonexistent/hostoffload-nvme-dir", "directory"],
+        id="nvme-path-missing",
+    ),
+    pytest.param({"nvme_path": 3}, ["nvme_path", "directory"], id="nvme-path-type"),
+    pytest.param({"nvme_swap": {"queue_dept": 4}}, ["queue_dept", "allowed keys", "queue_depth"], id="nvme-swap-key"),
+    pytest.param({"nvme_swap": {"block_size": 1000}}, ["nvme_swap.block_size", "power of two"], id="nvme-swap-block"),
+    pytest.param({"zero_stage": 3, "offload_param": "nvme"}, ["offload_param", "none", "cpu"], id="offload-param-nvme"),
     pytest.param(
         {"zero_stage": 2, "offload_param": "cpu"},
         ["offload_param", "zero_stage=3", "none"],

@@ -23,7 +23,9 @@ What happens where, per stage (R9-R12):
 - Offload (R17): the fp32 master and optimizer state live in pinned host buffers from the project's pinning
   API; gradients are copied device-to-host asynchronously, the native CPU Adam runs the step (writing the bf16
   weights in the same pass), the weights go back asynchronously. ``offload_param`` keeps stage-3 partitions in
-  pinned host memory.
+  pinned host memory. ``offload_optimizer: nvme`` is ``cpu`` with the optimizer state in files between steps:
+  read back (asynchronously, from the start of the boundary) before the CPU Adam, written after it
+  (:mod:`optimized.accumulation.swap`).
 
 Failure: a rank that raises stops calling collectives; the others fail in their next collective after the
 process group's timeout with :class:`~optimized.accumulation.collectives.CollectiveError` (never a silent hang
@@ -46,6 +48,7 @@ from torch import nn
 from optimized.accumulation.collectives import Collectives, PendingReduce
 from optimized.accumulation.optimizers import step_master, uses_native
 from optimized.accumulation.partition import FlatLayout, build_layout, owners, unflatten
+from optimized.accumulation.swap import StateSwapper
 from optimized.pinning import pin_empty, unpin
 from reference.accumulation.config import AccumulationConfig
 from reference.accumulation.engine import CLIP_EPSILON, StepOutcome
@@ -157,10 +160,11 @@ class ZeroEngine:
         self.frozen_layout: FlatLayout = build_layout([(n, p.shape) for n, p in frozen], self.world_size)
         self._seg = {s.name: s for s in self.layout.segments}
         self._fseg = {s.name: s for s in self.frozen_layout.segments}
-        self.master_device = torch.device("cpu") if cfg.offload_optimizer == "cpu" else self.device
+        self.master_device = torch.device("cpu") if cfg.offload_optimizer in ("cpu", "nvme") else self.device
         self.param_device = torch.device("cpu") if cfg.offload_param == "cpu" else self.device
 
         self._pinned: list[torch.Tensor] = []
+        self._swap: StateSwapper | None = None
         self._hooks: list[Any] = []
         self._in_backward = False
         self._destroyed = False
@@ -214,7 +218,7 @@ class ZeroEngine:
         mnumel = total if self.stage == 0 else P
         src = flat if self.stage == 0 else flat[lo:hi]
         if self.master_device.type == "cpu":
-            self._master = self._host_buffer(mnumel, torch.float32, pinned=cfg.offload_optimizer == "cpu")
+            self._master = self._host_buffer(mnumel, torch.float32, pinned=cfg.offload_optimizer != "none")
         else:
             self._master = torch.empty(mnumel, dtype=torch.float32, device=self.master_device)
         self._master.copy_(src)
@@ -223,6 +227,11 @@ class ZeroEngine:
             ("exp_avg", "exp_avg_sq") if opt.type != "sgd" else (("momentum_buffer",) if opt.momentum > 0 else ())
         )
         buffers = {}
+        if cfg.offload_optimizer == "nvme":
+            # R17 (nvme): the state exists only in its files until the first boundary swaps it in.
+            self._swap = StateSwapper(cfg.nvme_path, cfg.nvme_swap, self.rank, names, mnumel)
+            self._swap.write_initial()
+            names = ()
         for name in names:
             if self.master_device.type == "cpu":
                 b = self._host_buffer(mnumel, torch.float32, pinned=cfg.offload_optimizer == "cpu")
@@ -353,6 +362,8 @@ class ZeroEngine:
             raise ConfigurationError(f"scale_wrt_gas={scale_wrt_gas!r} must be a bool; allowed values: True, False")
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
             raise ConfigurationError("loss must be a one-element tensor that requires grad")
+        if self._swap is not None:
+            self._swap.release()  # the last step's state writes ran during this micro-step's forward
         if self.stage >= 2:
             self._got_grad.clear()
             for b in self._buckets:
@@ -401,19 +412,41 @@ class ZeroEngine:
         return self._master.clone()
 
     def optimizer_state(self) -> OptimizerState:
+        """A copy of this rank's optimizer state (with ``nvme`` offload: read back from its files)."""
         self._check_alive()
-        return OptimizerState(self._opt_state.step, {k: v.clone() for k, v in self._opt_state.buffers.items()})
+        if self._swap is None:
+            return OptimizerState(self._opt_state.step, {k: v.clone() for k, v in self._opt_state.buffers.items()})
+        self._swap.begin_swap_in()
+        try:
+            buffers = {k: v.clone() for k, v in self._swap.finish_swap_in().items()}
+        finally:
+            self._swap.release()
+        return OptimizerState(self._opt_state.step, buffers)
 
     def pinned_buffers(self) -> tuple[torch.Tensor, ...]:
-        """The pinned host buffers this engine allocated (offload state), for inspection."""
-        return tuple(self._pinned)
+        """The pinned host buffers this engine holds now (offload state, and ``nvme`` state buffers while they
+        are in memory), for inspection."""
+        return tuple(self._pinned) + (self._swap.resident if self._swap is not None else ())
+
+    @property
+    def swap_directory(self) -> str | None:
+        """The directory this rank swaps optimizer state into (``nvme`` offload), else None."""
+        return None if self._swap is None else self._swap.directory
+
+    def swap_stats(self):
+        """The swap handle's :class:`~reference.io.SwapStats` (``nvme`` offload), else None."""
+        return None if self._swap is None else self._swap.stats()
 
     def destroy(self) -> None:
-        """Remove every hook, unpin every pinned buffer the engine allocated and drop all state. Never
-        communicates, so it is safe after another rank failed. The engine cannot be used afterwards."""
+        """Remove every hook, unpin every pinned buffer the engine allocated, close the ``nvme`` swap handle and
+        delete its files, and drop all state. Never communicates, so it is safe after another rank failed. The
+        engine cannot be used afterwards."""
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
+        swap, self._swap = self.__dict__.get("_swap"), None
+        if swap is not None:
+            swap.close()  # never raises: finishes the requests, closes the handle, deletes the files, unpins
         pinned, self._pinned = self._pinned, []
         for attr in (
             "_master", "_opt_state", "_grad_host", "_flat_params", "_param_part", "_frozen_part", "_lp_out",
@@ -480,6 +513,9 @@ class ZeroEngine:
         cfg = self.config
         W, P = self.world_size, self.layout.partition_size
         comm = self._comm
+        if self._swap is not None:
+            # R17 (nvme): start reading the optimizer state now; the reduction and the norm overlap the reads.
+            self._swap.begin_swap_in()
         # 1. Finish the reduction: this rank's partition of the reduced gradient, accumulation dtype.
         if self.stage <= 1:
             contribution = torch.div(self._acc.to(cfg.comm_dtype), W)
@@ -524,9 +560,15 @@ class ZeroEngine:
             g32 = self._grad_host
         elif g32.device != self._master.device:
             g32 = g32.to(self._master.device)
+        if self._swap is not None:
+            self._opt_state.buffers = self._swap.finish_swap_in()
         wrote_lp = step_master(
             cfg.optimizer, self._master, g32, self._opt_state, clip_coef=clip_coef, bf16_out=self._lp_out
         )
+        if self._swap is not None:
+            # The writes run while the weights are cast and all-gathered; the next backward() waits for them.
+            self._opt_state.buffers = {}
+            self._swap.begin_swap_out()
         # 5. Cast back to the model dtype and all-gather (R12).
         lp = self._lp_out if wrote_lp else self._master.to(cfg.model_dtype)
         if self.stage == 0:

@@ -10,6 +10,7 @@ an engine never starts with a config that would fail half-way through a run: the
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -17,11 +18,16 @@ from typing import Any
 import torch
 
 from reference.errors import ConfigurationError, allowed_values_error
+from reference.io.config import SwapConfig
 
 #: Model / communication / accumulation dtypes the model describes (fp16 needs loss scaling: out of scope).
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
 OPTIMIZERS: tuple[str, ...] = ("sgd", "adam", "adamw")
+#: Where ``offload_param`` may keep stage-3 parameter partitions.
 OFFLOAD_DEVICES: tuple[str, ...] = ("none", "cpu")
+#: Where ``offload_optimizer`` may keep the optimizer state: ``nvme`` keeps the masters on the host like ``cpu``
+#: and swaps the optimizer state to files under ``nvme_path`` between steps (R17).
+OFFLOAD_OPTIMIZER_DEVICES: tuple[str, ...] = ("none", "cpu", "nvme")
 ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
 
 
@@ -92,6 +98,7 @@ class OptimizerConfig:
 
 
 _OPT_KEYS: tuple[str, ...] = tuple(f.name for f in fields(OptimizerConfig))
+_SWAP_KEYS: tuple[str, ...] = tuple(f.name for f in fields(SwapConfig))
 
 
 @dataclass(frozen=True)
@@ -100,6 +107,12 @@ class AccumulationConfig:
 
     ``communication_data_type`` and ``grad_accum_dtype`` default to ``None``, meaning "the model dtype" (R11);
     use :attr:`comm_dtype` / :attr:`accum_dtype` for the resolved torch dtypes.
+
+    ``nvme_path`` is the directory ``offload_optimizer: nvme`` swaps optimizer state into (required then, an
+    existing directory; each engine makes its own sub-directory there and removes it in ``destroy()``);
+    ``nvme_swap`` holds the swap handle's knobs (:class:`reference.io.SwapConfig`, or a mapping of its keys).
+    Both are ignored by the other offload modes, which is why a path is kept as a plain ``str``: the config
+    must pickle to worker processes on the same machine.
     """
 
     zero_stage: int = 0
@@ -113,6 +126,8 @@ class AccumulationConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     offload_optimizer: str = "none"
     offload_param: str = "none"
+    nvme_path: str | None = None
+    nvme_swap: SwapConfig = field(default_factory=SwapConfig)
     overlap_comm: bool = False
     pipeline_parallel_size: int = 1
 
@@ -136,12 +151,48 @@ class AccumulationConfig:
                 f"optimizer={self.optimizer!r} must be an OptimizerConfig or a mapping with keys: "
                 f"{', '.join(_OPT_KEYS)}"
             )
-        for name in ("offload_optimizer", "offload_param"):
-            if getattr(self, name) not in OFFLOAD_DEVICES:
-                raise allowed_values_error(name, getattr(self, name), OFFLOAD_DEVICES)
+        if self.offload_optimizer not in OFFLOAD_OPTIMIZER_DEVICES:
+            raise allowed_values_error("offload_optimizer", self.offload_optimizer, OFFLOAD_OPTIMIZER_DEVICES)
+        if self.offload_param not in OFFLOAD_DEVICES:
+            raise allowed_values_error("offload_param", self.offload_param, OFFLOAD_DEVICES)
+        self._check_nvme()
         _require_bool("overlap_comm", self.overlap_comm)
         _require_int("pipeline_parallel_size", self.pipeline_parallel_size, 1)
         self._check_combinations()
+
+    def _check_nvme(self) -> None:
+        path = self.nvme_path
+        if path is not None:
+            if isinstance(path, os.PathLike):
+                path = os.fspath(path)
+            if not isinstance(path, str) or not path:
+                raise ConfigurationError(
+                    f"nvme_path={self.nvme_path!r} must be None or a non-empty str / PathLike naming a directory"
+                )
+            object.__setattr__(self, "nvme_path", path)
+        if self.offload_optimizer == "nvme":
+            if path is None:
+                raise ConfigurationError(
+                    "offload_optimizer='nvme' requires nvme_path (an existing directory to swap optimizer state "
+                    "into); allowed: set nvme_path, or offload_optimizer 'none' / 'cpu'"
+                )
+            if not os.path.isdir(path):
+                raise ConfigurationError(
+                    f"nvme_path={path!r} is not an existing directory; offload_optimizer='nvme' swaps optimizer "
+                    f"state into files there (allowed: a directory that exists and is writable)"
+                )
+        swap = self.nvme_swap
+        if isinstance(swap, Mapping):
+            _reject_unknown_keys("nvme_swap", swap, _SWAP_KEYS)
+            try:
+                swap = SwapConfig(**dict(swap))
+            except ConfigurationError as exc:
+                raise ConfigurationError(f"nvme_swap.{exc}") from exc
+            object.__setattr__(self, "nvme_swap", swap)
+        if not isinstance(swap, SwapConfig):
+            raise ConfigurationError(
+                f"nvme_swap={swap!r} must be a reference.io.SwapConfig or a mapping with keys: {', '.join(_SWAP_KEYS)}"
+            )
 
     def _check_combinations(self) -> None:
         # R19: parameter offload only exists where parameters are partitioned.
@@ -198,6 +249,7 @@ class AccumulationConfig:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["optimizer"] = asdict(self.optimizer)
+        out["nvme_swap"] = asdict(self.nvme_swap)
         return out
 
     def replace(self, **changes: Any) -> AccumulationConfig:

@@ -31,6 +31,7 @@ from reference.accumulation.config import AccumulationConfig
 from reference.accumulation.optimizers import OptimizerState, init_state, optimizer_step
 from reference.accumulation.partition import FlatLayout, build_layout, flatten, gather, shard, unflatten
 from reference.accumulation.schedule import AccumulationSchedule
+from reference.accumulation.swap import OptimizerStateSwap
 from reference.errors import ConfigurationError, UnsupportedOperationError
 
 #: Added to the norm in the clipping coefficient (R15) so a zero gradient never divides by zero.
@@ -118,8 +119,8 @@ class AccumulationEngine:
         self.layout = build_layout([(n, p.shape) for n, p in trainable], world_size)
         self.frozen_layout = build_layout([(n, p.shape) for n, p in frozen], world_size)
 
-        # R17: offload moves where state lives, never what is computed.
-        self.master_device = _HOST if cfg.offload_optimizer == "cpu" else self.device
+        # R17: offload moves where state lives, never what is computed (nvme: masters on the host like cpu).
+        self.master_device = _HOST if cfg.offload_optimizer in ("cpu", "nvme") else self.device
         self.param_device = _HOST if cfg.offload_param == "cpu" else self.device
 
         self.replicas: tuple[nn.Module, ...] = tuple(copy.deepcopy(base) for _ in range(world_size))
@@ -134,6 +135,16 @@ class AccumulationEngine:
             masters = [shard(self.layout, master_full, r).clone().to(self.master_device) for r in range(world_size)]
         self._masters: list[torch.Tensor] = masters
         self._opt_states: list[OptimizerState] = [init_state(cfg.optimizer, m) for m in masters]
+        # R17 (nvme): between steps each rank's optimizer state lives in files, not in memory.
+        self._swap: OptimizerStateSwap | None = None
+        if cfg.offload_optimizer == "nvme":
+            self._swap = OptimizerStateSwap(cfg.nvme_path, cfg.nvme_swap)
+            try:
+                for r in range(world_size):
+                    self._swap.swap_out(r, self._opt_states[r])
+            except BaseException:
+                self._swap.close()
+                raise
 
         # Gradient accumulation state (R9 / R10).
         self._local_acc: list[torch.Tensor | None] = [None] * world_size
@@ -254,13 +265,29 @@ class AccumulationEngine:
         return [m.clone() for m in self._masters]
 
     def optimizer_states(self) -> list[OptimizerState]:
-        return [OptimizerState(s.step, {k: v.clone() for k, v in s.buffers.items()}) for s in self._opt_states]
+        """Copies of every rank's optimizer state (read back from the swap files with ``nvme`` offload)."""
+        if self._swap is None:
+            return [OptimizerState(s.step, {k: v.clone() for k, v in s.buffers.items()}) for s in self._opt_states]
+        out = []
+        for r in range(self.world_size):
+            copy_ = OptimizerState(self._opt_states[r].step, {})
+            self._swap.swap_in(r, copy_)
+            out.append(copy_)
+        return out
+
+    @property
+    def swap_directory(self) -> str | None:
+        """The directory this engine swaps optimizer state into (``nvme`` offload), else None."""
+        return None if self._swap is None else self._swap.directory
 
     def destroy(self) -> None:
-        """Remove the stage-3 hooks and drop every buffer; the engine cannot be used afterwards."""
+        """Remove the stage-3 hooks, delete the swap files and drop every buffer; the engine cannot be used
+        afterwards."""
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
+        if self._swap is not None:
+            self._swap.close()
         self._masters = []
         self._opt_states = []
         self._local_acc = []
@@ -328,7 +355,11 @@ class AccumulationEngine:
                 grads32 = [torch.mul(g, coef) for g in grads32]
         # 4. Optimizer on the fp32 master of each rank (R16).
         for r in range(world):
+            if self._swap is not None:
+                self._swap.swap_in(r, self._opt_states[r])
             optimizer_step(cfg.optimizer, self._masters[r], grads32[r], self._opt_states[r])
+            if self._swap is not None:
+                self._swap.swap_out(r, self._opt_states[r])
         # 5. Cast back to the model dtype and all-gather (R12).
         if self.stage == 0:
             for r in range(world):
