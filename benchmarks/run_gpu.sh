@@ -2,6 +2,7 @@
 # One GPU-box session: build in place, the conformance suite on cuda (area by area, each with its report), then
 # every benchmark. Each part is time-boxed so that one slow part cannot starve the rest of a lease; the figures in
 # docs/benchmarks.md come from this script. Usage: benchmarks/run_gpu.sh OUT_DIR (from the repository root).
+# PARTS="name1 name2 ..." runs only the named parts (names as printed after "=="; default: all of them).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -13,8 +14,9 @@ python3 -m pip install --no-build-isolation --no-deps -e . >"$out/build.log" 2>&
   nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.max,pcie.link.width.max --format=csv,noheader
   lscpu | grep -E 'Model name|^CPU\(s\)'; python3 -c 'import torch; print("torch", torch.__version__)'; } >"$out/hardware.txt" 2>&1
 cat "$out/hardware.txt"
+wanted() { [ -z "${PARTS:-}" ] || [[ " $PARTS " == *" $1 "* ]]; }
 part() {  # part NAME SECONDS COMMAND...: run, keep the log, print its tail
-  local name=$1 secs=$2; shift 2; echo "== $name (${secs}s): $*"
+  local name=$1 secs=$2; shift 2; wanted "$name" || return 0; echo "== $name (${secs}s): $*"
   timeout "$secs" "$@" >"$out/$name.log" 2>&1; echo "   exit $?"
   grep -E '^(FAILED|ERROR)|passed|failed|^\|' "$out/$name.log" | tail -30
 }
@@ -28,13 +30,14 @@ suite pinning "${T_PIN:-80}" conformance.suite.test_pinning_api conformance.suit
   conformance.suite.test_ranges_agreement conformance.suite.test_accelerators_contract
 suite offload "${T_OFF:-70}" conformance -k offload
 suite io "${T_IO:-30}" conformance -k "test_io"
+suite accumulation-nccl "${T_ACC:-90}" conformance -k "accumulation and (nccl or nvme or cpu_adam or optimizer)"
 part zero-scenarios-nccl "${T_ZSC:-70}" python3 benchmarks/bench_zero.py scenarios --backend nccl --world 1 --out "$out/zero"
 part bench-pinning "${T_BPIN:-70}" python3 benchmarks/bench_pinning.py --out "$out/bench_pinning.json"
 part bench-offload "${T_BOFF:-100}" python3 benchmarks/bench_offload.py \
   --arms ckpt,save_on_cpu,reference,optimized,optimized_p2,optimized_p0 --out "$out/bench_offload.json"
-part bench-zero-adam "${T_BZA:-35}" python3 benchmarks/bench_zero.py cpu-adam --sizes 1e7,1e8 --iters 5 --out "$out/zero"
+part bench-zero-adam "${T_BZA:-150}" python3 benchmarks/bench_zero.py cpu-adam --sizes 1e7,1e8,1e9 --iters 5 --out "$out/zero"
 part bench-zero-engine "${T_BZE:-50}" python3 benchmarks/bench_zero.py engine --device cuda --dtype bf16 --layers 12 \
   --hidden 1024 --heads 16 --seq 1024 --vocab 32000 --batch 8 --gas 4 --iters 5 --out "$out/zero"
 mkdir -p /tmp/hostoffload-io
-part bench-io "${T_BIO:-40}" python3 benchmarks/bench_io.py --sizes 64M,256M,1G --repeats 2 --dir /tmp/hostoffload-io \
+part bench-io "${T_BIO:-120}" python3 benchmarks/bench_io.py --sizes 64M,256M,1G,4G --repeats 2 --dir /tmp/hostoffload-io \
   --out "$out/bench_io.json"

@@ -42,5 +42,11 @@ IMPLEMENTATION = Implementation(
         "pinned_slab": "optimized.slab",
         # Reductions add the W owned slices in rank order, so traces equal the reference's at any world size.
         "accumulation_rank_ordered_reduction": True,
+        # Tuning environments the native pinning path must be correct under: the CUDA pinning tests repeat their
+        # registration and DMA checks with each (registration overlapped with population, and sequential).
+        "pin_env_variants": (
+            {"HOSTOFFLOAD_PIN_REGISTER_OVERLAP": "1"},
+            {"HOSTOFFLOAD_PIN_REGISTER_OVERLAP": "0"},
+        ),
     },
 )

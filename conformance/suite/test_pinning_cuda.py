@@ -97,3 +97,23 @@ def test_slab_pieces_are_registered_and_copy_exactly(impl, area_api, cuda_native
         _round_trip_async(cuda_native, a, b)
         assert_bitwise_equal(b, a, "slab piece round trip")
     assert not a.is_pinned(), "closing the slab must unregister it"
+
+
+def test_every_declared_tuning_variant_registers_and_copies_exactly(impl, area_api, cuda_native, monkeypatch):
+    """Each environment in the capability ``pin_env_variants`` (tuning knobs of the implementation, e.g. the
+    order of population and registration) still yields buffers torch sees as pinned, that copy exactly and that
+    unpin unregisters. Implementations without tuning knobs run the check once, under the plain environment."""
+    variants = impl.capabilities.get("pin_env_variants") or ({},)
+    src = filled((3, 1 << 18), torch.float32, 11)  # 3 MiB: several huge pages and a partial one
+    expected = src.to(cuda_native.device()).cpu()
+    for env in variants:
+        with monkeypatch.context() as m:
+            for key, value in env.items():
+                m.setenv(key, value)
+            pinned_src = area_api.pin_memory(src)
+            pinned_dst = area_api.pin_empty_like(src)
+            assert pinned_src.is_pinned() and pinned_dst.is_pinned(), f"not registered under {env}"
+            _round_trip_async(cuda_native, pinned_src, pinned_dst)
+            assert_bitwise_equal(pinned_dst, expected, f"non_blocking round trip under {env}")
+            assert area_api.unpin(pinned_dst) is True and not pinned_dst.is_pinned(), f"unpin under {env}"
+            del pinned_src, pinned_dst
