@@ -50,3 +50,21 @@ def test_R19_replace_validates_the_combination(area_api):
         cfg.replace(zero_stage=2)
     with pytest.raises(ConfigurationError, match="zero_stag"):
         cfg.replace(zero_stag=2)
+
+
+def test_R19_nvme_config_round_trips_and_names_its_directory(area_api, tmp_path):
+    """R19/R17: offload_optimizer='nvme' takes nvme_path (a PathLike is stored as str) and nvme_swap (a mapping
+    of SwapConfig keys); the config survives to_dict/from_dict and pickling, and replace() away from nvme keeps
+    a valid config."""
+    from reference.io import SwapConfig
+
+    cfg = area_api.AccumulationConfig.from_dict(
+        {"offload_optimizer": "nvme", "nvme_path": tmp_path, "nvme_swap": {"queue_depth": 4, "block_size": 1 << 16}}
+    )
+    assert cfg.nvme_path == str(tmp_path)
+    assert cfg.nvme_swap == SwapConfig(queue_depth=4, block_size=1 << 16)
+    assert area_api.AccumulationConfig.from_dict(cfg.to_dict()) == cfg
+    assert pickle.loads(pickle.dumps(cfg)) == cfg
+    assert cfg.replace(offload_optimizer="cpu").offload_optimizer == "cpu"
+    with pytest.raises(ConfigurationError, match="nvme_path"):
+        cfg.replace(nvme_path=None)

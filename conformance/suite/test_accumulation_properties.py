@@ -8,6 +8,7 @@ is R23's summation-order bound.
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -30,6 +31,7 @@ from conformance.accumulation_strategies import (
     call_sequences,
     model_specs,
     optimizer_configs,
+    scenarios,
 )
 from reference.accumulation import (
     AccumulationConfig,
@@ -450,6 +452,49 @@ def test_R17_offload_is_bitwise_invisible_on_cpu(area_api, cfg, world, seed, spe
         area_api.run_scenario(Scenario(on, world, calls, model=spec, seed=seed)),
         area_api.run_scenario(Scenario(off, world, calls, model=spec, seed=seed)),
     )
+
+
+@given(sc=scenarios())
+def test_R17_nvme_offload_trace_equals_cpu_offload_trace(area_api, tmp_path, sc):
+    """R17: offload_optimizer='nvme' is 'cpu' offload with the optimizer state in files between steps: the
+    trace of any drawn scenario is bitwise the cpu-offload trace of the same scenario, and the engine leaves no
+    file behind in nvme_path."""
+    cpu = dataclasses.replace(sc, config=sc.config.replace(offload_optimizer="cpu"))
+    nvme = dataclasses.replace(sc, config=sc.config.replace(offload_optimizer="nvme", nvme_path=str(tmp_path)))
+    assert_traces_match(area_api.run_scenario(nvme), area_api.run_scenario(cpu))
+    assert list(tmp_path.iterdir()) == [], f"files left in nvme_path: {list(tmp_path.iterdir())}"
+
+
+def test_R17_nvme_state_lives_in_files_between_steps(reference_api, tmp_path):
+    """R17 (nvme): between steps the reference engine holds no optimizer-state tensor; each rank's buffers are
+    files in the engine's own directory under nvme_path, read back equal to the cpu-offload engine's state;
+    destroy() deletes the directory."""
+    from reference.accumulation import compute_loss, micro_batch
+
+    api = reference_api
+    cfg = AccumulationConfig(zero_stage=1, dtype="bf16", optimizer={"type": "adam"}, offload_optimizer="cpu")
+    engines = [
+        api.build_engine(Scenario(c, 2, ()))
+        for c in (cfg, cfg.replace(offload_optimizer="nvme", nvme_path=str(tmp_path)))
+    ]
+    sc = Scenario(cfg, 2, ())
+    for k in range(2):
+        for e in engines:
+            e.backward([compute_loss(e.module(r), *micro_batch(sc, k, r), cfg.model_dtype) for r in range(2)])
+            assert e.step().boundary
+    cpu, nvme = engines
+    assert all(s.buffers == {} for s in nvme._opt_states), "optimizer state kept in memory between steps"
+    directory = nvme.swap_directory
+    assert directory is not None and os.path.dirname(directory) == str(tmp_path)
+    assert sorted(os.listdir(directory)) == sorted(
+        f"rank{r}.{n}.swp" for r in range(2) for n in ("exp_avg", "exp_avg_sq")
+    )
+    for a, b in zip(nvme.optimizer_states(), cpu.optimizer_states(), strict=True):
+        assert a.step == b.step == 2
+        assert_named_tensors(a.buffers, b.buffers, "optimizer state read back from the swap files")
+    for e in engines:
+        e.destroy()
+    assert not os.path.exists(directory) and list(tmp_path.iterdir()) == []
 
 
 def test_R17_offloaded_state_lives_on_the_host(reference_api):
