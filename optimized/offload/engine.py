@@ -44,9 +44,9 @@ _MAX_READ_EVENTS = 4
 _TIMING_BACKLOG = 256
 # How many autograd nodes after a restore get a one-shot post-hook that may issue the planned prefetch.
 _PREFETCH_HOOK_NODES = 8
-# After this many of those hooks ran without headroom, the planned prefetch is issued anyway: a late prefetch
-# still beats a copy on demand, and the headroom test only sees memory at node boundaries.
-_PREFETCH_DEADLINE_NODES = 4
+# After this many of those hooks ran without a safe moment, the planned prefetch is issued anyway: a late
+# prefetch still beats a copy on demand. Six covers one MLP block (the post-peak frees show up at the fifth).
+_PREFETCH_DEADLINE_NODES = 6
 
 
 def _current_autograd_node() -> Any:
@@ -55,15 +55,23 @@ def _current_autograd_node() -> Any:
 
 
 class _DeferredPrefetch:
-    """Prefetch planned at a restore, issued once memory has dropped below the level already reached.
+    """Prefetch planned at a restore, issued right after the region's memory peak has been released.
 
     Allocating the look-ahead buffers at the moment a tensor is restored would add them on top of the peak of
     the backward ops that follow (the restored tensor's consumers allocate their gradients right after). So
-    the buffers are allocated from one-shot post-hooks on the next autograd nodes, at the first one where
-    ``allocated + buffer <= highest allocation seen since the restore``: the prefetch fills headroom under a
-    peak that already happened instead of raising it, and its copy still overlaps the rest of the backward
-    work before the tensor is needed. Memory is only observed at node boundaries, so after
-    ``_PREFETCH_DEADLINE_NODES`` hooks without headroom the prefetch is issued anyway (bounded lateness).
+    the buffers are allocated from one-shot post-hooks on the next autograd nodes, at the first node boundary
+    where memory has just fallen: ``allocated + buffer`` is at most the previous boundary's sample (at least a
+    buffer's worth was freed since: the tensors of a peak) and at most the highest sample since the restore.
+    Issued there, the buffer fills room that a peak already used, and its copy overlaps the rest of the
+    region's backward (in a transformer MLP block: the first linear layer's two matmuls).
+
+    Two tempting signals are wrong. The allocator's global peak (``max_memory_allocated``) includes the peaks
+    of earlier regions of the same shape, so it reports headroom before this region's own peak has happened;
+    issuing on it raised the H200 benchmark's peak by most of a buffer. And a node's post-hook runs before
+    autograd frees that node's inputs and saved tensors, so the hook of the node that makes the peak still
+    sees the peak: the fall shows up one boundary later, which is what the "fallen since the previous sample"
+    test waits for. After ``_PREFETCH_DEADLINE_NODES`` hooks without such a moment the prefetch is issued
+    anyway (bounded lateness).
     """
 
     def __init__(self, engine: StreamedEngine, candidates: list[Record], epoch: int, start: int) -> None:
@@ -71,6 +79,7 @@ class _DeferredPrefetch:
         self._pending = [weakref.ref(c) for c in candidates]
         self._epoch = epoch
         self._high = start
+        self._previous = start
         self._calls = 0
 
     def attach(self, node: Any) -> None:
@@ -95,20 +104,20 @@ class _DeferredPrefetch:
         if allocated is None:
             return
         self._calls += 1
-        # The highest allocation observed at node boundaries since the restore, or the allocator's own peak
-        # (which also saw transients inside ops): issuing below it cannot create a new peak at this moment.
-        self._high = max(self._high, allocated, engine._peak_bytes())
+        self._high = max(self._high, allocated)
+        previous, self._previous = self._previous, allocated
         deadline = self._calls >= _PREFETCH_DEADLINE_NODES
         while self._pending:
             candidate = self._pending[0]()
             if candidate is None:
                 self._pending.pop(0)
                 continue
-            if allocated + candidate.nbytes > self._high and not deadline:
+            after = allocated + candidate.nbytes
+            if not deadline and (after > previous or after > self._high):
                 return
             self._pending.pop(0)
             engine._issue_deferred(candidate, self._epoch)
-            allocated += candidate.nbytes
+            allocated = after
 
 
 class StreamedEngine(EngineBase):
@@ -342,12 +351,6 @@ class StreamedEngine(EngineBase):
         if self.device_type != "cuda":
             return None
         return int(torch.cuda.memory_allocated())
-
-    def _peak_bytes(self) -> int:
-        """Highest allocation since the user last reset peak stats (includes transients inside ops)."""
-        if self.device_type != "cuda":
-            return 0
-        return int(torch.cuda.max_memory_allocated())
 
     def _issue_deferred(self, candidate: Record, epoch: int) -> None:
         """Issue a planned prefetch unless it became pointless (restored, freed or prefetched meanwhile)."""
