@@ -2,6 +2,7 @@
 // it takes raw addresses from the Python wrapper (optimized/cpu_adam.py validates the tensors), so the
 // extension links neither torch nor CUDA, and releases the GIL while it runs.
 #include "cpu_adam.h"
+#include "worker_pool.h"
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -11,8 +12,6 @@
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
-#include <system_error>
-#include <thread>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -204,35 +203,28 @@ const char* isa_name(Isa isa) {
     return "scalar";
 }
 
-// Splits [0, n) into per-thread ranges aligned to 64 elements (whole cache lines of fp32 and bf16) and runs
-// `body(lo, hi)` on each. A thread that cannot be started is replaced by running its range here.
+// Block size of the parallel loops: a multiple of 64 elements, so a block boundary never splits a cache line of
+// the fp32 arrays or of the bf16 output (given 64-byte aligned buffers, as torch allocates them), and no two
+// threads write the same line. Large enough (up to 64K elements, 256 KiB per fp32 stream) that claiming a block
+// and the hardware prefetchers' ramp-up are negligible; small enough that each thread gets several blocks (about
+// kBlocksPerThread), so a slow vCPU only delays the end by a fraction of its share. Below kMinBlock elements per
+// block the work is too short to be worth waking a thread for.
+constexpr std::size_t kLine = 64;
+constexpr std::size_t kMinBlock = 1u << 13;
+constexpr std::size_t kMaxBlock = 1u << 16;
+constexpr std::size_t kBlocksPerThread = 4;
+
+std::size_t block_size(std::size_t n, int threads) {
+    const std::size_t t = threads < 1 ? 1 : static_cast<std::size_t>(threads);
+    std::size_t per = n / (t * kBlocksPerThread) + 1;
+    per = (per + kLine - 1) / kLine * kLine;
+    return std::min(kMaxBlock, std::max(kMinBlock, per));
+}
+
+// Runs body(lo, hi) over [0, n) on the process's worker pool (worker_pool.h), the calling thread included.
 template <typename Body>
 void parallel_ranges(std::size_t n, int threads, const Body& body) {
-    constexpr std::size_t kAlign = 64;
-    constexpr std::size_t kMinPerThread = 1u << 15;  // below this, thread start-up costs more than it saves
-    std::size_t workers = threads < 1 ? 1 : static_cast<std::size_t>(threads);
-    workers = std::min(workers, std::max<std::size_t>(1, n / kMinPerThread));
-    if (workers <= 1) {
-        body(0, n);
-        return;
-    }
-    std::size_t chunk = (n + workers - 1) / workers;
-    chunk = (chunk + kAlign - 1) / kAlign * kAlign;
-    std::vector<std::thread> pool;
-    pool.reserve(workers);
-    std::size_t lo = chunk;  // the calling thread takes [0, chunk)
-    std::vector<std::pair<std::size_t, std::size_t>> inline_ranges;
-    for (; lo < n; lo += chunk) {
-        const std::size_t hi = std::min(n, lo + chunk);
-        try {
-            pool.emplace_back([&body, lo, hi] { body(lo, hi); });
-        } catch (const std::system_error&) {
-            inline_ranges.emplace_back(lo, hi);
-        }
-    }
-    body(0, std::min(n, chunk));
-    for (const auto& r : inline_ranges) body(r.first, r.second);
-    for (auto& t : pool) t.join();
+    worker_pool::parallel_blocks(n, block_size(n, threads), threads, body);
 }
 
 }  // namespace
@@ -315,6 +307,25 @@ void cast_to_bf16(const float* src, std::uint16_t* dst, std::size_t n, Isa isa, 
 namespace py = pybind11;
 namespace ca = hostoffload::cpu_adam;
 
+namespace {
+// Runs fn with the GIL released. Deliberately not pybind11's RAII gil_scoped_release: when the interpreter shuts
+// down while a daemon thread is in the kernel, CPython ends that thread inside PyEval_RestoreThread with
+// pthread_exit, whose forced unwind aborts the process ("terminate called without an active exception") if it
+// has to leave a destructor (destructors are noexcept). Restoring in ordinary code lets the unwind pass through
+// (pybind11's dispatcher rethrows it), so the process exits normally.
+template <typename Fn>
+void without_gil(const Fn& fn) {
+    PyThreadState* state = PyEval_SaveThread();
+    try {
+        fn();
+    } catch (...) {
+        PyEval_RestoreThread(state);
+        throw;
+    }
+    PyEval_RestoreThread(state);
+}
+}  // namespace
+
 PYBIND11_MODULE(_cpu_adam, m) {
     m.doc() = "Native CPU Adam/AdamW (R16 arithmetic, runtime ISA dispatch); use optimized.cpu_adam, not this.";
     m.def("available_isas", &ca::available_isas, "ISA variants this CPU can run, slowest first.");
@@ -338,8 +349,7 @@ PYBIND11_MODULE(_cpu_adam, m) {
                                    reinterpret_cast<float*>(exp_avg), reinterpret_cast<float*>(exp_avg_sq),
                                    reinterpret_cast<std::uint16_t*>(bf16_out), n};
             const ca::Isa which = ca::parse_isa(isa);
-            py::gil_scoped_release release;
-            ca::adam_step(a, s, which, threads);
+            without_gil([&] { ca::adam_step(a, s, which, threads); });
         },
         py::arg("param"), py::arg("grad"), py::arg("exp_avg"), py::arg("exp_avg_sq"), py::arg("bf16_out"),
         py::arg("n"), py::arg("beta1"), py::arg("one_minus_beta1"), py::arg("beta2"), py::arg("one_minus_beta2"),
@@ -350,9 +360,12 @@ PYBIND11_MODULE(_cpu_adam, m) {
         "cast_to_bf16",
         [](std::uintptr_t src, std::uintptr_t dst, std::size_t n, const std::string& isa, int threads) {
             const ca::Isa which = ca::parse_isa(isa);
-            py::gil_scoped_release release;
-            ca::cast_to_bf16(reinterpret_cast<const float*>(src), reinterpret_cast<std::uint16_t*>(dst), n, which,
-                             threads);
+            without_gil([&] {
+                ca::cast_to_bf16(reinterpret_cast<const float*>(src), reinterpret_cast<std::uint16_t*>(dst), n,
+                                 which, threads);
+            });
         },
         py::arg("src"), py::arg("dst"), py::arg("n"), py::arg("isa"), py::arg("threads"));
+    m.def("pool_workers", &hostoffload::worker_pool::started_workers,
+          "Worker threads this process's pool has started (callers excluded); 0 before the first parallel call.");
 }

@@ -52,8 +52,10 @@ std::string best_isa();
 // Throws std::invalid_argument for an unknown or unavailable ISA name.
 Isa parse_isa(const std::string& name);
 
-// Runs the step on `threads` threads (<= 1: the calling thread only). Thread creation failures fall back to
-// the calling thread for the remaining work, so the step always completes.
+// Runs the step on up to `threads` threads (<= 1: the calling thread only), the calling thread and the process's
+// persistent worker pool (worker_pool.h), claiming blocks of whole cache lines dynamically. Thread creation
+// failures leave fewer workers (the calling thread always works), so the step always completes. Concurrent calls
+// are serialised; the result never depends on the thread count or the split (the formula is element-wise).
 void adam_step(const AdamArrays& arrays, const AdamScalars& scalars, Isa isa, int threads);
 
 // fp32 -> bf16 with round-to-nearest-even, as torch's .to(torch.bfloat16) rounds every non-NaN value; NaN becomes

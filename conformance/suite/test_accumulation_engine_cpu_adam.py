@@ -144,3 +144,151 @@ def test_R16_native_adam_rejects_bad_arguments(area_api, reference_api, call, wo
     for w in words:
         assert w in str(info.value), f"{info.value!s} does not mention {w!r}"
     assert_tensor_equal(t, torch.ones(8), "input after a rejected call")
+
+
+# ---- the kernel's threading: any thread count, concurrent callers, fork, exit ------------------------------------
+# The formula is element-wise, so how the elements are split between threads cannot change a single bit: every
+# multi-threaded result below is compared bitwise with a run on the calling thread alone (threads=1).
+
+_POOL_N = 200_003  # several blocks for any thread count (and an odd tail), small enough for a CI host
+
+
+def _step_inputs(seed: int, n: int = _POOL_N) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    gen = torch.Generator().manual_seed(seed)
+    return _values(n, gen, 1.0), [_values(n, gen, 10.0**-k) for k in range(3)]
+
+
+def _run_steps(kernel, cfg, p0, grads, threads: int, with_bf16: bool = False) -> list[torch.Tensor]:
+    p, m, v = p0.clone(), torch.zeros_like(p0), torch.zeros_like(p0)
+    out = torch.empty(p0.numel(), dtype=torch.bfloat16) if with_bf16 else None
+    for t, g in enumerate(grads, start=1):
+        kernel.adam_step(cfg, p, g, m, v, t, grad_scale=0.5 if t == 2 else None, bf16_out=out, threads=threads)
+    return [p, m, v] + ([out] if with_bf16 else [])
+
+
+@pytest.mark.parametrize("threads", [2, 3, 8, 33])
+def test_R16_native_adam_any_thread_count_equals_one_thread_bitwise(area_api, reference_api, threads):
+    """R16: more threads than this host has cores (8, 33), or fewer, over several blocks with an odd tail: master,
+    moments and the fused bf16 copy equal the single-threaded run bitwise, for Adam and AdamW; cast_to_bf16 too."""
+    kernel = _kernel(area_api)
+    p0, grads = _step_inputs(threads)
+    for cfg in (
+        reference_api.OptimizerConfig(type="adamw", lr=1e-2, weight_decay=0.1),
+        reference_api.OptimizerConfig(type="adam", lr=1e-3, weight_decay=0.01),
+    ):
+        expected = _run_steps(kernel, cfg, p0, grads, threads=1, with_bf16=True)
+        actual = _run_steps(kernel, cfg, p0, grads, threads=threads, with_bf16=True)
+        for name, a, e in zip(("master", "exp_avg", "exp_avg_sq", "bf16 copy"), actual, expected, strict=True):
+            assert_tensor_equal(a, e, f"{cfg.type} threads={threads}: {name}")
+    one, many = torch.empty(p0.numel(), dtype=torch.bfloat16), torch.empty(p0.numel(), dtype=torch.bfloat16)
+    kernel.cast_to_bf16(p0, one, threads=1)
+    kernel.cast_to_bf16(p0, many, threads=threads)
+    assert_tensor_equal(many, one, f"cast_to_bf16 threads={threads}")
+
+
+def test_R16_native_adam_concurrent_callers_equal_one_thread_bitwise(area_api, reference_api):
+    """R16: four Python threads stepping their own tensors at the same time, each asking for 3 kernel threads,
+    get exactly the single-threaded results: concurrent calls neither mix blocks of different steps nor lose any."""
+    import threading
+
+    kernel = _kernel(area_api)
+    cfg = reference_api.OptimizerConfig(type="adamw", lr=1e-2, weight_decay=0.1)
+    inputs = [_step_inputs(100 + i) for i in range(4)]
+    expected = [_run_steps(kernel, cfg, p0, grads, threads=1, with_bf16=True) for p0, grads in inputs]
+    results: list = [None] * 4
+    errors: list = []
+    start = threading.Barrier(4)
+
+    def worker(i: int) -> None:
+        try:
+            start.wait()
+            for _ in range(5):  # repeat so that the calls overlap whatever the scheduling
+                results[i] = _run_steps(kernel, cfg, *inputs[i], threads=3, with_bf16=True)
+        except BaseException as exc:  # reported in the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for i in range(4):
+        for name, a, e in zip(("master", "exp_avg", "exp_avg_sq", "bf16 copy"), results[i], expected[i], strict=True):
+            assert_tensor_equal(a, e, f"caller {i}: {name}")
+
+
+_HANG_GUARD_S = 300  # not a timing assertion: only bounds how long a hung child can stall the suite
+
+
+def test_R16_native_adam_works_in_a_forked_child(area_api, reference_api):
+    """R16: after the parent has used its worker threads, a forked child (which has none of them) still completes a
+    multi-threaded step, bitwise equal to the parent's single-threaded one, instead of waiting on dead threads."""
+    import os
+    import time
+    import warnings
+
+    kernel = _kernel(area_api)
+    cfg = reference_api.OptimizerConfig(type="adamw", lr=1e-2, weight_decay=0.1)
+    p0, grads = _step_inputs(7)
+    expected = _run_steps(kernel, cfg, p0, grads[:1], threads=1)
+    _run_steps(kernel, cfg, p0, grads[:1], threads=3)  # the parent's workers now exist
+    shared = [p0.clone().share_memory_(), torch.zeros_like(p0).share_memory_(), torch.zeros_like(p0).share_memory_()]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads: exactly what is being tested
+        pid = os.fork()
+    if pid == 0:  # the child: only the kernel, then leave without running the parent's pytest machinery
+        code = 1
+        try:
+            kernel.adam_step(cfg, *shared[:1], grads[0], *shared[1:], 1, threads=3)
+            code = 0
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + _HANG_GUARD_S
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung in adam_step (waiting on the parent's worker threads?)")
+        time.sleep(0.05)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"child exit status {status}"
+    for name, a, e in zip(("master", "exp_avg", "exp_avg_sq"), shared, expected, strict=True):
+        assert_tensor_equal(a, e, f"forked child: {name}")
+
+
+def test_R16_native_adam_process_exits_while_steps_run(area_api, reference_api):
+    """R16: a process whose daemon thread is in the middle of multi-threaded steps when the interpreter exits
+    terminates normally (exit status 0): the worker threads never block interpreter or process shutdown."""
+    import subprocess
+    import sys
+
+    kernel = _kernel(area_api)
+    script = f"""
+import threading, torch
+import {kernel.__name__} as kernel
+from {type(reference_api.OptimizerConfig()).__module__} import OptimizerConfig
+cfg = OptimizerConfig(type="adamw", lr=1e-3, weight_decay=0.01)
+n = 1 << 20
+def loop():
+    p, g, m, v = torch.randn(n), torch.randn(n), torch.zeros(n), torch.zeros(n)
+    t = 0
+    while True:
+        t += 1
+        kernel.adam_step(cfg, p, g, m, v, t, threads=4)
+        started.set()
+started = threading.Event()
+threading.Thread(target=loop, daemon=True).start()
+started.wait()
+p, g, m, v = torch.randn(n), torch.randn(n), torch.zeros(n), torch.zeros(n)
+for t in range(1, 4):
+    kernel.adam_step(cfg, p, g, m, v, t, threads=3)
+print("exiting")
+"""
+    try:
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=_HANG_GUARD_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the interpreter hung at exit while kernel threads were running")
+    assert proc.returncode == 0 and "exiting" in proc.stdout, proc.stderr[-2000:]
