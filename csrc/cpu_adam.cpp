@@ -205,13 +205,14 @@ const char* isa_name(Isa isa) {
 
 // Block size of the parallel loops: a multiple of 64 elements, so a block boundary never splits a cache line of
 // the fp32 arrays or of the bf16 output (given 64-byte aligned buffers, as torch allocates them), and no two
-// threads write the same line. Large enough (up to 64K elements, 256 KiB per fp32 stream) that claiming a block
-// and the hardware prefetchers' ramp-up are negligible; small enough that each thread gets several blocks (about
-// kBlocksPerThread), so a slow vCPU only delays the end by a fraction of its share. Below kMinBlock elements per
-// block the work is too short to be worth waking a thread for.
+// threads write the same line. Large enough (16K to 64K elements: 64 to 256 KiB per fp32 stream) that claiming a
+// block and the hardware prefetchers' ramp-up are negligible; small enough that each thread gets several blocks
+// (about kBlocksPerThread), so a slow vCPU only delays the end by a fraction of its share. Below kMinParallel
+// elements (tens of microseconds of work) waking other threads costs about as much as it saves.
 constexpr std::size_t kLine = 64;
-constexpr std::size_t kMinBlock = 1u << 13;
+constexpr std::size_t kMinBlock = 1u << 14;
 constexpr std::size_t kMaxBlock = 1u << 16;
+constexpr std::size_t kMinParallel = 1u << 16;
 constexpr std::size_t kBlocksPerThread = 4;
 
 std::size_t block_size(std::size_t n, int threads) {
@@ -224,6 +225,10 @@ std::size_t block_size(std::size_t n, int threads) {
 // Runs body(lo, hi) over [0, n) on the process's worker pool (worker_pool.h), the calling thread included.
 template <typename Body>
 void parallel_ranges(std::size_t n, int threads, const Body& body) {
+    if (n < kMinParallel || threads <= 1) {
+        body(0, n);
+        return;
+    }
     worker_pool::parallel_blocks(n, block_size(n, threads), threads, body);
 }
 
