@@ -5,6 +5,13 @@ fp32 parameter, plus 2 bytes of bf16 copy), and torch's single-tensor AdamW make
 ``optimized._cpu_adam`` makes one pass, vectorised (AVX2 / AVX-512F chosen at run time), on several threads,
 and can write the bf16 copy of the updated weights (the buffer the accelerator reads back) in that same pass.
 
+Threads: the kernel runs on a persistent pool of worker threads (csrc/worker_pool.h), started on first use and
+grown to the largest ``threads`` asked for, with the calling thread working too; elements are handed out in
+blocks of whole cache lines claimed dynamically, so a slow vCPU does not hold the step back. Calls from several
+Python threads are correct and run one after the other (each gets the whole pool); a forked child builds its own
+pool. The GIL is released while the kernel runs. Since the formula is element-wise, the thread count never
+changes a bit of the result.
+
 The arithmetic is R16's sequence with one fp32 rounding per operation and no FMA, so the result equals
 :func:`reference.accumulation.optimizers.optimizer_step` bitwise, element for element, on every ISA variant
 (checked by conformance/suite/test_accumulation_engine_cpu_adam.py). Hyper-parameter expressions are evaluated
