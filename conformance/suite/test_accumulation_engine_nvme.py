@@ -136,3 +136,54 @@ def test_R17_R25_nvme_engine_matches_reference_w2(area_api, reference_api, impl,
     assert_traces_match(expected, reference_api.run_scenario(cpu))
     assert_traces_match(api.run_scenario(sc), expected, cross_implementation_tolerance(sc, impl, accelerator))
     assert list(tmp_path.iterdir()) == []
+
+
+def _lost_file_rank(group, nvme_path: str) -> dict:
+    """Delete this rank's swap files between two boundaries; report the error of the next step and what
+    destroy() gives back."""
+    import torch.distributed as dist
+
+    from optimized import pinned_stats
+    from optimized.accumulation import ZeroEngine
+
+    rank = dist.get_rank(group)
+    cfg = AccumulationConfig(optimizer={"type": "adam"}, offload_optimizer="nvme", nvme_path=nvme_path)
+    sc = Scenario(cfg, dist.get_world_size(group), ())
+    gc.collect()
+    before = pinned_stats()
+    engine = ZeroEngine(ModelSpec().build(0), cfg, process_group=group)
+    error = None
+    try:
+        for k in range(2):
+            engine.backward(compute_loss(engine.module, *micro_batch(sc, k, rank), cfg.model_dtype))
+            if k == 1:
+                for name in os.listdir(engine.swap_directory):
+                    os.unlink(os.path.join(engine.swap_directory, name))
+            engine.step()
+    except Exception as exc:
+        error = exc
+    out = {
+        "error": None if error is None else type(error).__name__,
+        "message": str(error),
+        "is_file_not_found": isinstance(error, FileNotFoundError),
+    }
+    # The error's request refers to the buffer it failed on: drop it, as a caller who handled it would.
+    del error
+    directory = engine.swap_directory
+    engine.destroy()
+    gc.collect()
+    out.update(directory_left=os.path.exists(directory), before=tuple(before), after=tuple(pinned_stats()))
+    return out
+
+
+def test_R17_nvme_lost_swap_file_is_a_clear_error_and_destroy_cleans_up(area_api, native_pinning, tmp_path):
+    """R17 (nvme): a swap file that vanished between steps makes the next boundary step raise the swap area's
+    SwapFileNotFoundError (a FileNotFoundError) naming the file; destroy() afterwards still unpins every buffer
+    and removes the engine's directory."""
+    api = _engine_api(area_api)
+    (out,) = api.run_on_ranks(_lost_file_rank, 1, str(tmp_path))
+    assert out["error"] == "SwapFileNotFoundError" and out["is_file_not_found"], out
+    assert "rank0." in out["message"] and ".swp" in out["message"], out
+    assert not out["directory_left"], out
+    assert out["after"] == out["before"], out
+    assert list(tmp_path.iterdir()) == []
