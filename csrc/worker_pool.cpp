@@ -40,6 +40,10 @@ namespace worker_pool {
 namespace {
 
 constexpr std::chrono::microseconds kSpin{50};
+// Upper bound on the pool's workers, whatever a caller asks for: a memory-bound loop gains nothing from thousands
+// of threads, and a typo (threads=100000) must not exhaust the process's thread limit. Callers still get the
+// whole loop done, on fewer threads.
+constexpr std::size_t kMaxWorkers = 1024;
 
 struct Job {
     RangeFn fn;
@@ -202,7 +206,7 @@ private:
     const pid_t pid_;
     const std::size_t cpus_ = allowed_cpus();
     std::mutex run_mutex_;             // serialises parallel sections: one job at a time
-    std::size_t ceiling_ = SIZE_MAX;   // run_mutex_: no growth beyond the size at which thread creation failed
+    std::size_t ceiling_ = kMaxWorkers;  // run_mutex_: no growth beyond this (lowered when creation fails)
     std::mutex mutex_;                 // guards everything below except the atomics
     std::condition_variable work_cv_;  // generation_ changed
     std::condition_variable done_cv_;  // in_flight_ reached 0

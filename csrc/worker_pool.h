@@ -21,7 +21,7 @@
 //    the pool is deliberately never destroyed: at process exit the workers are idle on a condition variable in
 //    heap memory no static destructor touches, so exit never joins (joining from a static destructor after Python
 //    finalisation can deadlock) and never blocks. A worker that cannot be started (EAGAIN, ENOMEM) is simply not
-//    added; the pool then stops trying to grow beyond the size it reached.
+//    added; the pool then stops trying to grow beyond the size it reached. It never exceeds 1024 workers.
 #pragma once
 
 #include <cstddef>
