@@ -303,10 +303,10 @@ def bench_scenarios(args) -> list[dict]:
                     except AssertionError as exc:
                         status = f"FAIL: {exc}"
                     last_a, last_e = actual.steps()[-1], expected.steps()[-1]
-                    pdiff = max((last_a.parameters[n].double() - last_e.parameters[n].double()).abs().max().item()
-                                for n in last_e.parameters)
+                    pdiff = max((last_a.parameters[n].cpu().double() - last_e.parameters[n].cpu().double())
+                                .abs().max().item() for n in last_e.parameters)
                     ga, ge = actual.boundaries()[0].gradients, expected.boundaries()[0].gradients
-                    gdiff = max((ga[n].double() - ge[n].double()).abs().max().item() for n in ge)
+                    gdiff = max((ga[n].cpu().double() - ge[n].cpu().double()).abs().max().item() for n in ge)
                     rows.append({"stage": stage, "managed": managed, "offload": offload, "dtype": dtype,
                                  "world": args.world, "backend": backend, "status": status, "seconds": sec,
                                  "max_param_diff": pdiff, "max_first_grad_diff": gdiff,

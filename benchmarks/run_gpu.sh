@@ -32,6 +32,7 @@ suite offload "${T_OFF:-70}" conformance -k offload
 suite io "${T_IO:-30}" conformance -k "test_io"
 suite accumulation-nccl "${T_ACC:-90}" conformance -k "accumulation and (nccl or nvme or cpu_adam or optimizer)"
 part zero-scenarios-nccl "${T_ZSC:-70}" python3 benchmarks/bench_zero.py scenarios --backend nccl --world 1 --out "$out/zero"
+part diag-offload-prefetch "${T_DOP:-60}" python3 benchmarks/diag_offload_prefetch.py --blocks 6 --steps 2
 part bench-pinning "${T_BPIN:-70}" python3 benchmarks/bench_pinning.py --out "$out/bench_pinning.json"
 part bench-offload "${T_BOFF:-100}" python3 benchmarks/bench_offload.py \
   --arms ckpt,save_on_cpu,reference,optimized,optimized_p2,optimized_p0 --out "$out/bench_offload.json"
