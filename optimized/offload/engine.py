@@ -84,13 +84,16 @@ class _DeferredPrefetch:
 
     def attach(self, node: Any) -> None:
         queue = [node]
-        seen: set[int] = set()
+        # Keyed by id() but holding the node objects: the Python wrappers next_functions hands out can be
+        # temporary, and a freed wrapper's id is reused by the next one, which would then be skipped as "seen"
+        # (on the H200 run that cut the walk off after three nodes, before the block's memory peak).
+        seen: dict[int, Any] = {}
         attached = 0
         while queue and attached < _PREFETCH_HOOK_NODES:
             current = queue.pop(0)
             if current is None or id(current) in seen:
                 continue
-            seen.add(id(current))
+            seen[id(current)] = current
             if type(current).__name__ != "AccumulateGrad":
                 current.register_hook(self._on_node_done)
                 attached += 1
