@@ -52,6 +52,19 @@ def _time(fn, iters: int) -> float:
     return best
 
 
+def bench_host_bandwidth(threads: int, nbytes: int = 1 << 30, iters: int = 5) -> dict:
+    """The host's memory bandwidth as torch's multi-threaded copy of ``nbytes`` sees it (bytes read + written
+    per second), the yardstick the Adam figures are read against: a step that streams 28-30 bytes per
+    parameter cannot beat it."""
+    torch.set_num_threads(threads)
+    src = torch.ones(nbytes // 4)
+    dst = torch.empty_like(src)
+    sec = _time(lambda: dst.copy_(src), iters)
+    row = {"arm": "host_copy", "bytes": nbytes, "seconds": sec, "bytes_per_s": 2 * nbytes / sec, "threads": threads}
+    print(f"  host memory: copy of {nbytes >> 20} MiB moves {2 * nbytes / sec / 1e9:.1f} GB/s (read + write)")
+    return row
+
+
 def bench_cpu_adam(sizes: list[int], iters: int, threads: int) -> list[dict]:
     from optimized import cpu_adam
     from reference.accumulation import OptimizerConfig
@@ -398,7 +411,8 @@ def main() -> None:
     failed: list = []
     if args.part in ("cpu-adam", "all"):
         print("CPU Adam (AdamW, one flat fp32 tensor):")
-        rows = bench_cpu_adam([int(float(s)) for s in args.sizes.split(",")], args.iters, args.threads)
+        rows = [bench_host_bandwidth(args.threads)]
+        rows += bench_cpu_adam([int(float(s)) for s in args.sizes.split(",")], args.iters, args.threads)
         (out / "cpu_adam.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     if args.part in ("scenarios", "all"):
         print("Accumulation scenarios vs the reference trace:")
