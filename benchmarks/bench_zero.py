@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import datetime
 import gc
+import importlib.util
 import json
 import math
 import os
@@ -125,41 +126,16 @@ def bench_cpu_adam(sizes: list[int], iters: int, threads: int) -> list[dict]:
 # ---- engine ------------------------------------------------------------------------------------------------
 
 
-class Block(nn.Module):
-    def __init__(self, hidden: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.ln1 = nn.LayerNorm(hidden)
-        self.qkv = nn.Linear(hidden, 3 * hidden)
-        self.proj = nn.Linear(hidden, hidden)
-        self.ln2 = nn.LayerNorm(hidden)
-        self.fc = nn.Linear(hidden, 4 * hidden)
-        self.out = nn.Linear(4 * hidden, hidden)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, h = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, h)
-        x = x + self.proj(a)
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+def _example_module():
+    """examples/train_gpt.py, loaded from its path: the engine benchmark times the same GPT the example trains."""
+    path = Path(__file__).resolve().parent.parent / "examples" / "train_gpt.py"
+    spec = importlib.util.spec_from_file_location("hostoffload_example_train_gpt", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-class GPT(nn.Module):
-    """A small decoder-only transformer (no weight tying, so every parameter belongs to one module)."""
-
-    def __init__(self, vocab: int, hidden: int, layers: int, heads: int, seq: int) -> None:
-        super().__init__()
-        self.tok = nn.Embedding(vocab, hidden)
-        self.pos = nn.Embedding(seq, hidden)
-        self.blocks = nn.ModuleList(Block(hidden, heads) for _ in range(layers))
-        self.ln = nn.LayerNorm(hidden)
-        self.head = nn.Linear(hidden, vocab, bias=False)
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
-        for blk in self.blocks:
-            x = blk(x)
-        return self.head(self.ln(x))
+GPT = _example_module().GPT
 
 
 def _loss(model, idx):
