@@ -35,9 +35,8 @@ new engine.
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,9 +50,9 @@ from optimized.accumulation.partition import FlatLayout, build_layout, owners, u
 from optimized.accumulation.swap import StateSwapper
 from optimized.pinning import pin_empty, unpin
 from reference.accumulation.config import AccumulationConfig
-from reference.accumulation.engine import CLIP_EPSILON, StepOutcome
+from reference.accumulation.engine import CLIP_EPSILON, StepOutcome, tensors_in
 from reference.accumulation.optimizers import OptimizerState
-from reference.accumulation.schedule import AccumulationSchedule
+from reference.accumulation.schedule import AccumulationSchedule, ScheduledEngine
 from reference.errors import ConfigurationError, UnsupportedOperationError
 
 __all__ = ["DEFAULT_BUCKET_ELEMENTS", "StepOutcome", "ZeroEngine"]
@@ -85,18 +84,7 @@ class _Unit:
     prefetched: list[Any] = field(default_factory=list)
 
 
-def _tensors_in(output: Any) -> Iterator[torch.Tensor]:
-    if isinstance(output, torch.Tensor):
-        yield output
-    elif isinstance(output, (tuple, list)):
-        for o in output:
-            yield from _tensors_in(o)
-    elif isinstance(output, Mapping):
-        for o in output.values():
-            yield from _tensors_in(o)
-
-
-class ZeroEngine:
+class ZeroEngine(ScheduledEngine):
     """One rank of a ZeRO data-parallel run of ``model`` under ``config`` (docs/accumulation.md, docs/zero.md).
 
     ``model``: an ``nn.Module`` (used in place, cast to the model dtype and moved to ``device``) or a factory.
@@ -327,33 +315,6 @@ class ZeroEngine:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._module(*args, **kwargs)
-
-    @property
-    def micro_steps(self) -> int:
-        return self._schedule.micro_steps
-
-    @property
-    def global_steps(self) -> int:
-        return self._schedule.global_steps
-
-    @property
-    def global_samples(self) -> int:
-        return self._schedule.global_samples
-
-    def is_gradient_accumulation_boundary(self) -> bool:
-        """R2 (managed) / R6 (unmanaged)."""
-        return self._schedule.is_boundary()
-
-    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
-        """R2: override the counter-driven boundary until called again. Rejected in unmanaged mode (R20)."""
-        self._schedule.set_boundary(is_boundary)
-
-    @contextlib.contextmanager
-    def no_sync(self) -> Iterator[None]:
-        """R18: a region of backwards that must not communicate. Stages 0/1 only, not nested, no step() inside."""
-        self._check_alive()
-        with self._schedule.no_sync():
-            yield
 
     def backward(self, loss: torch.Tensor, scale_wrt_gas: bool = True) -> None:
         """Back-propagate this rank's ``loss`` and accumulate (R5, R7, R9, R10)."""
@@ -715,7 +676,7 @@ class ZeroEngine:
             self._release(key)
             # The module's backward reads the parameters it saved; gather them again as soon as the gradient
             # reaches its output, i.e. before any of its backward nodes run.
-            for t in _tensors_in(output):
+            for t in tensors_in(output):
                 if t.requires_grad:
                     t.register_hook(regather)
 

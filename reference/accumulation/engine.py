@@ -16,7 +16,6 @@ Each rank has its own replica of the model (``engine.module(rank)``). A training
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -30,7 +29,7 @@ from reference.accumulation.collectives import average_across_ranks
 from reference.accumulation.config import AccumulationConfig
 from reference.accumulation.optimizers import OptimizerState, init_state, optimizer_step
 from reference.accumulation.partition import FlatLayout, build_layout, flatten, gather, shard, unflatten
-from reference.accumulation.schedule import AccumulationSchedule
+from reference.accumulation.schedule import AccumulationSchedule, ScheduledEngine
 from reference.accumulation.swap import OptimizerStateSwap
 from reference.errors import ConfigurationError, UnsupportedOperationError
 
@@ -75,7 +74,7 @@ def global_grad_norm(layout: FlatLayout, partitions: Sequence[torch.Tensor]) -> 
     return math.sqrt(total)
 
 
-class AccumulationEngine:
+class AccumulationEngine(ScheduledEngine):
     """W simulated data-parallel ranks of one model under a :class:`AccumulationConfig`.
 
     ``model`` is either a module (deep-copied once per rank, the caller's object is left untouched) or a
@@ -180,38 +179,11 @@ class AccumulationEngine:
         self._destroyed = False
 
     # ---- public surface ------------------------------------------------------------------------------------
-    @property
-    def micro_steps(self) -> int:
-        return self._schedule.micro_steps
-
-    @property
-    def global_steps(self) -> int:
-        return self._schedule.global_steps
-
-    @property
-    def global_samples(self) -> int:
-        return self._schedule.global_samples
-
     def module(self, rank: int) -> nn.Module:
         """Rank ``rank``'s replica: call it to run that rank's forward."""
         if type(rank) is not int or not 0 <= rank < self.world_size:
             raise ConfigurationError(f"rank={rank!r} must be an int in [0, {self.world_size - 1}]")
         return self.replicas[rank]
-
-    def is_gradient_accumulation_boundary(self) -> bool:
-        """R2 (managed) / R6 (unmanaged)."""
-        return self._schedule.is_boundary()
-
-    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
-        """R2: override the counter-driven boundary until called again. Rejected in unmanaged mode (R20)."""
-        self._schedule.set_boundary(is_boundary)
-
-    @contextlib.contextmanager
-    def no_sync(self) -> Iterator[None]:
-        """R18: a region of backwards that must not communicate. Stages 0/1 only, not nested, no step() inside."""
-        self._check_alive()
-        with self._schedule.no_sync():
-            yield
 
     def backward(self, losses: Sequence[torch.Tensor], scale_wrt_gas: bool = True) -> None:
         """Back-propagate one loss per rank and accumulate the gradients (R5, R7, R9, R10)."""
@@ -413,7 +385,7 @@ class AccumulationEngine:
             self._release(rank, names)
             # The module's backward reads the (released) parameters it saved; gather them again as soon as the
             # gradient reaches its output, i.e. before any of its backward nodes run.
-            for t in _tensors_in(output):
+            for t in tensors_in(output):
                 if t.requires_grad:
                     t.register_hook(regather)
 
@@ -443,12 +415,13 @@ class AccumulationEngine:
             raise UnsupportedOperationError("the engine was destroyed; allowed: build a new AccumulationEngine")
 
 
-def _tensors_in(output: Any) -> Iterator[torch.Tensor]:
+def tensors_in(output: Any) -> Iterator[torch.Tensor]:
+    """Every tensor in a module's output (nested tuples, lists and mappings): where the stage-3 hooks attach."""
     if isinstance(output, torch.Tensor):
         yield output
     elif isinstance(output, (tuple, list)):
         for o in output:
-            yield from _tensors_in(o)
+            yield from tensors_in(o)
     elif isinstance(output, Mapping):
         for o in output.values():
-            yield from _tensors_in(o)
+            yield from tensors_in(o)

@@ -96,3 +96,41 @@ class AccumulationSchedule:
             self._backwards_since_boundary = 0
         if cfg.managed_gradient_accumulation:
             self.micro_steps += 1
+
+
+class ScheduledEngine:
+    """The public calls every engine answers straight from its :class:`AccumulationSchedule` (counters, boundary
+    query and override, ``no_sync``), written once for the reference and the optimized engine so their surface
+    cannot drift. A subclass sets ``self._schedule`` and provides ``_check_alive()`` (raises once destroyed)."""
+
+    _schedule: AccumulationSchedule
+
+    def _check_alive(self) -> None:  # pragma: no cover - every engine overrides it
+        raise NotImplementedError
+
+    @property
+    def micro_steps(self) -> int:
+        return self._schedule.micro_steps
+
+    @property
+    def global_steps(self) -> int:
+        return self._schedule.global_steps
+
+    @property
+    def global_samples(self) -> int:
+        return self._schedule.global_samples
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        """R2 (managed) / R6 (unmanaged)."""
+        return self._schedule.is_boundary()
+
+    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
+        """R2: override the counter-driven boundary until called again. Rejected in unmanaged mode (R20)."""
+        self._schedule.set_boundary(is_boundary)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """R18: a region of backwards that must not communicate. Stages 0/1 only, not nested, no step() inside."""
+        self._check_alive()
+        with self._schedule.no_sync():
+            yield
