@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from conformance import discovery, profiles
+from conformance.accumulation_engines import native_pinning  # noqa: F401 (a fixture the engine tests share)
 from conformance.report import ReportCollector, build_report, write_report
 from reference.accelerators import ACCELERATOR_ENV, Accelerator
 from reference.implementation import Implementation

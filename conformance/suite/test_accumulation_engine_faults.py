@@ -14,6 +14,7 @@ import time
 import pytest
 import torch
 
+from conformance.accumulation_engines import engine_api
 from reference.accumulation import AccumulationConfig, ModelSpec, Scenario, compute_loss, micro_batch
 from reference.errors import ConfigurationError, UnsupportedOperationError
 
@@ -80,23 +81,11 @@ def _engine_rank(group, stage: int, failing_rank: int | None, catch: bool) -> di
     }
 
 
-def _engine_api(area_api):
-    if not getattr(area_api, "DISTRIBUTED_ENGINE", False):
-        pytest.skip("this implementation's accumulation module is not a multi-process engine")
-    return area_api
-
-
-@pytest.fixture
-def native_pinning(monkeypatch):
-    monkeypatch.setenv("HOSTOFFLOAD_PIN_BACKEND", "native")
-    monkeypatch.setenv("HOSTOFFLOAD_PIN_REGISTER_DEVICE", "0")
-
-
 @pytest.mark.parametrize("stage", [0, 3])
 def test_R17_destroy_returns_every_pinned_byte(area_api, native_pinning, stage):
     """R17: offloaded masters, optimizer state (and stage-3 parameter partitions) live in pinned host memory
     from the pinning API; after destroy() the pinned allocations and bytes are back at their starting value."""
-    api = _engine_api(area_api)
+    api = engine_api(area_api)
     for r, out in enumerate(api.run_on_ranks(_engine_rank, 2, stage, None, True)):
         assert out["error"] is None, out
         assert out["during"][0] > out["before"][0], f"rank {r}: the engine pinned nothing: {out}"
@@ -109,7 +98,7 @@ def test_R20_fault_in_backward_gives_clear_errors_on_all_ranks(area_api, native_
     itself; rank 0, blocked in its next collective, gets a CollectiveError that names the collective and says
     another rank failed, within the process-group timeout (no deadlock); destroy() after the failure returns
     every pinned byte on both ranks."""
-    api = _engine_api(area_api)
+    api = engine_api(area_api)
     monkeypatch.setenv(api.TIMEOUT_ENV, str(FAULT_TIMEOUT_S))
     monkeypatch.setenv(api.POOL_SIZE_ENV, "2")  # this pool is discarded afterwards: spawn only what it needs
     try:
@@ -128,7 +117,7 @@ def test_R20_fault_in_backward_gives_clear_errors_on_all_ranks(area_api, native_
 def test_R26_failing_rank_error_reaches_the_caller_without_deadlock(area_api):
     """R26: when a rank raises and its peer is stuck in a collective, the runner stops the stuck rank after a
     grace period and re-raises the failing rank's exception, same class and message, naming the rank."""
-    api = _engine_api(area_api)
+    api = engine_api(area_api)
     start = time.monotonic()
     with pytest.raises(InjectedBackwardError, match="injected failure inside backward") as info:
         api.run_on_ranks(_engine_rank, 2, 2, 1, False, grace_s=3.0)
@@ -139,7 +128,7 @@ def test_R26_failing_rank_error_reaches_the_caller_without_deadlock(area_api):
 def test_R20_engine_refuses_without_process_group_and_after_destroy(area_api):
     """R20/R1: building the engine before torch.distributed is initialised is a ConfigurationError saying what
     to call; after destroy() every call is an UnsupportedOperationError (checked in a rank process)."""
-    api = _engine_api(area_api)
+    api = engine_api(area_api)
     import torch.distributed as dist
 
     if dist.is_initialized():

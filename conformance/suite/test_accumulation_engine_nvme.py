@@ -16,21 +16,10 @@ import pytest
 import torch
 
 from conformance.accumulation_assertions import assert_traces_match, cross_implementation_tolerance
+from conformance.accumulation_engines import engine_api
 from reference.accumulation import AccumulationConfig, ModelSpec, Scenario, compute_loss, micro_batch, scenario_calls
 
 pytestmark = pytest.mark.conformance_area("accumulation")
-
-
-def _engine_api(area_api):
-    if not getattr(area_api, "DISTRIBUTED_ENGINE", False):
-        pytest.skip("this implementation's accumulation module is not a multi-process engine")
-    return area_api
-
-
-@pytest.fixture
-def native_pinning(monkeypatch):
-    monkeypatch.setenv("HOSTOFFLOAD_PIN_BACKEND", "native")
-    monkeypatch.setenv("HOSTOFFLOAD_PIN_REGISTER_DEVICE", "0")
 
 
 def _nvme_rank(group, stage: int, nvme_path: str, optimizer: str) -> dict:
@@ -92,7 +81,7 @@ def test_R17_nvme_swaps_directly_and_destroy_returns_everything(area_api, native
     to the engine's pinned buffers (direct bytes > 0, bounced bytes 0); state, masters and parameters equal the
     cpu-offload engine's bitwise; destroy() deletes the files and unpins everything (pinned_stats back to the
     start)."""
-    api = _engine_api(area_api)
+    api = engine_api(area_api)
     names = ["exp_avg", "exp_avg_sq"] if optimizer != "sgd" else ["momentum_buffer"]
     for r, out in enumerate(api.run_on_ranks(_nvme_rank, 2, stage, str(tmp_path), optimizer)):
         assert out["files"] == sorted(f"rank{r}.{n}.swp" for n in names), out
@@ -119,7 +108,7 @@ def test_R17_R25_nvme_engine_matches_reference_w2(area_api, reference_api, impl,
     """R17/R25: every stage, managed (with a step after a step: two boundaries without a backward between
     them) and unmanaged (a step after zero backwards), with nvme offload at W = 2: the engine's trace equals
     the reference's nvme trace, which equals its cpu-offload trace."""
-    api = _engine_api(area_api)
+    api = engine_api(area_api)
     cfg = AccumulationConfig(
         zero_stage=stage,
         managed_gradient_accumulation=managed,
@@ -180,7 +169,7 @@ def test_R17_nvme_lost_swap_file_is_a_clear_error_and_destroy_cleans_up(area_api
     """R17 (nvme): a swap file that vanished between steps makes the next boundary step raise the swap area's
     SwapFileNotFoundError (a FileNotFoundError) naming the file; destroy() afterwards still unpins every buffer
     and removes the engine's directory."""
-    api = _engine_api(area_api)
+    api = engine_api(area_api)
     (out,) = api.run_on_ranks(_lost_file_rank, 1, str(tmp_path))
     assert out["error"] == "SwapFileNotFoundError" and out["is_file_not_found"], out
     assert "rank0." in out["message"] and ".swp" in out["message"], out

@@ -17,6 +17,7 @@ from conformance.accumulation_assertions import (
     assert_traces_match,
     cross_implementation_tolerance,
 )
+from conformance.accumulation_engines import engine_api
 from conformance.accumulation_strategies import scenarios
 from reference.accumulation import AccumulationConfig, ModelSpec, Scenario, scenario_calls
 
@@ -27,12 +28,6 @@ pytestmark = pytest.mark.conformance_area("accumulation")
 MANAGED_CALLS = "BSBSFBSTBS"
 MANAGED_NO_SYNC = "[B]SBSFBSTBS"
 UNMANAGED_CALLS = "BBSBSBBBS"
-
-
-def _engine_api(area_api):
-    if not getattr(area_api, "DISTRIBUTED_ENGINE", False):
-        pytest.skip("this implementation's accumulation module is not a multi-process engine")
-    return area_api
 
 
 def _scenario(stage: int, managed: bool, world: int, *, dtype: str = "fp32", offload: bool = False, **extra):
@@ -64,7 +59,7 @@ def test_R25_R26_engine_matches_reference_every_stage_w1_w2(area_api, reference_
                                                             managed, offload):
     """R25/R26 (R9, R10, R12, R17, R18, R21 exercised): every stage, managed (override, no_sync) and unmanaged,
     with and without CPU offload, at W = 1 and 2 on gloo: the trace equals the reference trace bitwise."""
-    api = _engine_api(area_api)
+    api = engine_api(area_api)
     sc = _scenario(stage, managed, world, dtype="bf16" if stage % 2 else "fp32", offload=offload)
     expected = reference_api.run_scenario(sc)
     assert_traces_match(api.run_scenario(sc), expected, cross_implementation_tolerance(sc, impl, accelerator))
@@ -78,7 +73,7 @@ def test_R24_R25_engine_matches_reference_w3_w4(area_api, reference_api, impl, a
     """R24/R25: at W = 3 and 4, where a transport-ordered sum could differ in the last bits, the engine's
     rank-ordered reduce-scatter reproduces the reference (exactly when the implementation declares
     accumulation_rank_ordered_reduction, within R25's tolerance otherwise)."""
-    api = _engine_api(area_api)
+    api = engine_api(area_api)
     sc = _scenario(stage, managed, world, dtype="bf16", offload=stage == 3)
     expected = reference_api.run_scenario(sc)
     assert_traces_match(api.run_scenario(sc), expected, cross_implementation_tolerance(sc, impl, accelerator))
@@ -89,7 +84,7 @@ def test_R24_R25_engine_matches_reference_w3_w4(area_api, reference_api, impl, a
 def test_R10_bucketing_changes_no_bit(area_api, reference_api, stage, bucket_elements):
     """R10: the per-backward reduction is elementwise, so how the flat buffer is cut into buckets (each
     launched from the gradient hooks as soon as it is complete) cannot change a bit of the trace."""
-    api = _engine_api(area_api)
+    api = engine_api(area_api)
     sc = _scenario(stage, False, 2, dtype="bf16")
     assert_traces_match(api.run_scenario(sc, bucket_elements=bucket_elements), reference_api.run_scenario(sc))
 
@@ -98,7 +93,7 @@ def test_R10_bucketing_changes_no_bit(area_api, reference_api, stage, bucket_ele
 def test_R19_unmanaged_overlap_comm_on_stages_2_3_through_the_engine(area_api, reference_api, stage):
     """R19: unmanaged mode with overlap_comm stays allowed on stages 2/3, and the engine (which always overlaps
     the bucket reductions with backward there) gives the reference trace."""
-    api = _engine_api(area_api)
+    api = engine_api(area_api)
     sc = _scenario(stage, False, 2, overlap_comm=True)
     assert_traces_match(api.run_scenario(sc), reference_api.run_scenario(sc))
 
@@ -108,7 +103,7 @@ def test_R19_unmanaged_overlap_comm_on_stages_2_3_through_the_engine(area_api, r
 def test_R17_R25_engine_on_nccl_matches_reference_within_tolerance(area_api, reference_api, accelerator, scenario):
     """R25/R17: the engine on NCCL (world size 1, rank on the GPU, offload keeping state on the host) gives the
     reference's records, flags and counters exactly and its values within R25's device tolerance."""
-    api = _engine_api(area_api)
+    api = engine_api(area_api)
     if accelerator.device_type != "cuda":
         pytest.skip("needs the cuda accelerator (NCCL); the host runs are the tests above")
     # The reference runs on the same device, so both traces come from the same kernels (a CPU reference would
