@@ -22,15 +22,9 @@ from optimized.pinning import native_backend
 from optimized.ranges import tensor_extent
 from reference import envvars
 from reference.accelerators import ACCELERATOR_ENV, Accelerator, get_accelerator
-from reference.pinning import move_to_pinned, torch_backend
+from reference.pinning import empty_pinned, empty_pinned_like, move_to_pinned, torch_backend
 from reference.pinning.native_backend import PinnedStats
-from reference.pinning.tensors import (
-    check_dtype,
-    check_host_device,
-    check_tensor,
-    is_data_less,
-    normalize_shape,
-)
+from reference.pinning.tensors import check_tensor, is_data_less
 
 __all__ = [
     "PinnedStats",
@@ -62,10 +56,7 @@ def pin_empty(
     *shape: int | tuple[int, ...], dtype: torch.dtype | None = None, device: object = None
 ) -> torch.Tensor:
     """An uninitialised pinned host tensor. ``device`` may only be None or 'cpu'."""
-    dims = normalize_shape(shape)
-    dt = check_dtype(dtype)
-    check_host_device(device)
-    return _allocate(dims, dt)
+    return empty_pinned(shape, dtype, device, _allocate)
 
 
 def pin_empty_like(t: torch.Tensor, *, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -73,8 +64,7 @@ def pin_empty_like(t: torch.Tensor, *, dtype: torch.dtype | None = None) -> torc
 
     ``t`` may live on any device (including meta): only its shape and dtype are read.
     """
-    check_tensor("t", t)
-    return _allocate(tuple(t.shape), check_dtype(dtype if dtype is not None else t.dtype))
+    return empty_pinned_like(t, dtype, _allocate)
 
 
 def pin_memory(t: torch.Tensor, *, make_copy: bool = True, match_shape: bool = True) -> torch.Tensor:

@@ -49,10 +49,7 @@ def _allocate(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
 def pin_empty(*shape: int | tuple[int, ...], dtype: torch.dtype | None = None, device: object = None) -> torch.Tensor:
     """An uninitialised pinned host tensor. ``device`` may only be None or 'cpu'."""
-    dims = normalize_shape(shape)
-    dt = check_dtype(dtype)
-    check_host_device(device)
-    return _allocate(dims, dt)
+    return empty_pinned(shape, dtype, device, _allocate)
 
 
 def pin_empty_like(t: torch.Tensor, *, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -60,8 +57,7 @@ def pin_empty_like(t: torch.Tensor, *, dtype: torch.dtype | None = None) -> torc
 
     ``t`` may live on any device (including meta): only its shape and dtype are read.
     """
-    check_tensor("t", t)
-    return _allocate(tuple(t.shape), check_dtype(dtype if dtype is not None else t.dtype))
+    return empty_pinned_like(t, dtype, _allocate)
 
 
 def pin_memory(t: torch.Tensor, *, make_copy: bool = True, match_shape: bool = True) -> torch.Tensor:
@@ -74,6 +70,25 @@ def pin_memory(t: torch.Tensor, *, make_copy: bool = True, match_shape: bool = T
     layout into the pinned buffer, so no full-size pageable temporary is ever made.
     """
     return move_to_pinned(t, make_copy, match_shape, _allocate, is_pinned)
+
+
+def empty_pinned(
+    shape: tuple, dtype: object, device: object, allocate: Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
+) -> torch.Tensor:
+    """The body of :func:`pin_empty` over an implementation's allocator: every implementation checks the shape,
+    dtype and device the same way (same errors), only the allocation differs."""
+    dims = normalize_shape(shape)
+    dt = check_dtype(dtype)
+    check_host_device(device)
+    return allocate(dims, dt)
+
+
+def empty_pinned_like(
+    t: object, dtype: object, allocate: Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
+) -> torch.Tensor:
+    """The body of :func:`pin_empty_like` over an implementation's allocator (see :func:`empty_pinned`)."""
+    check_tensor("t", t)
+    return allocate(tuple(t.shape), check_dtype(dtype if dtype is not None else t.dtype))
 
 
 def move_to_pinned(
