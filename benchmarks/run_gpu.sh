@@ -10,7 +10,11 @@ out=$(realpath -m "${1:?usage: benchmarks/run_gpu.sh OUT_DIR}"); mkdir -p "$out"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HOSTOFFLOAD_SOURCE_ROOT=$root
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 python3 -m pip install --no-build-isolation --no-deps -e . >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
-{ date -u +%FT%TZ; git -C "$root" rev-parse --short HEAD 2>/dev/null
+# The device tool's copy may carry a stale .git, so the sources are also fingerprinted by content.
+{ date -u +%FT%TZ; echo "git HEAD of this copy: $(git -C "$root" rev-parse --short HEAD 2>/dev/null)"
+  echo "sources sha256: $(cd "$root" && find reference optimized csrc conformance benchmarks -type f \
+    \( -name '*.py' -o -name '*.cpp' -o -name '*.h' -o -name '*.sh' -o -name 'CMakeLists.txt' \) | sort \
+    | xargs sha256sum | sha256sum | cut -c1-16)"
   nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.max,pcie.link.width.max --format=csv,noheader
   lscpu | grep -E 'Model name|^CPU\(s\)'; python3 -c 'import torch; print("torch", torch.__version__)'; } >"$out/hardware.txt" 2>&1
 cat "$out/hardware.txt"

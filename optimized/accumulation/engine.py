@@ -148,7 +148,7 @@ class ZeroEngine(ScheduledEngine):
         self.frozen_layout: FlatLayout = build_layout([(n, p.shape) for n, p in frozen], self.world_size)
         self._seg = {s.name: s for s in self.layout.segments}
         self._fseg = {s.name: s for s in self.frozen_layout.segments}
-        self.master_device = torch.device("cpu") if cfg.offload_optimizer in ("cpu", "nvme") else self.device
+        self.master_device = torch.device("cpu") if cfg.masters_on_host else self.device
         self.param_device = torch.device("cpu") if cfg.offload_param == "cpu" else self.device
 
         self._pinned: list[torch.Tensor] = []
@@ -206,7 +206,7 @@ class ZeroEngine(ScheduledEngine):
         mnumel = total if self.stage == 0 else P
         src = flat if self.stage == 0 else flat[lo:hi]
         if self.master_device.type == "cpu":
-            self._master = self._host_buffer(mnumel, torch.float32, pinned=cfg.offload_optimizer != "none")
+            self._master = self._host_buffer(mnumel, torch.float32, pinned=cfg.masters_on_host)
         else:
             self._master = torch.empty(mnumel, dtype=torch.float32, device=self.master_device)
         self._master.copy_(src)

@@ -232,6 +232,13 @@ class AccumulationConfig:
     def accum_dtype(self) -> torch.dtype:
         return DTYPES[self.grad_accum_dtype or self.dtype]
 
+    # ---- resolved placement --------------------------------------------------------------------------------
+    @property
+    def masters_on_host(self) -> bool:
+        """R17: the fp32 masters (and the optimizer step) live on the host: ``cpu`` and ``nvme`` offload alike
+        (``nvme`` differs only in where the optimizer state waits between steps)."""
+        return self.offload_optimizer != "none"
+
     # ---- mapping round trip --------------------------------------------------------------------------------
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> AccumulationConfig:

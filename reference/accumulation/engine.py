@@ -119,7 +119,7 @@ class AccumulationEngine(ScheduledEngine):
         self.frozen_layout = build_layout([(n, p.shape) for n, p in frozen], world_size)
 
         # R17: offload moves where state lives, never what is computed (nvme: masters on the host like cpu).
-        self.master_device = _HOST if cfg.offload_optimizer in ("cpu", "nvme") else self.device
+        self.master_device = _HOST if cfg.masters_on_host else self.device
         self.param_device = _HOST if cfg.offload_param == "cpu" else self.device
 
         self.replicas: tuple[nn.Module, ...] = tuple(copy.deepcopy(base) for _ in range(world_size))
