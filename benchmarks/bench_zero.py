@@ -53,17 +53,28 @@ def _time(fn, iters: int) -> float:
     return best
 
 
-def bench_host_bandwidth(threads: int, nbytes: int = 1 << 30, iters: int = 5) -> dict:
-    """The host's memory bandwidth as torch's multi-threaded copy of ``nbytes`` sees it (bytes read + written
-    per second), the yardstick the Adam figures are read against: a step that streams 28-30 bytes per
-    parameter cannot beat it."""
+def bench_host_bandwidth(threads: int, nbytes: int = 1 << 30, iters: int = 5) -> list[dict]:
+    """The host's memory bandwidth, STREAM-style, as yardstick for the Adam figures (a step that streams 28-30
+    bytes per parameter cannot beat it): torch's threaded kernels over arrays of ``nbytes`` each, bytes read +
+    written per second. Several access patterns, because one alone can mislead: on the H200 box's VM a plain
+    ``copy_`` reached 79.6 GB/s while both Adam kernels streamed more (run C in docs/benchmarks.md)."""
     torch.set_num_threads(threads)
-    src = torch.ones(nbytes // 4)
-    dst = torch.empty_like(src)
-    sec = _time(lambda: dst.copy_(src), iters)
-    row = {"arm": "host_copy", "bytes": nbytes, "seconds": sec, "bytes_per_s": 2 * nbytes / sec, "threads": threads}
-    print(f"  host memory: copy of {nbytes >> 20} MiB moves {2 * nbytes / sec / 1e9:.1f} GB/s (read + write)")
-    return row
+    n = nbytes // 4
+    a, b, c = torch.ones(n), torch.ones(n), torch.empty(n)
+    kernels = {
+        "copy": (lambda: c.copy_(a), 2),  # c = a: one read, one write stream
+        "scale_inplace": (lambda: a.mul_(1.0000001), 2),  # a *= s: read and write the same stream
+        "add": (lambda: torch.add(a, b, out=c), 3),  # c = a + b
+        "triad_inplace": (lambda: a.add_(b, alpha=1e-7), 3),  # a += s*b: two reads, one write back
+    }
+    rows = []
+    for name, (fn, streams) in kernels.items():
+        sec = _time(fn, iters)
+        bps = streams * nbytes / sec
+        rows.append({"arm": f"host_{name}", "bytes": nbytes, "streams": streams, "seconds": sec, "bytes_per_s": bps,
+                     "threads": threads})
+        print(f"  host memory, {name:<14} ({streams} streams of {nbytes >> 20} MiB): {bps / 1e9:7.1f} GB/s")
+    return rows
 
 
 def bench_cpu_adam(sizes: list[int], iters: int, threads: int) -> list[dict]:
@@ -387,7 +398,7 @@ def main() -> None:
     failed: list = []
     if args.part in ("cpu-adam", "all"):
         print("CPU Adam (AdamW, one flat fp32 tensor):")
-        rows = [bench_host_bandwidth(args.threads)]
+        rows = bench_host_bandwidth(args.threads)
         rows += bench_cpu_adam([int(float(s)) for s in args.sizes.split(",")], args.iters, args.threads)
         (out / "cpu_adam.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     if args.part in ("scenarios", "all"):

@@ -39,11 +39,11 @@ part zero-scenarios-nccl "${T_ZSC:-70}" python3 benchmarks/bench_zero.py scenari
 part diag-offload-prefetch "${T_DOP:-60}" python3 benchmarks/diag_offload_prefetch.py --blocks 6 --steps 2
 part bench-pinning "${T_BPIN:-70}" python3 benchmarks/bench_pinning.py --only "${PIN_GROUPS:-alloc,phases,is_pinned,bandwidth}" \
   --out "$out/bench_pinning.json"
-part bench-offload "${T_BOFF:-100}" python3 benchmarks/bench_offload.py \
-  --arms ckpt,save_on_cpu,reference,optimized,optimized_p2,optimized_p0 --out "$out/bench_offload.json"
+part bench-offload "${T_BOFF:-140}" python3 benchmarks/bench_offload.py \
+  --arms no_ckpt,ckpt,save_on_cpu,reference,optimized,optimized_p2,optimized_p0 --out "$out/bench_offload.json"
 part bench-zero-adam "${T_BZA:-150}" python3 benchmarks/bench_zero.py cpu-adam --sizes "${ADAM_SIZES:-1e7,1e8,1e9}" --iters 5 --out "$out/zero"
 part bench-zero-engine "${T_BZE:-50}" python3 benchmarks/bench_zero.py engine --device cuda --dtype bf16 --layers 12 \
   --hidden 1024 --heads 16 --seq 1024 --vocab 32000 --batch 8 --gas 4 --iters 5 --out "$out/zero"
 mkdir -p /tmp/hostoffload-io
-part bench-io "${T_BIO:-120}" python3 benchmarks/bench_io.py --sizes 64M,256M,1G,4G --repeats 2 --dir /tmp/hostoffload-io \
+part bench-io "${T_BIO:-240}" python3 benchmarks/bench_io.py --sizes 64M,256M,1G,4G --repeats 2 --dir /tmp/hostoffload-io \
   --out "$out/bench_io.json"
