@@ -77,6 +77,13 @@ def bench_host_bandwidth(threads: int, nbytes: int = 1 << 30, iters: int = 5) ->
     return rows
 
 
+# Timed calls per arm at least this many parameter-steps in total (so at least iters, and 200 calls at 10 M). Why:
+# at 10 M a step takes about 1 ms, and on the H200 box's VM the best of 5 such calls swung between 0.66 and 1.19 ms
+# for torch's fused AdamW within one lease, enough to turn the native/fused ratio from 0.49x to 1.27x between runs;
+# with 40 calls the same build gave 0.56-0.66 ms every time (benchmarks/results/h200-2026-12-02g-*).
+_MIN_TIMED_PARAMS = 2e9
+
+
 def bench_cpu_adam(sizes: list[int], iters: int, threads: int) -> list[dict]:
     from optimized import cpu_adam
     from reference.accumulation import OptimizerConfig
@@ -121,13 +128,14 @@ def bench_cpu_adam(sizes: list[int], iters: int, threads: int) -> list[dict]:
             except (RuntimeError, ValueError) as exc:  # fused AdamW needs torch >= 2.4 on CPU
                 print(f"  {name}: unavailable ({exc})")
                 continue
+            calls = max(iters, math.ceil(_MIN_TIMED_PARAMS / n))
             with torch.no_grad():
-                sec = _time(fn, iters)
+                sec = _time(fn, calls)
             # Free this arm's buffers (12 GB at 1e9 params) before the next one is built: peak memory stays one
             # arm plus the shared gradient and bf16 buffer (18 GB at 1e9), whatever the number of arms.
             del fn
             gc.collect()
-            rows.append({"params": n, "arm": name, "seconds": sec, "params_per_s": n / sec,
+            rows.append({"params": n, "arm": name, "seconds": sec, "calls": calls, "params_per_s": n / sec,
                          "bytes_per_s": n * bytes_per / sec, "threads": threads, "isa": cpu_adam.best_isa()})
             print(f"  N={n:>13,d} {name:<18} {sec * 1e3:9.2f} ms  {n / sec / 1e6:9.1f} M params/s  "
                   f"{n * bytes_per / sec / 1e9:7.2f} GB/s")

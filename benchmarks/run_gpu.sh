@@ -29,7 +29,7 @@ suite() {  # suite NAME SECONDS PYTEST-TARGETS...
   part "suite-$name" "$secs" bash -c 'cd /tmp && exec python3 -m pytest --pyargs -p no:cacheprovider -W ignore::DeprecationWarning \
     --conformance-accelerator cuda --conformance-profile gpu --conformance-report "$0" -q "$@"' "$out/report-$name" "$@"
 }
-suite pinning "${T_PIN:-150}" conformance.suite.test_pinning_api conformance.suite.test_pinning_cuda \
+suite pinning "${T_PIN:-190}" conformance.suite.test_pinning_api conformance.suite.test_pinning_cuda \
   conformance.suite.test_pinning_threads conformance.suite.test_pinning_memlock conformance.suite.test_ranges_state_machine \
   conformance.suite.test_ranges_agreement conformance.suite.test_accelerators_contract
 suite offload "${T_OFF:-70}" conformance -k offload

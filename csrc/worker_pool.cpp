@@ -1,19 +1,10 @@
 // Persistent worker pool for the native CPU kernels (contract in worker_pool.h).
 //
-// One job at a time (run_mutex_). Publishing a job: under mutex_, store it, split its blocks into one contiguous
-// lane per participant (the caller is lane 0, worker i is lane i + 1), bump the generation and open the job;
-// workers with an index below `participants_` that see the new generation while the job is open register as in
-// flight. Every participant claims blocks from its own lane first, then steals from the other lanes, each claim a
-// fetch_add on that lane's counter. The caller then closes the job and waits only for the workers in flight: a
-// worker that wakes after the caller has closed the job does nothing, so a slow wake-up never delays the caller
-// once the blocks are done (its lane was stolen).
-//
-// Why home lanes: the same thread gets the same part of the arrays on every call with the same sizes (one call per
-// parameter buffer, every step), so a buffer that fits in the caches stays in the caches of the cores that use it.
-// A single shared counter handed block k to whichever thread came first, so below about the size of the last-level
-// cache the native step ran at half the speed of torch's statically split fused AdamW (10M parameters on the H200
-// box, docs/benchmarks.md). Stealing keeps what the shared counter was for: a slow vCPU's lane is finished by the
-// others.
+// One job at a time (run_mutex_). Publishing a job: under mutex_, store it, reset the block counter, bump the
+// generation and open the job; workers with an index below `participants_` that see the new generation while the
+// job is open register as in flight and claim blocks until the counter passes the end. The caller claims blocks
+// too, then closes the job and waits only for the workers in flight: a worker that wakes after the caller has
+// closed the job does nothing, so a slow wake-up never delays the caller once the blocks are done.
 //
 // Wake-up latency: after a job, a worker spins on the published generation for a short while (kSpin) before it
 // sleeps on the condition variable, so back-to-back calls (one per parameter buffer) do not pay a futex wake-up
@@ -62,13 +53,6 @@ struct Job {
     std::size_t nblocks;
 };
 
-// One participant's share of a job's blocks, [next, end) still unclaimed. On its own cache line: claims on
-// different lanes do not contend.
-struct alignas(64) Lane {
-    std::atomic<std::size_t> next{0};
-    std::size_t end = 0;
-};
-
 std::size_t allowed_cpus() {
     cpu_set_t set;
     CPU_ZERO(&set);
@@ -107,7 +91,7 @@ public:
                 wake = false;
             } else {
                 job_ = &job;
-                split(job.nblocks, helpers + 1);
+                next_.store(0, std::memory_order_relaxed);
                 error_ = nullptr;
                 participants_ = helpers;
                 open_ = true;
@@ -123,10 +107,10 @@ public:
         if (wake) work_cv_.notify_all();
         std::exception_ptr failure;
         try {
-            drain(job, 0, helpers + 1);
+            drain(job);
         } catch (...) {
             failure = std::current_exception();
-            stop(helpers + 1);  // the others stop claiming
+            next_.store(job.nblocks, std::memory_order_relaxed);  // the others stop claiming
         }
         {
             std::unique_lock<std::mutex> lk(mutex_);
@@ -145,30 +129,12 @@ private:
         job.fn(job.ctx, lo, std::min(job.n, lo + job.block));
     }
 
-    // Called under mutex_ before the job is published: lane p gets blocks [p * nblocks / lanes, (p+1) * ...).
-    void split(std::size_t nblocks, std::size_t lanes) {
-        for (std::size_t p = 0; p < lanes; ++p) {
-            lanes_[p].next.store(p * nblocks / lanes, std::memory_order_relaxed);
-            lanes_[p].end = (p + 1) * nblocks / lanes;
+    void drain(const Job& job) {
+        for (;;) {
+            const std::size_t b = next_.fetch_add(1, std::memory_order_relaxed);
+            if (b >= job.nblocks) return;
+            run_block(job, b);
         }
-    }
-
-    // Participant `self` of `lanes`: its own lane, then the others in turn. A claim past a lane's end means that
-    // lane is done (claims only grow), so every block is run exactly once.
-    void drain(const Job& job, std::size_t self, std::size_t lanes) {
-        for (std::size_t k = 0; k < lanes; ++k) {
-            Lane& lane = lanes_[(self + k) % lanes];
-            for (;;) {
-                const std::size_t b = lane.next.fetch_add(1, std::memory_order_relaxed);
-                if (b >= lane.end) break;
-                run_block(job, b);
-            }
-        }
-    }
-
-    // After a failure: every later claim lands past its lane's end.
-    void stop(std::size_t lanes) {
-        for (std::size_t p = 0; p < lanes; ++p) lanes_[p].next.store(lanes_[p].end, std::memory_order_relaxed);
     }
 
     // Called with run_mutex_ held (no job open). Workers start with every signal blocked, so asynchronous
@@ -223,14 +189,13 @@ private:
             if (!open_ || index >= participants_) continue;
             ++in_flight_;
             const Job job = *job_;
-            const std::size_t lanes = participants_ + 1;
             lk.unlock();
             std::exception_ptr failure;
             try {
-                drain(job, index + 1, lanes);
+                drain(job);
             } catch (...) {
                 failure = std::current_exception();
-                stop(lanes);
+                next_.store(job.nblocks, std::memory_order_relaxed);
             }
             lk.lock();
             if (failure && !error_) error_ = failure;
@@ -254,10 +219,7 @@ private:
     std::size_t sleepers_ = 0;
     std::size_t workers_ = 0;  // started workers (written under both mutexes)
     const Job* job_ = nullptr;
-    // The open job's lanes, one per participant (caller + at most kMaxWorkers). Written under mutex_ before the
-    // job is published; during the job only the lane counters change. A fixed array (64 KiB, in the heap-allocated
-    // pool) so that growing the pool never moves a lane a worker may be reading.
-    Lane lanes_[kMaxWorkers + 1];
+    std::atomic<std::size_t> next_{0};  // next unclaimed block of the open job
     std::exception_ptr error_;
 };
 

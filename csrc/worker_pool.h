@@ -1,11 +1,10 @@
 // A persistent pool of worker threads for the native CPU kernels (issue 6): block-parallel loops over [0, n).
 //
 // Why a pool: the optimizer step is called once per parameter buffer, every training step; starting and joining
-// threads on every call cost more than the step itself below a few million parameters. Why home lanes with
-// stealing: each thread starts on its own contiguous share of the blocks, the same share on every call of the same
-// size, so data that fits in the caches stays with the cores that touch it; on a shared or virtualised host some
-// vCPUs run slower than others (hyper-thread siblings, noisy neighbours), and a plain static split would make every
-// call wait for the slowest thread, so a thread that finishes its share steals blocks from the others' shares.
+// threads on every call cost more than the step itself below a few million parameters. Why dynamic blocks: on a
+// shared or virtualised host some vCPUs run slower than others (hyper-thread siblings, noisy neighbours), and a
+// static split makes every call wait for the slowest thread; claiming fixed-size blocks from an atomic counter lets
+// fast threads take more of them.
 //
 // Contract:
 //  * parallel_for(n, block, threads, fn, ctx) calls fn(ctx, lo, hi) on disjoint ranges covering [0, n) exactly
