@@ -78,9 +78,10 @@ def bench_host_bandwidth(threads: int, nbytes: int = 1 << 30, iters: int = 5) ->
 
 
 # Timed calls per arm at least this many parameter-steps in total (so at least iters, and 200 calls at 10 M). Why:
-# at 10 M a step takes about 1 ms, and on the H200 box's VM the best of 5 such calls swung between 0.66 and 1.19 ms
-# for torch's fused AdamW within one lease, enough to turn the native/fused ratio from 0.49x to 1.27x between runs;
-# with 40 calls the same build gave 0.56-0.66 ms every time (benchmarks/results/h200-2026-12-02g-*).
+# at 10 M a step takes about 1 ms, and on the H200 box's VM the best of 9 such calls, repeated four times on one
+# lease with one build, gave 0.66-1.19 ms for torch's fused AdamW and 0.98-1.38 ms for the native kernel (native /
+# fused 0.55x-1.12x); with the best of 40 calls the native kernel gave 0.56-0.66 ms every time, fused 1.01-1.17 ms
+# (benchmarks/results/h200-2026-12-02g-*).
 _MIN_TIMED_PARAMS = 2e9
 
 
