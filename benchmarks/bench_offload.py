@@ -135,13 +135,18 @@ def build(
     return blocks, x, arms, managers
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--blocks", type=int, default=24)
+def add_model_args(parser: argparse.ArgumentParser, blocks: int) -> None:
+    """The model-shape options (issue 4's model by default), shared with diag_offload_prefetch.py."""
+    parser.add_argument("--blocks", type=int, default=blocks)
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--inner", type=int, default=8192)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=4096)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_model_args(parser, blocks=24)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--arms", default="no_ckpt,ckpt,save_on_cpu,reference,optimized")

@@ -20,18 +20,14 @@ import torch.utils.checkpoint as torch_checkpoint
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_offload import Block
+from bench_offload import Block, add_model_args
 
 MiB = 1 << 20
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--blocks", type=int, default=6)
-    parser.add_argument("--hidden", type=int, default=2048)
-    parser.add_argument("--inner", type=int, default=8192)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--seq", type=int, default=4096)
+    add_model_args(parser, blocks=6)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--prefetch", type=int, default=1)
     args = parser.parse_args(argv)

@@ -22,14 +22,12 @@ buffer; it is what lets host memory hold the state only while it is used.
 from __future__ import annotations
 
 import contextlib
-import shutil
-import weakref
 
 import torch
 
 from optimized.io import SwapHandle, SwapRequest
 from optimized.pinning import pin_empty, unpin
-from reference.accumulation.swap import make_swap_dir, state_file
+from reference.accumulation.swap import open_swap_directory, state_file
 from reference.io import SwapConfig, SwapStats
 
 __all__ = ["StateSwapper"]
@@ -39,14 +37,7 @@ class StateSwapper:
     """The swap cycle of one rank's optimizer-state buffers ``names``, each ``numel`` fp32 elements."""
 
     def __init__(self, nvme_path: str, swap_config: SwapConfig, rank: int, names: tuple[str, ...], numel: int):
-        self.directory = make_swap_dir(nvme_path)
-        self._cleanup = weakref.finalize(self, shutil.rmtree, self.directory, True)
-        c = swap_config
-        try:
-            self.handle = SwapHandle(c.queue_depth, c.block_size, c.num_threads, c.use_o_direct)
-        except BaseException:
-            self._cleanup()
-            raise
+        self.directory, self._cleanup, self.handle = open_swap_directory(self, nvme_path, swap_config, SwapHandle)
         self.names = names
         self.numel = numel
         self.paths = {n: state_file(self.directory, rank, n) for n in names}

@@ -24,9 +24,20 @@ from reference.accumulation.optimizers import OptimizerState
 from reference.io import SwapConfig, SwapHandle
 
 
-def make_swap_dir(nvme_path: str) -> str:
-    """A fresh private directory under ``nvme_path`` for one engine (one rank process in a multi-process run)."""
-    return tempfile.mkdtemp(prefix="hostoffload-optstate-", dir=nvme_path)
+def open_swap_directory(owner: object, nvme_path: str, swap_config: SwapConfig, handle_type: type) -> tuple:
+    """What every implementation's state swapper starts with: a fresh private directory under ``nvme_path`` (one
+    per engine, or per rank process in a multi-process run), a finalizer that deletes it when ``owner`` is
+    dropped or when called, and a ``handle_type`` swap handle built from ``swap_config``. Returns
+    ``(directory, cleanup, handle)``; if the handle cannot be built the directory is already gone."""
+    directory = tempfile.mkdtemp(prefix="hostoffload-optstate-", dir=nvme_path)
+    cleanup = weakref.finalize(owner, shutil.rmtree, directory, True)
+    c = swap_config
+    try:
+        handle = handle_type(c.queue_depth, c.block_size, c.num_threads, c.use_o_direct)
+    except BaseException:
+        cleanup()
+        raise
+    return directory, cleanup, handle
 
 
 def state_file(directory: str, rank: int, name: str) -> str:
@@ -43,17 +54,10 @@ class OptimizerStateSwap:
     """
 
     def __init__(self, nvme_path: str, swap_config: SwapConfig) -> None:
-        self.directory = make_swap_dir(nvme_path)
-        c = swap_config
-        try:
-            self.handle = SwapHandle(c.queue_depth, c.block_size, c.num_threads, c.use_o_direct)
-        except BaseException:
-            shutil.rmtree(self.directory, ignore_errors=True)
-            raise
+        # An engine dropped without destroy() still removes its files (the handle has its own finalizer).
+        self.directory, self._cleanup, self.handle = open_swap_directory(self, nvme_path, swap_config, SwapHandle)
         self._numel: dict[tuple[int, str], int] = {}
         self._closed = False
-        # An engine dropped without destroy() still removes its files (the handle has its own finalizer).
-        self._cleanup = weakref.finalize(self, shutil.rmtree, self.directory, True)
 
     def swap_out(self, rank: int, state: OptimizerState) -> None:
         """Write every buffer of ``state`` to its file and drop it from memory."""
