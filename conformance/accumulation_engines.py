@@ -1,20 +1,84 @@
-"""Helpers for the suite's tests of multi-process accumulation engines (tests of the optimized torch.distributed
-engine and any third-party engine that declares ``DISTRIBUTED_ENGINE``), kept in one place so the engine test
-modules share one skip rule and one pinning setup."""
+"""The distributed engine under test, taken from the implementation's own declaration.
+
+An implementation that declares ``Capabilities(distributed_engine=True)`` provides a ``ZeroEngine`` class in its
+accumulation area module (one object per rank on a torch.distributed group) and a pinning area whose
+``pinned_stats`` counts the engine's pinned buffers. The engine test modules mark themselves
+``requires("distributed_engine", areas=("accumulation", "pinning"))`` and get an :class:`EngineUnderTest` from
+:func:`engine_api`: the engine class, the pinning API and the harness's rank runner, all resolved from the
+implementation being judged, so a third-party engine is tested as itself and never with ours.
+
+Rank functions run in the harness's worker processes and receive the :class:`~reference.implementation.Implementation`
+itself as an argument (it pickles by value), then resolve the classes they need with :func:`engine_class` and
+:func:`pinned_stats_of`.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 import pytest
 
+from conformance import engine_runner, rank_pool
+from reference.implementation import Implementation
 
-def engine_api(area_api: ModuleType) -> ModuleType:
-    """``area_api`` if its accumulation module runs real ranks (``DISTRIBUTED_ENGINE = True``), else skip: the
-    reference simulates its ranks in one process and has no engine object per rank to test."""
-    if not getattr(area_api, "DISTRIBUTED_ENGINE", False):
-        pytest.skip("this implementation's accumulation module is not a multi-process engine")
-    return area_api
+#: The marker every engine test module carries: the feature and the areas the engine tests need.
+REQUIRES_ENGINE = pytest.mark.requires("distributed_engine", areas=("accumulation", "pinning"))
+
+
+def engine_class(impl: Implementation) -> type:
+    """The implementation's per-rank engine class (``ZeroEngine`` of its accumulation area)."""
+    module = impl.load("accumulation")
+    cls = getattr(module, "ZeroEngine", None)
+    if not isinstance(cls, type):
+        raise AssertionError(
+            f"{impl.name} declares distributed_engine but its accumulation module {module.__name__} has no "
+            f"ZeroEngine class (docs/extending.md)"
+        )
+    return cls
+
+
+def pinned_stats_of(impl: Implementation):
+    """The implementation's ``pinned_stats`` (its pinning area), the counter the release checks compare."""
+    return impl.load("pinning").pinned_stats
+
+
+@dataclass(frozen=True)
+class EngineUnderTest:
+    """What the engine tests drive: the implementation's engine class and the harness's rank runner."""
+
+    impl: Implementation
+
+    TIMEOUT_ENV = engine_runner.TIMEOUT_ENV
+    POOL_SIZE_ENV = engine_runner.POOL_SIZE_ENV
+
+    @property
+    def ZeroEngine(self) -> type:
+        return engine_class(self.impl)
+
+    @property
+    def pinning(self) -> ModuleType:
+        return self.impl.load("pinning")
+
+    @staticmethod
+    def run_on_ranks(fn: Any, world: int, *args: Any, **kwargs: Any) -> list[Any]:
+        return engine_runner.run_on_ranks(fn, world, *args, **kwargs)
+
+    def run_scenario(self, scenario: Any, **kwargs: Any):
+        return engine_runner.run_engine_scenario(self.ZeroEngine, scenario, **kwargs)
+
+    @staticmethod
+    def shutdown_pools() -> None:
+        rank_pool.shutdown_pools()
+
+
+def engine_api(impl: Implementation) -> EngineUnderTest:
+    """The engine of ``impl``. Modules marked with :data:`REQUIRES_ENGINE` are skipped at collection for an
+    implementation that does not declare one, so reaching this without the declaration is a harness error."""
+    if not impl.capabilities.distributed_engine:
+        raise pytest.UsageError(f"engine_api({impl.name}) called from a test without {REQUIRES_ENGINE.args}")
+    return EngineUnderTest(impl)
 
 
 @pytest.fixture

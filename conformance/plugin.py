@@ -88,6 +88,25 @@ def pytest_configure(config: pytest.Config) -> None:
         "unavailable": unavailable,
     }
     config.stash[_COLLECTOR_KEY] = ReportCollector()
+    _register_harness_plugins(config)
+
+
+def _register_harness_plugins(config: pytest.Config) -> None:
+    """Harness parts with hooks of their own, kept in their modules: requires(...) at collection
+    (conformance.capability_marks) and crash isolation (conformance.isolation)."""
+    from conformance import capability_marks
+
+    capability_marks.register(config)
+    if not config.pluginmanager.has_plugin("hostoffload-capability-marks"):
+        config.pluginmanager.register(_CapabilityMarksPlugin(), "hostoffload-capability-marks")
+
+
+class _CapabilityMarksPlugin:
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        from conformance import capability_marks
+
+        capability_marks.apply(items)
 
 
 def pytest_cmdline_main(config: pytest.Config) -> int | None:
@@ -99,7 +118,7 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
         print("implementations (hostoffload.implementations):")
         for impl in discovery.discover_implementations().values():
             areas = ", ".join(f"{a}{'' if impl.provides(a) else ' (declared, missing)'}" for a in impl.areas)
-            print(f"  {impl.name} {impl.version}: areas {areas}; capabilities {impl.capabilities}")
+            print(f"  {impl.name} {impl.version}: areas {areas}; capabilities {impl.capabilities.summary()}")
         print("accelerators (hostoffload.accelerators):")
         from reference.accelerators import discover_accelerators
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+
+from reference.capabilities import Capabilities
 
 #: Every area of the specification, in the order the report lists them.
 AREAS: tuple[str, ...] = ("pinning", "ranges", "offload", "accumulation", "io")
@@ -22,14 +24,15 @@ class Implementation:
     """An implementation of some areas of the hostoffload specification.
 
     ``areas`` maps an area name (one of :data:`AREAS`) to the dotted path of the module implementing it.
-    ``capabilities`` holds flags and tolerances the suite reads instead of special-casing implementations
-    (for example ``{"pin_backends": ("torch", "native")}``).
+    ``capabilities`` is the one typed declaration of features and tolerances the suite reads instead of
+    special-casing implementations (:class:`~reference.capabilities.Capabilities`; a plain mapping is accepted
+    and converted, unknown keys are an error).
     """
 
     name: str
     version: str
     areas: dict[str, str] = field(default_factory=dict)
-    capabilities: dict[str, Any] = field(default_factory=dict)
+    capabilities: Capabilities = field(default_factory=Capabilities)
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.areas) - set(AREAS))
@@ -37,6 +40,15 @@ class Implementation:
             raise ValueError(
                 f"Implementation {self.name!r} declares unknown areas {unknown}; allowed areas: {', '.join(AREAS)}"
             )
+        caps = self.capabilities
+        if isinstance(caps, Mapping):
+            caps = Capabilities.from_mapping(caps)
+        if not isinstance(caps, Capabilities):
+            raise TypeError(
+                f"Implementation {self.name!r}: capabilities must be a reference.capabilities.Capabilities "
+                f"(or a mapping of its field names), got {type(caps).__name__}"
+            )
+        object.__setattr__(self, "capabilities", caps)
 
     def provides(self, area: str) -> bool:
         """True if the area is declared and its module can be found (not yet imported)."""

@@ -12,9 +12,10 @@ import pytest
 import torch
 from torch import nn
 
+from conformance.accumulation_engines import REQUIRES_ENGINE, engine_api, engine_class
 from reference.accumulation import AccumulationConfig, AffineMap
 
-pytestmark = pytest.mark.conformance_area("accumulation")
+pytestmark = [pytest.mark.conformance_area("accumulation"), REQUIRES_ENGINE]
 
 
 class _Recording(AffineMap):
@@ -30,10 +31,11 @@ class _Recording(AffineMap):
 class _Net(nn.Module):
     """inp (trainable) -> tanh -> [frozen -> tanh -> out], the bracket checkpointed with ``kind``."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, offload_checkpoint=None) -> None:
         super().__init__()
         gen = torch.Generator().manual_seed(5)
         self.kind = kind
+        self.offload_checkpoint = offload_checkpoint  # the implementation's offload.checkpoint
         self.inp = _Recording(4, 6, gen)
         self.frozen = _Recording(6, 6, gen)
         self.frozen.requires_grad_(False)
@@ -50,19 +52,18 @@ class _Net(nn.Module):
             from torch.utils.checkpoint import checkpoint
 
             return checkpoint(self._tail, h, use_reentrant=False)
-        from optimized.offload import checkpoint
-
-        return checkpoint(self._tail, h, use_reentrant=self.kind == "offload-reentrant")
+        return self.offload_checkpoint(self._tail, h, use_reentrant=self.kind == "offload-reentrant")
 
 
-def _rank(group, kind: str, dtype: str) -> dict:
+def _rank(group, impl, kind: str, dtype: str) -> dict:
     import torch.distributed as dist
 
-    from optimized.accumulation import ZeroEngine
+    ZeroEngine = engine_class(impl)
 
     rank = dist.get_rank(group)
     cfg = AccumulationConfig(zero_stage=3, dtype=dtype, offload_param="cpu", offload_optimizer="cpu")
-    engine = ZeroEngine(_Net(kind), cfg, process_group=group, record_gradients=True)
+    offload = impl.load("offload").checkpoint if kind.startswith("offload") else None
+    engine = ZeroEngine(_Net(kind, offload), cfg, process_group=group, record_gradients=True)
     gen = torch.Generator().manual_seed(100 + rank)
     leftovers, outcomes = [], []
     for _ in range(2):
@@ -83,20 +84,23 @@ def _rank(group, kind: str, dtype: str) -> dict:
 
 
 _PLAIN: dict[str, list] = {}
+_REQUIRES_OFFLOAD = pytest.mark.requires(areas=("offload",))
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-@pytest.mark.parametrize("kind", ["torch", "offload", "offload-reentrant"])
-def test_R21_R12_engine_recompute_sees_full_frozen_parameters(area_api, kind, dtype):
+@pytest.mark.parametrize(
+    "kind",
+    ["torch", *(pytest.param(k, marks=_REQUIRES_OFFLOAD) for k in ("offload", "offload-reentrant"))],
+)
+def test_R21_R12_engine_recompute_sees_full_frozen_parameters(impl, area_api, kind, dtype):
     """R21: under ZeRO-3 (parameters and optimizer offloaded) every forward of the checkpointed region -- the
     original and the recompute in backward, with torch's non-reentrant checkpoint and the project's
     activation-offload checkpoint in both modes -- sees full-shape frozen and trainable parameters; R12: none is
     left gathered after backward(); norms, gradients and parameters equal the run without checkpointing."""
-    if not getattr(area_api, "DISTRIBUTED_ENGINE", False):
-        pytest.skip("this implementation's accumulation module is not a multi-process engine")
-    checkpointed = area_api.run_on_ranks(_rank, 2, kind, dtype)
+    api = engine_api(impl)
+    checkpointed = api.run_on_ranks(_rank, 2, impl, kind, dtype)
     if dtype not in _PLAIN:  # the run without checkpointing is the same for every kind: run it once
-        _PLAIN[dtype] = area_api.run_on_ranks(_rank, 2, "none", dtype)
+        _PLAIN[dtype] = api.run_on_ranks(_rank, 2, impl, "none", dtype)
     plain = _PLAIN[dtype]
     for r in range(2):
         ck, pl = checkpointed[r], plain[r]
@@ -112,8 +116,8 @@ def test_R21_R12_engine_recompute_sees_full_frozen_parameters(area_api, kind, dt
             assert torch.equal(ck["params"][name], p), f"rank {r}: parameter {name} differs"
 
 
-def _prefetch_rank(group, prefetch: bool) -> dict:
-    from optimized.accumulation import ZeroEngine
+def _prefetch_rank(group, impl, prefetch: bool) -> dict:
+    ZeroEngine = engine_class(impl)
     from reference.accumulation import ModelSpec, Scenario, compute_loss, micro_batch
 
     cfg = AccumulationConfig(zero_stage=3, dtype="bf16")
@@ -128,14 +132,13 @@ def _prefetch_rank(group, prefetch: bool) -> dict:
     return out
 
 
-def test_R12_stage3_prefetch_serves_gathers_and_changes_no_bit(area_api):
+def test_R12_stage3_prefetch_serves_gathers_and_changes_no_bit(impl, area_api):
     """R12: with prefetch on, stage-3 gathers after the first step are served by prefetched broadcasts (one
     module ahead in forward, one behind in backward) and the parameters after three steps equal those of a run
     without prefetch, bitwise, on both ranks."""
-    if not getattr(area_api, "DISTRIBUTED_ENGINE", False):
-        pytest.skip("this implementation's accumulation module is not a multi-process engine")
-    on = area_api.run_on_ranks(_prefetch_rank, 2, True)
-    off = area_api.run_on_ranks(_prefetch_rank, 2, False)
+    api = engine_api(impl)
+    on = api.run_on_ranks(_prefetch_rank, 2, impl, True)
+    off = api.run_on_ranks(_prefetch_rank, 2, impl, False)
     for r in range(2):
         assert on[r]["hits"] > 0, f"rank {r}: prefetch never served a gather"
         assert off[r]["hits"] == 0

@@ -14,11 +14,11 @@ import time
 import pytest
 import torch
 
-from conformance.accumulation_engines import engine_api
+from conformance.accumulation_engines import REQUIRES_ENGINE, engine_api, engine_class, pinned_stats_of
 from reference.accumulation import AccumulationConfig, ModelSpec, Scenario, compute_loss, micro_batch
 from reference.errors import ConfigurationError, UnsupportedOperationError
 
-pytestmark = pytest.mark.conformance_area("accumulation")
+pytestmark = [pytest.mark.conformance_area("accumulation"), REQUIRES_ENGINE]
 
 FAULT_TIMEOUT_S = 4  # the process-group timeout the fault test runs under (seconds)
 
@@ -37,13 +37,13 @@ class _FailInBackward(torch.autograd.Function):
         raise InjectedBackwardError("injected failure inside backward")
 
 
-def _engine_rank(group, stage: int, failing_rank: int | None, catch: bool) -> dict:
+def _engine_rank(group, impl, stage: int, failing_rank: int | None, catch: bool) -> dict:
     """Build an offloading engine, run two micro-steps (``failing_rank`` raises inside its first backward),
     then destroy it; report the error (if ``catch``) and the pinned-memory statistics around the engine."""
     import torch.distributed as dist
 
-    from optimized import pinned_stats
-    from optimized.accumulation import ZeroEngine
+    ZeroEngine = engine_class(impl)
+    pinned_stats = pinned_stats_of(impl)
 
     rank = dist.get_rank(group)
     cfg = AccumulationConfig(
@@ -82,27 +82,27 @@ def _engine_rank(group, stage: int, failing_rank: int | None, catch: bool) -> di
 
 
 @pytest.mark.parametrize("stage", [0, 3])
-def test_R17_destroy_returns_every_pinned_byte(area_api, native_pinning, stage):
+def test_R17_destroy_returns_every_pinned_byte(impl, area_api, native_pinning, stage):
     """R17: offloaded masters, optimizer state (and stage-3 parameter partitions) live in pinned host memory
     from the pinning API; after destroy() the pinned allocations and bytes are back at their starting value."""
-    api = engine_api(area_api)
-    for r, out in enumerate(api.run_on_ranks(_engine_rank, 2, stage, None, True)):
+    api = engine_api(impl)
+    for r, out in enumerate(api.run_on_ranks(_engine_rank, 2, impl, stage, None, True)):
         assert out["error"] is None, out
         assert out["during"][0] > out["before"][0], f"rank {r}: the engine pinned nothing: {out}"
         assert out["after"] == out["before"], f"rank {r}: pinned_stats before {out['before']} after {out['after']}"
 
 
 @pytest.mark.parametrize("stage", [0, 3])  # reduction at the boundary step / inside backward
-def test_R20_fault_in_backward_gives_clear_errors_on_all_ranks(area_api, native_pinning, monkeypatch, stage):
+def test_R20_fault_in_backward_gives_clear_errors_on_all_ranks(impl, area_api, native_pinning, monkeypatch, stage):
     """R20 (a call that cannot complete): an exception inside backward on rank 1 reaches rank 1's caller as
     itself; rank 0, blocked in its next collective, gets a CollectiveError that names the collective and says
     another rank failed, within the process-group timeout (no deadlock); destroy() after the failure returns
     every pinned byte on both ranks."""
-    api = engine_api(area_api)
+    api = engine_api(impl)
     monkeypatch.setenv(api.TIMEOUT_ENV, str(FAULT_TIMEOUT_S))
     monkeypatch.setenv(api.POOL_SIZE_ENV, "2")  # this pool is discarded afterwards: spawn only what it needs
     try:
-        results = api.run_on_ranks(_engine_rank, 2, stage, 1, True, grace_s=60.0)
+        results = api.run_on_ranks(_engine_rank, 2, impl, stage, 1, True, grace_s=60.0)
     finally:
         api.shutdown_pools()  # the group timed out: never reuse it
     failing, survivor = results[1], results[0]
@@ -114,32 +114,32 @@ def test_R20_fault_in_backward_gives_clear_errors_on_all_ranks(area_api, native_
         assert out["after"] == out["before"], f"rank {r}: pinned_stats before {out['before']} after {out['after']}"
 
 
-def test_R26_failing_rank_error_reaches_the_caller_without_deadlock(area_api):
+def test_R26_failing_rank_error_reaches_the_caller_without_deadlock(impl, area_api):
     """R26: when a rank raises and its peer is stuck in a collective, the runner stops the stuck rank after a
     grace period and re-raises the failing rank's exception, same class and message, naming the rank."""
-    api = engine_api(area_api)
+    api = engine_api(impl)
     start = time.monotonic()
     with pytest.raises(InjectedBackwardError, match="injected failure inside backward") as info:
-        api.run_on_ranks(_engine_rank, 2, 2, 1, False, grace_s=3.0)
+        api.run_on_ranks(_engine_rank, 2, impl, 2, 1, False, grace_s=3.0)
     assert time.monotonic() - start < 40, "the runner took too long to give up on the stuck rank"
     assert any("rank 1 of 2" in note for note in getattr(info.value, "__notes__", [])), info.value
 
 
-def test_R20_engine_refuses_without_process_group_and_after_destroy(area_api):
+def test_R20_engine_refuses_without_process_group_and_after_destroy(impl, area_api):
     """R20/R1: building the engine before torch.distributed is initialised is a ConfigurationError saying what
     to call; after destroy() every call is an UnsupportedOperationError (checked in a rank process)."""
-    api = engine_api(area_api)
+    api = engine_api(impl)
     import torch.distributed as dist
 
     if dist.is_initialized():
         pytest.skip("this test process already has a default process group")
     with pytest.raises(ConfigurationError, match="init_process_group"):
         api.ZeroEngine(ModelSpec().build(0), AccumulationConfig())
-    assert api.run_on_ranks(_destroyed_calls, 1) == [["destroyed"] * 4]
+    assert api.run_on_ranks(_destroyed_calls, 1, impl) == [["destroyed"] * 4]
 
 
-def _destroyed_calls(group) -> list[str]:
-    from optimized.accumulation import ZeroEngine
+def _destroyed_calls(group, impl) -> list[str]:
+    ZeroEngine = engine_class(impl)
 
     engine = ZeroEngine(ModelSpec().build(0), AccumulationConfig(zero_stage=3), process_group=group)
     engine.destroy()

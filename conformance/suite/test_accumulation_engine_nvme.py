@@ -16,18 +16,18 @@ import pytest
 import torch
 
 from conformance.accumulation_assertions import assert_traces_match, cross_implementation_tolerance
-from conformance.accumulation_engines import engine_api
+from conformance.accumulation_engines import REQUIRES_ENGINE, engine_api, engine_class, pinned_stats_of
 from reference.accumulation import AccumulationConfig, ModelSpec, Scenario, compute_loss, micro_batch, scenario_calls
 
-pytestmark = pytest.mark.conformance_area("accumulation")
+pytestmark = [pytest.mark.conformance_area("accumulation"), REQUIRES_ENGINE]
 
 
-def _nvme_rank(group, stage: int, nvme_path: str, optimizer: str) -> dict:
+def _nvme_rank(group, impl, stage: int, nvme_path: str, optimizer: str) -> dict:
     """Run the same three boundaries on a cpu-offload and an nvme-offload engine; report what the test checks."""
     import torch.distributed as dist
 
-    from optimized import pinned_stats
-    from optimized.accumulation import ZeroEngine
+    ZeroEngine = engine_class(impl)
+    pinned_stats = pinned_stats_of(impl)
 
     rank = dist.get_rank(group)
     world = dist.get_world_size(group)
@@ -74,16 +74,16 @@ def _nvme_rank(group, stage: int, nvme_path: str, optimizer: str) -> dict:
 
 
 @pytest.mark.parametrize(("stage", "optimizer"), [(0, "adam"), (1, "adamw"), (2, "sgd"), (3, "adam")])
-def test_R17_nvme_swaps_directly_and_destroy_returns_everything(area_api, native_pinning, tmp_path, stage,
+def test_R17_nvme_swaps_directly_and_destroy_returns_everything(impl, area_api, native_pinning, tmp_path, stage,
                                                                 optimizer):
     """R17 (nvme): at W = 2 each rank's optimizer state is one file per buffer under nvme_path between steps and
     in no pinned buffer after the next backward() begins; the swap handle moves every byte directly from and
     to the engine's pinned buffers (direct bytes > 0, bounced bytes 0); state, masters and parameters equal the
     cpu-offload engine's bitwise; destroy() deletes the files and unpins everything (pinned_stats back to the
     start)."""
-    api = engine_api(area_api)
+    api = engine_api(impl)
     names = ["exp_avg", "exp_avg_sq"] if optimizer != "sgd" else ["momentum_buffer"]
-    for r, out in enumerate(api.run_on_ranks(_nvme_rank, 2, stage, str(tmp_path), optimizer)):
+    for r, out in enumerate(api.run_on_ranks(_nvme_rank, 2, impl, stage, str(tmp_path), optimizer)):
         assert out["files"] == sorted(f"rank{r}.{n}.swp" for n in names), out
         # Relative to the cpu-offload engine, which keeps its state buffers pinned all along.
         assert out["resident_after_backward"] == [-len(names)] * 3, out
@@ -108,7 +108,7 @@ def test_R17_R25_nvme_engine_matches_reference_w2(area_api, reference_api, impl,
     """R17/R25: every stage, managed (with a step after a step: two boundaries without a backward between
     them) and unmanaged (a step after zero backwards), with nvme offload at W = 2: the engine's trace equals
     the reference's nvme trace, which equals its cpu-offload trace."""
-    api = engine_api(area_api)
+    api = engine_api(impl)
     cfg = AccumulationConfig(
         zero_stage=stage,
         managed_gradient_accumulation=managed,
@@ -127,13 +127,13 @@ def test_R17_R25_nvme_engine_matches_reference_w2(area_api, reference_api, impl,
     assert list(tmp_path.iterdir()) == []
 
 
-def _lost_file_rank(group, nvme_path: str) -> dict:
+def _lost_file_rank(group, impl, nvme_path: str) -> dict:
     """Delete this rank's swap files between two boundaries; report the error of the next step and what
     destroy() gives back."""
     import torch.distributed as dist
 
-    from optimized import pinned_stats
-    from optimized.accumulation import ZeroEngine
+    ZeroEngine = engine_class(impl)
+    pinned_stats = pinned_stats_of(impl)
 
     rank = dist.get_rank(group)
     cfg = AccumulationConfig(optimizer={"type": "adam"}, offload_optimizer="nvme", nvme_path=nvme_path)
@@ -165,12 +165,12 @@ def _lost_file_rank(group, nvme_path: str) -> dict:
     return out
 
 
-def test_R17_nvme_lost_swap_file_is_a_clear_error_and_destroy_cleans_up(area_api, native_pinning, tmp_path):
+def test_R17_nvme_lost_swap_file_is_a_clear_error_and_destroy_cleans_up(impl, area_api, native_pinning, tmp_path):
     """R17 (nvme): a swap file that vanished between steps makes the next boundary step raise the swap area's
     SwapFileNotFoundError (a FileNotFoundError) naming the file; destroy() afterwards still unpins every buffer
     and removes the engine's directory."""
-    api = engine_api(area_api)
-    (out,) = api.run_on_ranks(_lost_file_rank, 1, str(tmp_path))
+    api = engine_api(impl)
+    (out,) = api.run_on_ranks(_lost_file_rank, 1, impl, str(tmp_path))
     assert out["error"] == "SwapFileNotFoundError" and out["is_file_not_found"], out
     assert "rank0." in out["message"] and ".swp" in out["message"], out
     assert not out["directory_left"], out

@@ -1,7 +1,7 @@
 """The multi-process ZeRO engine (gloo, one process per rank) against the reference trace (R25, R26).
 
 Engine-specific: only implementations whose accumulation module is a real multi-process engine
-(``DISTRIBUTED_ENGINE``) run these. The drawn scenarios of test_accumulation_scenarios.py already cover
+(``Capabilities.distributed_engine``) run these. The drawn scenarios of test_accumulation_scenarios.py already cover
 W = 1..4 broadly; here fixed scenarios pin down every stage x managed/unmanaged x offload combination at W = 1
 and 2, a reduced set at W = 3 and 4, and the bucketing of stages 2/3 (one bucket per parameter, and one bucket
 for everything) so that each is checked bitwise on every CI run, not only when hypothesis happens to draw it.
@@ -17,11 +17,11 @@ from conformance.accumulation_assertions import (
     assert_traces_match,
     cross_implementation_tolerance,
 )
-from conformance.accumulation_engines import engine_api
+from conformance.accumulation_engines import REQUIRES_ENGINE, engine_api
 from conformance.accumulation_strategies import scenarios
 from reference.accumulation import AccumulationConfig, ModelSpec, Scenario, scenario_calls
 
-pytestmark = pytest.mark.conformance_area("accumulation")
+pytestmark = [pytest.mark.conformance_area("accumulation"), REQUIRES_ENGINE]
 
 # Managed: boundary every second step, an override, and a no_sync group on stages 0/1. Unmanaged: 2, 1, 3
 # backwards per step (R6, R22's idiom with loss / N left to the drawn tests).
@@ -59,7 +59,7 @@ def test_R25_R26_engine_matches_reference_every_stage_w1_w2(area_api, reference_
                                                             managed, offload):
     """R25/R26 (R9, R10, R12, R17, R18, R21 exercised): every stage, managed (override, no_sync) and unmanaged,
     with and without CPU offload, at W = 1 and 2 on gloo: the trace equals the reference trace bitwise."""
-    api = engine_api(area_api)
+    api = engine_api(impl)
     sc = _scenario(stage, managed, world, dtype="bf16" if stage % 2 else "fp32", offload=offload)
     expected = reference_api.run_scenario(sc)
     assert_traces_match(api.run_scenario(sc), expected, cross_implementation_tolerance(sc, impl, accelerator))
@@ -73,7 +73,7 @@ def test_R24_R25_engine_matches_reference_w3_w4(area_api, reference_api, impl, a
     """R24/R25: at W = 3 and 4, where a transport-ordered sum could differ in the last bits, the engine's
     rank-ordered reduce-scatter reproduces the reference (exactly when the implementation declares
     accumulation_rank_ordered_reduction, within R25's tolerance otherwise)."""
-    api = engine_api(area_api)
+    api = engine_api(impl)
     sc = _scenario(stage, managed, world, dtype="bf16", offload=stage == 3)
     expected = reference_api.run_scenario(sc)
     assert_traces_match(api.run_scenario(sc), expected, cross_implementation_tolerance(sc, impl, accelerator))
@@ -81,29 +81,29 @@ def test_R24_R25_engine_matches_reference_w3_w4(area_api, reference_api, impl, a
 
 @pytest.mark.parametrize("bucket_elements", [1, 10**9], ids=["bucket-per-parameter", "one-bucket"])
 @pytest.mark.parametrize("stage", [2, 3])
-def test_R10_bucketing_changes_no_bit(area_api, reference_api, stage, bucket_elements):
+def test_R10_bucketing_changes_no_bit(impl, area_api, reference_api, stage, bucket_elements):
     """R10: the per-backward reduction is elementwise, so how the flat buffer is cut into buckets (each
     launched from the gradient hooks as soon as it is complete) cannot change a bit of the trace."""
-    api = engine_api(area_api)
+    api = engine_api(impl)
     sc = _scenario(stage, False, 2, dtype="bf16")
     assert_traces_match(api.run_scenario(sc, bucket_elements=bucket_elements), reference_api.run_scenario(sc))
 
 
 @pytest.mark.parametrize("stage", [2, 3])
-def test_R19_unmanaged_overlap_comm_on_stages_2_3_through_the_engine(area_api, reference_api, stage):
+def test_R19_unmanaged_overlap_comm_on_stages_2_3_through_the_engine(impl, area_api, reference_api, stage):
     """R19: unmanaged mode with overlap_comm stays allowed on stages 2/3, and the engine (which always overlaps
     the bucket reductions with backward there) gives the reference trace."""
-    api = engine_api(area_api)
+    api = engine_api(impl)
     sc = _scenario(stage, False, 2, overlap_comm=True)
     assert_traces_match(api.run_scenario(sc), reference_api.run_scenario(sc))
 
 
 @pytest.mark.gpu
 @given(scenario=scenarios(world_sizes=(1,)))
-def test_R17_R25_engine_on_nccl_matches_reference_within_tolerance(area_api, reference_api, accelerator, scenario):
+def test_R17_R25_engine_on_nccl_matches_reference_within_tolerance(impl, reference_api, accelerator, scenario):
     """R25/R17: the engine on NCCL (world size 1, rank on the GPU, offload keeping state on the host) gives the
     reference's records, flags and counters exactly and its values within R25's device tolerance."""
-    api = engine_api(area_api)
+    api = engine_api(impl)
     if accelerator.device_type != "cuda":
         pytest.skip("needs the cuda accelerator (NCCL); the host runs are the tests above")
     # The reference runs on the same device, so both traces come from the same kernels (a CPU reference would

@@ -24,9 +24,6 @@ pytestmark = pytest.mark.conformance_area("io")
 
 @pytest.fixture
 def apis(impl, accelerator, monkeypatch):
-    for area in ("pinning", "ranges"):
-        if not impl.provides(area):
-            pytest.skip(f"{impl.name} provides io but not {area}; the decision is defined by its registry")
     monkeypatch.setenv(PIN_BACKEND_ENV, "native")
     return impl.load("pinning"), impl.load("ranges")
 
@@ -51,6 +48,7 @@ def _move(h, t: torch.Tensor, path: str):
     use_o_direct=st.booleans(),
     strided=st.booleans(),
 )
+@pytest.mark.requires(areas=("pinning", "ranges"))
 def test_views_of_a_pinned_buffer(area_api, apis, tmp_path_factory, dtype, lead, numel, tail, use_o_direct, strided):
     pinning, ranges = apis
     base = pinning.pin_empty(lead + 2 * numel + tail, dtype=dtype)
@@ -69,6 +67,7 @@ def test_views_of_a_pinned_buffer(area_api, apis, tmp_path_factory, dtype, lead,
         assert direct, "a contiguous view of a pinned buffer must be used directly when O_DIRECT is off"
 
 
+@pytest.mark.requires(areas=("pinning", "ranges"))
 def test_pageable_memory_is_bounced(area_api, apis, tmp_path):
     _, ranges = apis
     t = torch.arange(10000, dtype=torch.float32)
@@ -80,6 +79,7 @@ def test_pageable_memory_is_bounced(area_api, apis, tmp_path):
         assert (s.direct_bytes, s.bounced_bytes) == (0, 80000), s
 
 
+@pytest.mark.requires(areas=("pinning", "ranges"))
 def test_whole_pinned_buffer_is_direct(area_api, apis, tmp_path):
     pinning, ranges = apis
     t = pinning.pin_empty(10000, dtype=torch.float32)  # page-aligned: direct with or without O_DIRECT
@@ -92,6 +92,7 @@ def test_whole_pinned_buffer_is_direct(area_api, apis, tmp_path):
         assert (s.direct_bytes, s.bounced_bytes) == (80000, 0), s
 
 
+@pytest.mark.requires(areas=("pinning", "ranges"))
 def test_unpinned_buffer_falls_back_to_bounce(area_api, apis, tmp_path):
     """unpin() drops the range at once: the same (still mapped) memory is bounced from then on."""
     pinning, ranges = apis
@@ -106,6 +107,7 @@ def test_unpinned_buffer_falls_back_to_bounce(area_api, apis, tmp_path):
         assert_decision(w, t, ranges, "write after unpin")
 
 
+@pytest.mark.requires(areas=("pinning", "ranges"))
 def test_torch_backend_memory_follows_the_registry(area_api, apis, tmp_path, monkeypatch):
     """Memory pinned by torch's allocator is not in the registry, so the rule bounces it."""
     pinning, ranges = apis
@@ -119,6 +121,7 @@ def test_torch_backend_memory_follows_the_registry(area_api, apis, tmp_path, mon
 
 
 @pytest.mark.parametrize("use_o_direct", [False, True])
+@pytest.mark.requires(areas=("pinning", "ranges"))
 def test_extent_straddling_two_ranges_is_bounced(area_api, apis, tmp_path, use_o_direct):
     """The registry rule through the handle: an extent inside ONE range is direct, one straddling two adjacent
     ranges is not. The two ranges are registered by hand in the implementation's process-wide registry over an
@@ -152,11 +155,11 @@ def test_extent_straddling_two_ranges_is_bounced(area_api, apis, tmp_path, use_o
         registry.remove(base)
 
 
+@pytest.mark.requires("pinned_slab")
+@pytest.mark.requires(areas=("pinning", "ranges"))
 def test_slab_pieces_are_direct(impl, area_api, apis, tmp_path):
     """Pieces of a pinned slab (and views of them) lie in the slab's one registered range: direct."""
-    module = impl.capabilities.get("pinned_slab")
-    if not module:
-        pytest.skip(f"{impl.name} declares no pinned_slab capability")
+    module = impl.capabilities.pinned_slab
     slab_cls = importlib.import_module(module).PinnedSlab
     _, ranges = apis
     with slab_cls(1 << 20) as slab, area_api.SwapHandle(block_size=4096, use_o_direct=False) as h:
@@ -169,6 +172,7 @@ def test_slab_pieces_are_direct(impl, area_api, apis, tmp_path):
             assert_decision(w, t, ranges, "write of a slab piece")
 
 
+@pytest.mark.requires(areas=("pinning", "ranges"))
 def test_device_tensors_are_bounced(area_api, apis, accelerator, tmp_path):
     if accelerator.device_type == "cpu":
         pytest.skip("accelerator 'cpu' has no device memory")

@@ -50,8 +50,6 @@ def file_size_limit(nbytes: int):
 
 @pytest.fixture
 def pin_empty(impl, accelerator, monkeypatch):
-    if not impl.provides("pinning"):
-        pytest.skip(f"{impl.name} provides io but not pinning")
     monkeypatch.setenv(PIN_BACKEND_ENV, "native")
     return impl.load("pinning").pin_empty
 
@@ -181,6 +179,7 @@ def test_no_record_at_offset(area_api, reference_api, tmp_path):
 
 
 @pytest.mark.parametrize("memory", ["pageable", "pinned"])
+@pytest.mark.requires(areas=("pinning",))
 def test_new_file_write_refused_by_the_kernel_leaves_no_file(area_api, reference_api, pin_empty, tmp_path, memory):
     """A new file that cannot be written in full (the kernel refuses bytes past the limit, part way through the
     payload or, where an implementation reserves the file's size first, up front): no file at the path, no
@@ -207,6 +206,7 @@ def test_new_file_write_refused_by_the_kernel_leaves_no_file(area_api, reference
 
 @pytest.mark.parametrize("memory", ["pageable", "pinned"])
 @pytest.mark.parametrize("where", ["overwrite", "append"])
+@pytest.mark.requires(areas=("pinning",))
 def test_in_place_update_failing_half_way_is_incomplete_not_data(area_api, reference_api, pin_empty, tmp_path,
                                                                  where, memory):
     """Updating a record of an existing file dies half way: that record reads as incomplete, others stay good.

@@ -31,8 +31,6 @@ pytestmark = pytest.mark.conformance_area("io")
 
 @pytest.fixture
 def pinning(impl, accelerator, monkeypatch):
-    if not impl.provides("pinning"):
-        pytest.skip(f"{impl.name} provides io but not pinning")
     monkeypatch.setenv(PIN_BACKEND_ENV, "native")
     return impl.load("pinning")
 
@@ -56,6 +54,7 @@ def _exercise(h, tmp_path, pinning) -> None:
     assert_round_trip(pinned, src, "bounced write, direct read")
 
 
+@pytest.mark.requires(areas=("pinning",))
 def test_close_releases_threads_pool_and_pinned_memory(area_api, pinning, tmp_path):
     threads0, pinned0 = _baseline(pinning)
     h = area_api.SwapHandle(queue_depth=3, block_size=8192, num_threads=3)
@@ -67,6 +66,7 @@ def test_close_releases_threads_pool_and_pinned_memory(area_api, pinning, tmp_pa
     assert_released(h, pinning, threads0, pinned0, "after close()")
 
 
+@pytest.mark.requires(areas=("pinning",))
 def test_context_manager_releases_even_when_the_block_raises(area_api, pinning, tmp_path):
     threads0, pinned0 = _baseline(pinning)
     with pytest.raises(KeyError):
@@ -81,6 +81,7 @@ def test_context_manager_releases_even_when_the_block_raises(area_api, pinning, 
     assert_round_trip(out, torch.ones(10000), "write queued before the exception")
 
 
+@pytest.mark.requires(areas=("pinning",))
 def test_with_block_raises_unreported_failures_and_still_closes(area_api, reference_api, pinning, tmp_path):
     threads0, pinned0 = _baseline(pinning)
     with pytest.raises(reference_api.SwapFileNotFoundError):
@@ -89,6 +90,7 @@ def test_with_block_raises_unreported_failures_and_still_closes(area_api, refere
     assert_released(h, pinning, threads0, pinned0, "after a failure raised by the with-block")
 
 
+@pytest.mark.requires(areas=("pinning",))
 def test_dropped_handle_leaves_nothing(area_api, pinning, tmp_path):
     threads0, pinned0 = _baseline(pinning)
     h = area_api.SwapHandle(queue_depth=2, block_size=4096, num_threads=4)

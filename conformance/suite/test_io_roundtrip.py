@@ -31,9 +31,6 @@ pytestmark = pytest.mark.conformance_area("io")
 @pytest.fixture
 def apis(impl, accelerator, monkeypatch):
     """(pinning, ranges) areas of the implementation, with native pinning selected."""
-    for area in ("pinning", "ranges"):
-        if not impl.provides(area):
-            pytest.skip(f"{impl.name} provides io but not {area}; pinned-buffer tests need both")
     monkeypatch.setenv(PIN_BACKEND_ENV, "native")
     return impl.load("pinning"), impl.load("ranges")
 
@@ -50,6 +47,7 @@ def _device_or_none(accelerator, use_device: bool):
     on_device=st.booleans(),
     data=st.data(),
 )
+@pytest.mark.requires(areas=("pinning", "ranges"))
 def test_round_trip(area_api, reference_api, apis, accelerator, tmp_path_factory, src_spec, dst_kind, offset,
                     config, on_device, data):
     pinning, ranges = apis
@@ -86,6 +84,7 @@ def test_round_trip(area_api, reference_api, apis, accelerator, tmp_path_factory
 
 @given(spec=tensor_specs(("pageable", "pinned")), offset=offsets(), config=handle_configs())
 @settings(max_examples=20)  # a cross-check of the format in the other direction; the round trip above is the sweep
+@pytest.mark.requires(areas=("pinning", "ranges"))
 def test_reads_what_the_reference_wrote(area_api, reference_api, apis, tmp_path_factory, spec, offset, config):
     pinning, _ = apis
     src = swap_tensors(spec, pinning.pin_empty)
@@ -98,6 +97,7 @@ def test_reads_what_the_reference_wrote(area_api, reference_api, apis, tmp_path_
     assert_round_trip(dst, src, "implementation reading the reference's record")
 
 
+@pytest.mark.requires(areas=("pinning", "ranges"))
 def test_read_into_a_view_leaves_the_rest_of_its_buffer_alone(area_api, apis, tmp_path):
     """A direct read writes exactly the view's bytes: nothing before or after it in the pinned base changes."""
     pinning, _ = apis
@@ -117,6 +117,7 @@ def test_read_into_a_view_leaves_the_rest_of_its_buffer_alone(area_api, apis, tm
             assert bad.numel() == 0, f"view at byte {start}: {bad.numel()} bytes outside the view changed"
 
 
+@pytest.mark.requires(areas=("pinning", "ranges"))
 def test_concurrent_requests_on_one_handle(area_api, apis, tmp_path):
     """Many requests in flight at once over several files and offsets, submitted from several threads."""
     pinning, _ = apis

@@ -192,9 +192,8 @@ def make_machine(api, pinning, base_dir, counter):
     return IOMachine
 
 
+@pytest.mark.requires(areas=("pinning",))
 def test_io_state_machine(impl, area_api, accelerator, conformance_property, tmp_path, monkeypatch):
-    if not impl.provides("pinning"):
-        pytest.skip(f"{impl.name} provides io but not pinning")
     monkeypatch.setenv(PIN_BACKEND_ENV, "native")
     pinning = impl.load("pinning")
     threads0 = thread_baseline()

@@ -77,12 +77,11 @@ def test_views_and_narrows_are_recognised(area_api, pin_backend, backend_pins, b
     assert_pinned(area_api, view.clone(), False, "pageable clone of a pinned view")
 
 
+@pytest.mark.requires(areas=("ranges",))
 def test_extent_past_the_allocation_is_not_pinned(impl, area_api, pin_backend):
     """The whole extent must be inside one range: one byte past the locked pages is not pinned."""
     if pin_backend != "native":
         pytest.skip("the torch backend's extents are torch's own (its allocator rounds sizes)")
-    if not impl.provides("ranges"):
-        pytest.skip(f"{impl.name} does not provide the ranges area")
     registry = impl.load("ranges").global_registry()
     page = area_api.pin_empty(4096, dtype=torch.uint8)
     assert registry.contains(page.data_ptr(), 4096)

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from conformance.assertions import assert_bitwise_equal
 from conformance.strategies import dtypes, filled, nonempty_shapes
 
-pytestmark = pytest.mark.conformance_area("pinning")
+pytestmark = [pytest.mark.conformance_area("pinning"), pytest.mark.requires(pin_backends="native")]
 
 
 @pytest.fixture
@@ -27,8 +27,6 @@ def cuda_native(impl, accelerator, monkeypatch):
     """The native backend with device registration on, on a CUDA accelerator."""
     if accelerator.device_type != "cuda":
         pytest.skip(f"CUDA-only property; accelerator {accelerator.name} is {accelerator.device_type}")
-    if "native" not in impl.capabilities.get("pin_backends", ()):
-        pytest.skip(f"{impl.name} has no native pinning backend")
     monkeypatch.setenv("HOSTOFFLOAD_PIN_BACKEND", "native")
     monkeypatch.delenv("HOSTOFFLOAD_PIN_REGISTER_DEVICE", raising=False)
     return accelerator
@@ -83,11 +81,10 @@ def test_non_blocking_round_trip_is_exact(area_api, cuda_native, shape, dtype, s
     assert_bitwise_equal(view.to(cuda_native.device(), non_blocking=True).cpu(), view, "strided view H2D")
 
 
+@pytest.mark.requires("pinned_slab")
 def test_slab_pieces_are_registered_and_copy_exactly(impl, area_api, cuda_native):
     """Pieces of a pinned slab (capability ``pinned_slab``) are pinned for torch and copy exactly."""
-    module = impl.capabilities.get("pinned_slab")
-    if module is None:
-        pytest.skip(f"{impl.name} declares no pinned_slab capability")
+    module = impl.capabilities.pinned_slab
     slab_cls = importlib.import_module(module).PinnedSlab
     with slab_cls(8 << 20) as slab:
         a = slab.allocate(1000, 257, dtype=torch.float32)
@@ -103,7 +100,7 @@ def test_every_declared_tuning_variant_registers_and_copies_exactly(impl, area_a
     """Each environment in the capability ``pin_env_variants`` (tuning knobs of the implementation, e.g. the
     order of population and registration) still yields buffers torch sees as pinned, that copy exactly and that
     unpin unregisters. Implementations without tuning knobs run the check once, under the plain environment."""
-    variants = impl.capabilities.get("pin_env_variants") or ({},)
+    variants = impl.capabilities.env_variants() or ({},)
     src = filled((3, 1 << 18), torch.float32, 11)  # 3 MiB: several huge pages and a partial one
     expected = src.to(cuda_native.device()).cpu()
     for env in variants:

@@ -123,9 +123,8 @@ def _snapshot(api, registry) -> tuple:
 # thousands of interleaved operations, so the profile's example count is capped here.
 @settings(max_examples=5)
 @given(seed=st.integers(0, 2**32 - 1))
+@pytest.mark.requires(pin_backends="native")
 def test_eight_threads_pin_view_lookup_unpin_drop(impl, area_api, accelerator, conformance_property, seed):
-    if "native" not in impl.capabilities.get("pin_backends", ()):
-        pytest.skip(f"{impl.name} has no native pinning backend (the one with a process-wide registry)")
     import os
 
     from reference.envvars import PIN_BACKEND_ENV
@@ -163,11 +162,10 @@ def test_eight_threads_pin_view_lookup_unpin_drop(impl, area_api, accelerator, c
     conformance_property(f"contention operations ({impl.name})", THREADS * OPS_PER_THREAD)
 
 
+@pytest.mark.requires(pin_backends="native")
 def test_lookups_never_miss_while_other_threads_churn(impl, area_api, accelerator):
     """Readers probing a buffer that stays pinned must see it pinned on every probe while writers add and
     remove neighbouring ranges (a torn or half-published registry would make a probe miss)."""
-    if "native" not in impl.capabilities.get("pin_backends", ()):
-        pytest.skip(f"{impl.name} has no native pinning backend")
     import os
 
     from reference.envvars import PIN_BACKEND_ENV
@@ -214,6 +212,7 @@ def test_lookups_never_miss_while_other_threads_churn(impl, area_api, accelerato
             os.environ[PIN_BACKEND_ENV] = old
 
 
+@pytest.mark.requires("pinned_slab")
 def test_slab_pieces_under_contention(impl, area_api, accelerator):
     """Eight threads carve, fill, check and free pieces of one pinned slab (capability ``pinned_slab``).
 
@@ -221,9 +220,7 @@ def test_slab_pieces_under_contention(impl, area_api, accelerator):
     ``is_pinned`` and refused by ``unpin`` (the slab owns the pin), and once every piece is freed the slab is
     whole again: one free run, nothing used.
     """
-    module = impl.capabilities.get("pinned_slab")
-    if module is None:
-        pytest.skip(f"{impl.name} declares no pinned_slab capability")
+    module = impl.capabilities.pinned_slab
     import importlib
 
     from reference.errors import ConfigurationError
@@ -311,10 +308,9 @@ print("probe-ok", flush=True)
 """
 
 
+@pytest.mark.requires(pin_backends="native")
 def test_release_on_other_threads_and_at_shutdown(impl, accelerator):
     """The last view may die on any thread, or only at interpreter shutdown: no crash, no error output."""
-    if "native" not in impl.capabilities.get("pin_backends", ()):
-        pytest.skip(f"{impl.name} has no native pinning backend")
     import os
     import subprocess
     import sys
@@ -332,6 +328,7 @@ def test_release_on_other_threads_and_at_shutdown(impl, accelerator):
     assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
+@pytest.mark.requires(pin_backends="native")
 def test_registration_hook_undone_once_from_any_thread(impl, area_api, accelerator, monkeypatch):
     """With an accelerator that registers host memory through its Python hook, every registration is undone
     exactly once, before the pages are unlocked: by ``unpin``, or by the last view dying on another thread.
@@ -339,8 +336,6 @@ def test_registration_hook_undone_once_from_any_thread(impl, area_api, accelerat
     The accelerator's hooks are replaced by recording ones (on CPU this turns registration on), so the test
     runs on every machine.
     """
-    if "native" not in impl.capabilities.get("pin_backends", ()):
-        pytest.skip(f"{impl.name} has no native pinning backend")
     from conformance.assertions import vm_locked_kib
 
     cls = type(accelerator)
@@ -394,6 +389,7 @@ print(json.dumps(ranges.stress_registry(int(sys.argv[2]), int(sys.argv[3]), int(
 """
 
 
+@pytest.mark.requires("concurrent_registry_reads")
 def test_registry_native_readers_and_writers_overlap(impl):
     """Registries that claim concurrent reads (``concurrent_registry_reads``) and offer a native stress run
     (``stress_registry`` in their ranges module) survive readers and writers truly overlapping, without the
@@ -402,8 +398,6 @@ def test_registry_native_readers_and_writers_overlap(impl):
     Run in a subprocess: a reclamation bug shows up as a crash, which must fail this test, not end the
     session.
     """
-    if not impl.capabilities.get("concurrent_registry_reads"):
-        pytest.skip(f"{impl.name} does not claim concurrent registry reads")
     if not impl.provides("ranges") or not hasattr(impl.load("ranges"), "stress_registry"):
         pytest.skip(f"{impl.name} offers no native registry stress run")
     import json

@@ -225,12 +225,10 @@ def test_registry_state_machine(impl, area_api, conformance_property):
     run_state_machine_as_test(machine, settings=state_machine_settings())
 
 
+@pytest.mark.requires(pin_backends="native")
+@pytest.mark.requires(areas=("pinning",))
 def test_pinning_state_machine(impl, area_api, accelerator, conformance_property, monkeypatch):
     """alloc / view / narrow / unpin / drop / lookup through native pinning vs a model of the registry."""
-    if not impl.provides("pinning"):
-        pytest.skip(f"{impl.name} does not provide the pinning area")
-    if "native" not in impl.capabilities.get("pin_backends", ()):
-        pytest.skip(f"{impl.name} has no native pinning backend")
     monkeypatch.setenv("HOSTOFFLOAD_PIN_BACKEND", "native")
     os.environ.pop("HOSTOFFLOAD_PIN_REGISTER_DEVICE", None)
     from hypothesis.stateful import run_state_machine_as_test

@@ -13,8 +13,6 @@ from optimized.accumulation.collectives import CollectiveError, Collectives, fol
 from optimized.accumulation.config import CONFIG_KEYS, DTYPES, AccumulationConfig, OptimizerConfig
 from optimized.accumulation.engine import DEFAULT_BUCKET_ELEMENTS, StepOutcome, ZeroEngine
 from optimized.accumulation.optimizers import step_master, torch_step, uses_native
-from optimized.accumulation.scenario import BACKEND_ENV, POOL_SIZE_ENV, TIMEOUT_ENV, run_on_ranks, run_scenario
-from optimized.accumulation.workers import WorkerTimeoutError, shutdown_pools
 from reference.accumulation.scenario import (
     Backward,
     BackwardRecord,
@@ -34,14 +32,41 @@ from reference.accumulation.scenario import (
 )
 from reference.errors import ConfigurationError, UnsupportedOperationError
 
-#: Marks this module as the multi-process engine (engine-specific conformance tests look for it).
-DISTRIBUTED_ENGINE = True
+#: Names that moved to the conformance harness (the multi-process runner is test machinery); still importable from
+#: here, resolved on first use so that importing the engine does not import the harness.
+_HARNESS_NAMES = {
+    "BACKEND_ENV": "conformance.engine_runner",
+    "POOL_SIZE_ENV": "conformance.engine_runner",
+    "TIMEOUT_ENV": "conformance.engine_runner",
+    "run_on_ranks": "conformance.engine_runner",
+    "WorkerTimeoutError": "conformance.rank_pool",
+    "shutdown_pools": "conformance.rank_pool",
+}
+
+
+def __getattr__(name: str):
+    module = _HARNESS_NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
+def run_scenario(scenario: Scenario, *, backend: str | None = None, bucket_elements: int | None = None) -> Trace:
+    """R26: run ``scenario`` on W rank processes of :class:`ZeroEngine` and return its trace (the harness's
+    :func:`conformance.engine_runner.run_engine_scenario` with this engine; see docs/zero.md)."""
+    from conformance.engine_runner import SCENARIO_BUCKET_ELEMENTS, run_engine_scenario
+
+    return run_engine_scenario(
+        ZeroEngine, scenario, backend=backend,
+        bucket_elements=SCENARIO_BUCKET_ELEMENTS if bucket_elements is None else bucket_elements,
+    )
 
 __all__ = [
     "BACKEND_ENV",
     "CONFIG_KEYS",
     "DEFAULT_BUCKET_ELEMENTS",
-    "DISTRIBUTED_ENGINE",
     "DTYPES",
     "POOL_SIZE_ENV",
     "TIMEOUT_ENV",

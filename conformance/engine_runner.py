@@ -1,10 +1,13 @@
-"""The multi-process scenario runner of the optimized engine (R26): ``run_scenario(scenario) -> Trace``.
+"""The harness's multi-process scenario runner (R26) for any distributed engine:
+``run_engine_scenario(engine_class, scenario) -> Trace``.
 
-Each of the scenario's W ranks is a process of a warm :class:`~optimized.accumulation.workers.WorkerPool`
-(gloo on the host by default, like the reference runner's host default; NCCL, one GPU per rank, on request).
-Every rank builds the model from the scenario's spec and seed, wraps it in
-:class:`~optimized.accumulation.engine.ZeroEngine` and performs the calls exactly as docs/accumulation.md's
-runner notes prescribe; the parent merges the per-rank records into the shared
+It is test machinery, not product: an implementation that declares ``distributed_engine`` provides a
+``ZeroEngine`` class in its accumulation module and the suite drives that class here, so a third-party engine is
+tested as itself and never with ours. Each of the scenario's W ranks is a process of a warm
+:class:`~conformance.rank_pool.WorkerPool` (gloo on the host by default, like the reference runner's host default;
+NCCL, one GPU per rank, on request). Every rank builds the model from the scenario's spec and seed, wraps it in
+the engine class (docs/extending.md lists the members used) and performs the calls exactly as
+docs/accumulation.md's runner notes prescribe; the parent merges the per-rank records into the shared
 :class:`~reference.accumulation.Trace` type after checking that all ranks agree on boundary flags and counters.
 
 A call that raises on any rank surfaces here as the same exception class with the rank's message (the first
@@ -20,8 +23,7 @@ from typing import Any
 
 import torch
 
-from optimized.accumulation.engine import ZeroEngine
-from optimized.accumulation.workers import RankFailure, get_pool
+from conformance.rank_pool import RankFailure, get_pool
 from reference.accumulation.scenario import (
     Backward,
     BackwardRecord,
@@ -39,7 +41,7 @@ from reference.accumulation.scenario import (
 )
 from reference.errors import ConfigurationError
 
-__all__ = ["POOL_SIZE_ENV", "TIMEOUT_ENV", "run_on_ranks", "run_scenario"]
+__all__ = ["BACKEND_ENV", "POOL_SIZE_ENV", "TIMEOUT_ENV", "run_engine_scenario", "run_on_ranks"]
 
 #: Default transport of run_scenario: gloo (host, the default), nccl (one GPU per rank) or auto.
 BACKEND_ENV = "HOSTOFFLOAD_ACCUMULATION_BACKEND"
@@ -125,7 +127,7 @@ def run_on_ranks(fn: Any, world: int, *args: Any, backend: str | None = None, gr
     return [out[r] for r in range(world)]
 
 
-def _counters(engine: ZeroEngine) -> Counters:
+def _counters(engine: Any) -> Counters:
     return Counters(engine.micro_steps, engine.global_steps, engine.global_samples)
 
 
@@ -135,14 +137,14 @@ def _host(tensors: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor] | 
     return {k: v.detach().to("cpu") for k, v in tensors.items()}
 
 
-def _rank_run(group: Any, scenario: Scenario, bucket_elements: int) -> dict[str, Any]:
+def _rank_run(group: Any, engine_class: type, scenario: Scenario, bucket_elements: int) -> dict[str, Any]:
     """One rank of a scenario (runs in a pool process); rank 0 also returns the tensors of the trace."""
     import torch.distributed as dist
 
     rank = dist.get_rank(group)
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else None
     model = scenario.model.build(scenario.seed)
-    engine = ZeroEngine(
+    engine = engine_class(
         model, scenario.config, process_group=group, device=device, record_gradients=True,
         bucket_elements=bucket_elements,
     )
@@ -216,15 +218,21 @@ def _merge(scenario: Scenario, per_rank: list[dict[str, Any]]) -> Trace:
     return Trace(scenario, per_rank[0]["initial"], tuple(records))
 
 
-def run_scenario(
-    scenario: Scenario, *, backend: str | None = None, bucket_elements: int = SCENARIO_BUCKET_ELEMENTS
+def run_engine_scenario(
+    engine_class: type, scenario: Scenario, *, backend: str | None = None,
+    bucket_elements: int = SCENARIO_BUCKET_ELEMENTS,
 ) -> Trace:
-    """Run ``scenario`` on W rank processes of the optimized engine and return its trace (R26).
+    """Run ``scenario`` on W rank processes, one ``engine_class`` per rank, and return its trace (R26).
 
+    ``engine_class`` must be importable by reference (it is pickled into the rank processes).
     ``backend``: ``gloo`` (host), ``nccl`` (one GPU per rank) or ``auto``; ``None`` reads
     ``$HOSTOFFLOAD_ACCUMULATION_BACKEND`` (default ``gloo``). See :func:`_choose_backend`.
     """
     if not isinstance(scenario, Scenario):
         raise ConfigurationError(f"scenario={scenario!r} must be a reference.accumulation.Scenario")
-    per_rank = run_on_ranks(_rank_run, scenario.world_size, scenario, bucket_elements, backend=backend)
+    if not isinstance(engine_class, type):
+        raise ConfigurationError(f"engine_class={engine_class!r} must be a class (the implementation's ZeroEngine)")
+    per_rank = run_on_ranks(
+        _rank_run, scenario.world_size, engine_class, scenario, bucket_elements, backend=backend
+    )
     return _merge(scenario, per_rank)

@@ -1,4 +1,6 @@
-"""A pool of rank processes joined in one torch.distributed group, reused across runs.
+"""A pool of rank processes joined in one torch.distributed group, reused across runs (harness machinery:
+the engine tests and the distributed-engine scenario runner run their rank functions here, whatever engine the
+implementation under test declares).
 
 Why a pool: the conformance suite runs hundreds of small scenarios; spawning W interpreters that import torch and
 rendezvous costs seconds per scenario, running one on a warm pool costs milliseconds. The pool's processes form
