@@ -35,6 +35,9 @@ _CELL_KEY = pytest.StashKey[tuple[str, str, str]]()
 
 profiles.register_profiles()
 
+#: Harness parts with options and hooks of their own (crash isolation: conformance.isolation).
+pytest_plugins = ["conformance.isolation"]
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("hostoffload-conformance", "hostoffload conformance suite")
@@ -215,6 +218,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     rep = yield
+    record_report(item, rep)
+    return rep
+
+
+def record_report(item: pytest.Item, rep: pytest.TestReport) -> None:
+    """Count ``rep`` in the report matrix (also called for reports replayed from an isolated child)."""
     key = item.stash.get(_CELL_KEY, None)
     if key is not None:
         collector = item.config.stash[_COLLECTOR_KEY]
@@ -224,7 +233,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             if rep.skipped and isinstance(rep.longrepr, tuple):
                 reason = str(rep.longrepr[2]).removeprefix("Skipped: ")
             collector.record(key, outcome, item.nodeid, reason)
-    return rep
 
 
 def _meta(config: pytest.Config) -> dict[str, Any]:
