@@ -62,8 +62,12 @@ def _settings_by_profile() -> dict[str, dict[str, Any]]:
 def register_profiles() -> None:
     from hypothesis import settings
 
+    # Parent: hypothesis's library defaults, not whatever is loaded now (under $CI hypothesis loads its own ``ci``
+    # profile, and a profile registered without a parent would inherit its derandomize/database: ``dev`` would
+    # silently stop being random on a CI machine).
+    library_defaults = settings.get_profile("default")
     for name, kwargs in _settings_by_profile().items():
-        settings.register_profile(hypothesis_name(name), **kwargs)
+        settings.register_profile(hypothesis_name(name), parent=library_defaults, **kwargs)
 
 
 def choose_profile(option: str | None) -> str:

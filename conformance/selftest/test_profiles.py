@@ -35,6 +35,19 @@ def test_deep_profiles_keep_their_depth(name):
     assert _shape(name) == _DEEP[name]
 
 
+def test_profiles_do_not_inherit_what_is_loaded_when_registered():
+    """Under $CI hypothesis loads a derandomized profile of its own; ``dev`` must stay random all the same."""
+    from hypothesis import settings
+
+    previous = settings.get_current_profile_name()
+    settings.register_profile("selftest-loaded", derandomize=True, max_examples=3)
+    settings.load_profile("selftest-loaded")
+    try:
+        assert _shape("dev") == _DEEP["dev"] and _shape("thorough") == _DEEP["thorough"]
+    finally:
+        settings.load_profile(previous)
+
+
 def test_ci_is_the_fast_reproducible_profile():
     examples, machines, steps, derandomized = _shape("ci")
     assert derandomized and "ci" in profiles.SKIPS_SLOW
