@@ -67,9 +67,8 @@ def test_long_running():
 '''
 
 
-def test_ci_skips_slow_tests_with_the_reason_and_dev_runs_them(tmp_path):
+def test_ci_skips_slow_tests_with_the_reason(tmp_path):
+    """(That every other profile runs them is SKIPS_SLOW holding only ci, checked above.)"""
     (tmp_path / "test_slow_suite.py").write_text(_SLOW_SUITE)
     ci = run_pytest("test_slow_suite.py", "--conformance-profile", "ci", "-rs", cwd=tmp_path, timeout=300)
-    dev = run_pytest("test_slow_suite.py", "--conformance-profile", "dev", cwd=tmp_path, timeout=300)
     assert ci.returncode == 0 and "1 skipped" in ci.stdout and "left out by the ci profile" in ci.stdout, ci.stdout
-    assert dev.returncode == 0 and "1 passed" in dev.stdout, dev.stdout
