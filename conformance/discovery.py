@@ -72,3 +72,8 @@ def select_accelerators(requested: list[str] | None) -> tuple[list[Accelerator],
     selected = [a for a in chosen if a.is_available()]
     unavailable = [a for a in chosen if not a.is_available()]
     return selected, unavailable
+
+
+def discover_available_accelerators() -> list[Accelerator]:
+    """The installed accelerators usable on this machine, in name order."""
+    return [a for a in discover_accelerators().values() if a.is_available()]

@@ -1,8 +1,9 @@
-"""The pytest plugin that turns the suite into a conformance run.
+"""The pytest plugin that turns a session into a conformance run.
 
-Installed as a ``pytest11`` entry point, so ``pytest --pyargs conformance`` works wherever hostoffload is
-installed. It discovers implementations and accelerators, parametrizes every suite test over them, loads the
-hypothesis profile, and writes the report.
+:mod:`conformance.activation` (the ``pytest11`` entry point) registers this module only when the session asks for
+the suite, so nothing here touches an unrelated project's session. It validates the selection before any test
+runs, discovers implementations and accelerators, parametrizes every suite test over them, loads the hypothesis
+profile, and writes the report.
 
 Suite modules declare their area with ``pytestmark = pytest.mark.conformance_area("pinning")``. A test asks for:
 
@@ -17,6 +18,9 @@ Suite modules declare their area with ``pytestmark = pytest.mark.conformance_are
 from __future__ import annotations
 
 import os
+import random
+import shlex
+import time
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -25,71 +29,36 @@ import pytest
 
 from conformance import discovery, profiles
 from conformance.accumulation_engines import native_pinning  # noqa: F401 (a fixture the engine tests share)
-from conformance.report import ReportCollector, build_report, write_report
+from conformance.report import ReportCollector, build_report, check_report_dir, totals_line, write_report
 from reference.accelerators import ACCELERATOR_ENV, Accelerator
+from reference.errors import ConfigurationError
 from reference.implementation import Implementation
 
 _COLLECTOR_KEY = pytest.StashKey[ReportCollector]()
 _SELECTION_KEY = pytest.StashKey[dict[str, Any]]()
 _CELL_KEY = pytest.StashKey[tuple[str, str, str]]()
 
-profiles.register_profiles()
-
-#: Harness parts with options and hooks of their own (crash isolation: conformance.isolation).
+#: Harness parts with hooks of their own (crash isolation: conformance.isolation; its option lives in
+#: conformance.activation with the others, so it exists before the command line is parsed).
 pytest_plugins = ["conformance.isolation"]
 
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("hostoffload-conformance", "hostoffload conformance suite")
-    group.addoption(
-        "--conformance-impl",
-        action="append",
-        metavar="NAME[,NAME]",
-        help="run only these implementations (entry points of hostoffload.implementations); default: all",
-    )
-    group.addoption(
-        "--conformance-accelerator",
-        action="append",
-        metavar="NAME[,NAME]",
-        help="run only on these accelerators (entry points of hostoffload.accelerators); default: every available",
-    )
-    group.addoption(
-        "--conformance-list",
-        action="store_true",
-        help="list discovered implementations (with areas) and accelerators (with capabilities), then exit",
-    )
-    group.addoption(
-        "--conformance-report",
-        metavar="DIR",
-        help="write DIR/report.json and DIR/report.md: area x implementation x accelerator -> outcome",
-    )
-    group.addoption(
-        "--conformance-profile",
-        choices=profiles.PROFILES,
-        help=f"hypothesis profile (default: ${profiles.PROFILE_ENV}, else 'ci' when $CI is set, else 'dev')",
-    )
+_RUN_KEY = pytest.StashKey[dict[str, Any]]()
+_REPORT_PATHS_KEY = pytest.StashKey[tuple[Any, Any]]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "conformance_area(name): the conformance area a test belongs to")
     config.addinivalue_line("markers", "gpu: needs a device accelerator")
-    config.addinivalue_line("markers", "slow: long-running")
-    from hypothesis import settings
-
-    explicit_hypothesis = config.getoption("hypothesis_profile", default=None)
-    profile = profiles.choose_profile(config.getoption("conformance_profile"))
-    if config.getoption("conformance_profile") or not explicit_hypothesis:
-        settings.load_profile(profile)
-    else:
-        profile = explicit_hypothesis
-    impls = discovery.select_implementations(config.getoption("conformance_impl"))
-    accs, unavailable = discovery.select_accelerators(config.getoption("conformance_accelerator"))
-    config.stash[_SELECTION_KEY] = {
-        "profile": profile,
-        "implementations": impls,
-        "accelerators": accs,
-        "unavailable": unavailable,
-    }
+    config.addinivalue_line("markers", "slow: long-running; skipped by the ci profile")
+    try:
+        profile = _configure_profile(config)
+        seed = _configure_seed(config, profile)
+        selection = _select(config)
+        _check_report_option(config)
+    except ConfigurationError as exc:
+        # A usage error: pytest prints the one line and exits with status 4, before collecting anything.
+        raise pytest.UsageError(str(exc)) from None
+    config.stash[_SELECTION_KEY] = {**selection, "profile": profile, "seed": seed}
     config.stash[_COLLECTOR_KEY] = ReportCollector()
     _register_harness_plugins(config)
 
@@ -112,26 +81,78 @@ class _CapabilityMarksPlugin:
         capability_marks.apply(items)
 
 
-def pytest_cmdline_main(config: pytest.Config) -> int | None:
-    if not config.getoption("conformance_list"):
-        return None
-    config._do_configure()
-    try:
-        sel = config.stash[_SELECTION_KEY]
-        print("implementations (hostoffload.implementations):")
-        for impl in discovery.discover_implementations().values():
-            areas = ", ".join(f"{a}{'' if impl.provides(a) else ' (declared, missing)'}" for a in impl.areas)
-            print(f"  {impl.name} {impl.version}: areas {areas}; capabilities {impl.capabilities.summary()}")
-        print("accelerators (hostoffload.accelerators):")
-        from reference.accelerators import discover_accelerators
+def _configure_profile(config: pytest.Config) -> str:
+    """Register and load the conformance profile; an explicit ``--hypothesis-profile`` alone wins."""
+    profiles.register_profiles()
+    explicit_hypothesis = config.getoption("hypothesis_profile", default=None)
+    profile = profiles.choose_profile(config.getoption("conformance_profile"))
+    if config.getoption("conformance_profile") or not explicit_hypothesis:
+        profiles.load_profile(profile)
+        return profile
+    return explicit_hypothesis
 
-        for acc in discover_accelerators().values():
-            print(f"  {acc.name}: {acc.describe()}")
-        print(f"selected: implementations {[i.name for i in sel['implementations']]}, "
-              f"accelerators {[a.name for a in sel['accelerators']]}, hypothesis profile {sel['profile']}")
-    finally:
-        config._ensure_unconfigure()
-    return 0
+
+def _configure_seed(config: pytest.Config, profile: str) -> int | str | None:
+    """The hypothesis seed of the run: None where the profile is derandomized, else given or drawn now.
+
+    Drawing it here (and handing it to hypothesis as ``--hypothesis-seed`` would) makes a random run reproducible
+    from its report: the seed is printed with every failure's rerun command.
+    """
+    from hypothesis import settings
+
+    given = config.getoption("hypothesis_seed", default=None)
+    if given is not None:
+        return int(given) if str(given).isdigit() else given
+    if settings.default.derandomize:
+        return None
+    seed = random.SystemRandom().randrange(2**32)
+    config.option.hypothesis_seed = str(seed)
+    return seed
+
+
+def _select(config: pytest.Config) -> dict[str, Any]:
+    """Implementations and accelerators to run; ConfigurationError names the option and the allowed values."""
+    try:
+        impls = discovery.select_implementations(config.getoption("conformance_impl"))
+        accs, unavailable = discovery.select_accelerators(config.getoption("conformance_accelerator"))
+    except TypeError as exc:  # a broken entry point of an installed package
+        raise ConfigurationError(f"a hostoffload plugin is broken: {exc}") from None
+    if config.getoption("conformance_accelerator") and unavailable:
+        names = ", ".join(a.name for a in unavailable)
+        available = ", ".join(a.name for a in discovery.discover_available_accelerators()) or "none"
+        raise ConfigurationError(
+            f"--conformance-accelerator names accelerator(s) not available on this machine: {names}; "
+            f"available here: {available}"
+        )
+    return {"implementations": impls, "accelerators": accs, "unavailable": unavailable}
+
+
+def _check_report_option(config: pytest.Config) -> None:
+    path = config.getoption("conformance_report")
+    if not path:
+        return
+    try:
+        check_report_dir(path)
+    except OSError as exc:
+        raise ConfigurationError(
+            f"--conformance-report={path!r} is not a writable directory: {exc.strerror or exc}"
+        ) from None
+
+
+def print_discovered(config: pytest.Config) -> None:
+    """``--conformance-list``: what is installed, what this run would select."""
+    sel = config.stash[_SELECTION_KEY]
+    print("implementations (hostoffload.implementations):")
+    for impl in discovery.discover_implementations().values():
+        areas = ", ".join(f"{a}{'' if impl.provides(a) else ' (declared, missing)'}" for a in impl.areas)
+        print(f"  {impl.name} {impl.version}: areas {areas}; capabilities {impl.capabilities.summary()}")
+    print("accelerators (hostoffload.accelerators):")
+    from reference.accelerators import discover_accelerators
+
+    for acc in discover_accelerators().values():
+        print(f"  {acc.name}: {acc.describe()}")
+    print(f"selected: implementations {[i.name for i in sel['implementations']]}, "
+          f"accelerators {[a.name for a in sel['accelerators']]}, hypothesis profile {sel['profile']}")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -200,8 +221,13 @@ def conformance_property(request: pytest.FixtureRequest):
     return collector.add_property
 
 
-# -- report -------------------------------------------------------------------------------------------------------
+# -- which cell each test counts in, and what the ci profile leaves out ------------------------------------------
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _assign_cells(items)
+    _skip_slow_tests(config, items)
+
+
+def _assign_cells(items: list[pytest.Item]) -> None:
     for item in items:
         area = area_of(item) or "harness"
         params = getattr(getattr(item, "callspec", None), "params", {})
@@ -214,6 +240,61 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         )
 
 
+def _skip_slow_tests(config: pytest.Config, items: list[pytest.Item]) -> None:
+    profile = config.stash[_SELECTION_KEY]["profile"]
+    if profile not in profiles.SKIPS_SLOW:
+        return
+    skip = pytest.mark.skip(reason=f"slow: left out by the {profile} profile (any other profile runs it)")
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(skip)
+
+
+# -- the report ---------------------------------------------------------------------------------------------------
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_RUN_KEY] = {"start": time.monotonic()}
+
+
+def _outcome(rep: pytest.TestReport) -> str | None:
+    """What this phase's report counts as in the matrix (None: nothing, e.g. a passing setup)."""
+    if hasattr(rep, "wasxfail"):
+        return "xfailed" if rep.skipped else "xpassed" if rep.passed else "failed"
+    if rep.when == "call":
+        return rep.outcome
+    if rep.failed:
+        return "errors"
+    if rep.when == "setup" and rep.skipped:
+        return "skipped"
+    return None
+
+
+def _failure_message(rep: pytest.TestReport) -> str:
+    crash = getattr(rep.longrepr, "reprcrash", None)
+    if crash is not None and getattr(crash, "message", None):
+        return str(crash.message)
+    return str(rep.longrepr or "")
+
+
+def reproduce_command(item: pytest.Item, config: pytest.Config) -> str:
+    """A command that reruns just this test, as this run ran it (profile, seed, implementation, accelerator)."""
+    sel = config.stash[_SELECTION_KEY]
+    _area, impl_name, acc_name = item.stash.get(_CELL_KEY, ("", "-", "-"))
+    module = getattr(getattr(item, "module", None), "__name__", None)
+    target = ["--pyargs", module] if module else [item.nodeid.split("::", 1)[0]]
+    args = ["python", "-m", "pytest", *target, "-p", "no:cacheprovider"]
+    if sel["profile"] in profiles.PROFILES:
+        args += ["--conformance-profile", sel["profile"]]
+    else:
+        args += ["--hypothesis-profile", sel["profile"]]
+    if impl_name != "-":
+        args += ["--conformance-impl", impl_name]
+    if acc_name != "-":
+        args += ["--conformance-accelerator", acc_name]
+    args += ["-k", getattr(item, "originalname", None) or item.name]
+    if sel["seed"] is not None:
+        args.append(f"--hypothesis-seed={sel['seed']}")
+    return shlex.join(args)
+
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
@@ -225,20 +306,34 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 def record_report(item: pytest.Item, rep: pytest.TestReport) -> None:
     """Count ``rep`` in the report matrix (also called for reports replayed from an isolated child)."""
     key = item.stash.get(_CELL_KEY, None)
-    if key is not None:
-        collector = item.config.stash[_COLLECTOR_KEY]
-        if rep.when == "call" or (rep.when == "setup" and not rep.passed) or (rep.when == "teardown" and rep.failed):
-            outcome = "failed" if rep.failed else rep.outcome
-            reason = None
-            if rep.skipped and isinstance(rep.longrepr, tuple):
-                reason = str(rep.longrepr[2]).removeprefix("Skipped: ")
-            collector.record(key, outcome, item.nodeid, reason)
+    outcome = _outcome(rep) if key is not None else None
+    if outcome is not None:
+        reason = None
+        if outcome == "skipped" and isinstance(rep.longrepr, tuple):
+            reason = str(rep.longrepr[2]).removeprefix("Skipped: ")
+        failing = outcome in ("failed", "errors")
+        item.config.stash[_COLLECTOR_KEY].record(
+            key,
+            outcome,
+            item.nodeid,
+            reason,
+            when=rep.when,
+            message=_failure_message(rep) if failing else "",
+            reproduce=reproduce_command(item, item.config) if failing else "",
+        )
 
 
-def _meta(config: pytest.Config) -> dict[str, Any]:
+def _meta(session: pytest.Session, exitstatus: int) -> dict[str, Any]:
+    config = session.config
     sel = config.stash[_SELECTION_KEY]
+    start = config.stash.get(_RUN_KEY, {}).get("start", time.monotonic())
     return {
+        "command": shlex.join(["pytest", *config.invocation_params.args]),
+        "working_directory": str(config.invocation_params.dir),
         "profile": sel["profile"],
+        "seed": sel["seed"],
+        "duration_s": round(time.monotonic() - start, 1),
+        "exit_status": int(exitstatus),
         "implementations": [i.name for i in sel["implementations"]],
         "accelerators": [a.name for a in sel["accelerators"]],
         "unavailable_accelerators": [a.name for a in sel["unavailable"]],
@@ -247,15 +342,19 @@ def _meta(config: pytest.Config) -> dict[str, Any]:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    path = session.config.getoption("conformance_report")
-    if not path or _SELECTION_KEY not in session.config.stash:
+    config = session.config
+    if _SELECTION_KEY not in config.stash or config.getoption("collectonly", default=False):
         return
-    report = build_report(session.config.stash[_COLLECTOR_KEY], _meta(session.config))
-    json_path, md_path = write_report(path, report)
-    session.config.stash[_REPORT_PATHS_KEY] = (json_path, md_path)
-
-
-_REPORT_PATHS_KEY = pytest.StashKey[tuple[Any, Any]]()
+    report = build_report(config.stash[_COLLECTOR_KEY], _meta(session, exitstatus))
+    config.stash[_RUN_KEY]["report"] = report
+    path = config.getoption("conformance_report")
+    if not path:
+        return
+    try:
+        config.stash[_REPORT_PATHS_KEY] = write_report(path, report)
+    except OSError as exc:  # checked writable at configure; the disk can still fill up or vanish
+        config.stash[_RUN_KEY]["report_error"] = f"could not write the conformance report to {path}: {exc}"
+        session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
@@ -268,9 +367,25 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         f"accelerators: {', '.join(a.name for a in sel['accelerators'])}"
         + (f" (not available: {', '.join(a.name for a in sel['unavailable'])})" if sel["unavailable"] else "")
         + f"; hypothesis profile: {sel['profile']}"
+        + (f"; seed: {sel['seed']}" if sel["seed"] is not None else "")
     )
     for name, value in config.stash[_COLLECTOR_KEY].properties.items():
         terminalreporter.write_line(f"{name}: {value}")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The verdict and the report paths, after pytest's own summary: the last lines a reader sees."""
+    run = config.stash.get(_RUN_KEY, {})
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if "report" not in run or reporter is None:
+        return
+    report = run["report"]
+    colour = {"passed": {"green": True}, "failed": {"red": True}}.get(report["verdict"], {"yellow": True})
+    reporter.write_line(
+        f"hostoffload conformance: {report['verdict'].upper()} ({totals_line(report)})", bold=True, **colour
+    )
+    if "report_error" in run:
+        reporter.write_line(run["report_error"], red=True)
     paths = config.stash.get(_REPORT_PATHS_KEY, None)
     if paths:
-        terminalreporter.write_line(f"conformance report: {paths[0]} and {paths[1]}")
+        reporter.write_line(f"conformance report: {paths[1]} and {paths[0]}")

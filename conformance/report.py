@@ -1,12 +1,18 @@
-"""The conformance report: area x implementation x accelerator -> passed / failed / skipped.
+"""The conformance report: area x implementation x accelerator -> passed / failed / skipped, and the run's verdict.
 
-It is what a vendor attaches to a port and what the main job prints at the end, so it records enough to reproduce
-the run: versions, hardware, hypothesis profile, the selection, and the skip reasons per cell.
+It is what a vendor attaches to a port and what the main job prints at the end, so it records enough to judge and
+to reproduce the run: the command line, profile, hypothesis seed, duration, versions, hardware, the selection, the
+outcome counts and skip reasons per cell, and each failure with its message and the command that reruns it.
+
+A cell's status is honest about what ran: ``failed`` if any test failed or errored, ``skipped`` if nothing ran
+(every test skipped, or only expected failures), ``passed`` only if something passed and nothing failed. The
+markdown shows the ran/total counts next to the status, so "passed, 1 of 48 ran" cannot hide behind "passed".
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import html
 import json
 import os
 import platform
@@ -16,24 +22,62 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-OUTCOMES = ("passed", "failed", "skipped")
+#: What a test's report can count as, in the order the report lists them.
+OUTCOMES = ("passed", "failed", "errors", "skipped", "xfailed", "xpassed")
+#: Lines of a failure's message kept in the report (the full traceback is in pytest's output).
+MESSAGE_LINES = 8
+MESSAGE_CHARS = 1200
+
+
+@dataclass
+class Failure:
+    nodeid: str
+    when: str
+    message: str
+    reproduce: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"nodeid": self.nodeid, "when": self.when, "message": self.message, "reproduce": self.reproduce}
 
 
 @dataclass
 class Cell:
     passed: int = 0
     failed: int = 0
+    errors: int = 0
     skipped: int = 0
+    xfailed: int = 0
+    xpassed: int = 0
     skip_reasons: dict[str, int] = field(default_factory=dict)
-    failures: list[str] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
 
     @property
     def status(self) -> str:
-        if self.failed:
+        if self.failed or self.errors:
             return "failed"
-        if self.passed:
+        if self.passed or self.xpassed:
             return "passed"
-        return "skipped" if self.skipped else "empty"
+        return "skipped"
+
+    @property
+    def ran(self) -> int:
+        """Tests that ran to a verdict of their own (not skipped)."""
+        return self.passed + self.failed + self.errors + self.xfailed + self.xpassed
+
+    @property
+    def total(self) -> int:
+        return self.ran + self.skipped
+
+
+def first_lines(text: str, lines: int = MESSAGE_LINES, chars: int = MESSAGE_CHARS) -> str:
+    """The head of a failure message: enough to see what broke, short enough for a table of failures."""
+    kept = text.strip().splitlines()[:lines]
+    out = "\n".join(kept)
+    if len(out) > chars:
+        out = out[:chars].rstrip() + " ..."
+    elif len(text.strip().splitlines()) > lines:
+        out += "\n..."
+    return out
 
 
 class ReportCollector:
@@ -41,13 +85,25 @@ class ReportCollector:
         self.cells: dict[tuple[str, str, str], Cell] = defaultdict(Cell)
         self.properties: dict[str, int] = defaultdict(int)
 
-    def record(self, key: tuple[str, str, str], outcome: str, nodeid: str, reason: str | None = None) -> None:
+    def record(
+        self,
+        key: tuple[str, str, str],
+        outcome: str,
+        nodeid: str,
+        reason: str | None = None,
+        *,
+        when: str = "call",
+        message: str = "",
+        reproduce: str = "",
+    ) -> None:
+        if outcome not in OUTCOMES:
+            raise ValueError(f"outcome={outcome!r} is not allowed; allowed values: {', '.join(OUTCOMES)}")
         cell = self.cells[key]
         setattr(cell, outcome, getattr(cell, outcome) + 1)
         if outcome == "skipped" and reason:
             cell.skip_reasons[reason] = cell.skip_reasons.get(reason, 0) + 1
-        if outcome == "failed":
-            cell.failures.append(nodeid)
+        if outcome in ("failed", "errors"):
+            cell.failures.append(Failure(nodeid, when, first_lines(message), reproduce))
 
     def add_property(self, name: str, value: int) -> None:
         self.properties[name] += value
@@ -92,6 +148,23 @@ def versions() -> dict[str, str]:
     return out
 
 
+def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Test outcomes summed over every cell, and how many cells have each status."""
+    out: dict[str, Any] = {o: sum(r[o] for r in rows) for o in OUTCOMES}
+    out["cells"] = {s: sum(1 for r in rows if r["status"] == s) for s in ("passed", "failed", "skipped")}
+    return out
+
+
+def verdict(report: dict[str, Any]) -> str:
+    """``failed`` if anything failed or errored (or pytest itself did), ``skipped`` if nothing ran, else ``passed``."""
+    t = report["totals"]
+    if t["failed"] or t["errors"] or report.get("exit_status", 0) not in (0, 5):
+        return "failed"
+    if not (t["passed"] or t["xpassed"]):
+        return "skipped"
+    return "passed"
+
+
 def build_report(collector: ReportCollector, meta: dict[str, Any]) -> dict[str, Any]:
     rows = []
     for (area, impl, acc), cell in sorted(collector.cells.items()):
@@ -101,31 +174,50 @@ def build_report(collector: ReportCollector, meta: dict[str, Any]) -> dict[str, 
                 "implementation": impl,
                 "accelerator": acc,
                 "status": cell.status,
-                "passed": cell.passed,
-                "failed": cell.failed,
-                "skipped": cell.skipped,
+                **{o: getattr(cell, o) for o in OUTCOMES},
+                "ran": cell.ran,
+                "total": cell.total,
                 "skip_reasons": cell.skip_reasons,
-                "failures": cell.failures,
+                "failures": [f.as_dict() for f in cell.failures],
             }
         )
-    return {
+    report = {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "versions": versions(),
         "hardware": hardware(),
         **meta,
         "properties": dict(collector.properties),
+        "totals": totals(rows),
         "matrix": rows,
     }
+    report["verdict"] = verdict(report)
+    return report
 
 
-def render_markdown(report: dict[str, Any]) -> str:
+def totals_line(report: dict[str, Any]) -> str:
+    t = report["totals"]
+    counts = ", ".join(f"{t[o]} {o}" for o in OUTCOMES if t[o] or o in ("passed", "failed", "skipped"))
+    cells = ", ".join(f"{n} {s}" for s, n in t["cells"].items())
+    return f"{counts}; cells: {cells}"
+
+
+def _status_text(r: dict[str, Any]) -> str:
+    return f"**{r['status']}** ({r['ran']} of {r['total']} ran)"
+
+
+def render_markdown(report: dict[str, Any], image: str | None = None) -> str:
+    seed = report.get("seed")
     lines = [
         "# hostoffload conformance report",
         "",
+        f"**Verdict: {report['verdict']}** - {totals_line(report)}",
+        "",
+        f"- command: `{report.get('command', '')}`",
+        f"- hypothesis profile: {report.get('profile')}; seed: {seed if seed is not None else 'derandomized'}",
+        f"- duration: {report.get('duration_s', 0):.1f} s; pytest exit status: {report.get('exit_status')}",
         f"- date: {report['date']}",
         f"- versions: {', '.join(f'{k} {v}' for k, v in report['versions'].items())}",
         f"- hardware: {json.dumps(report['hardware'])}",
-        f"- hypothesis profile: {report.get('profile')}",
         f"- implementations: {', '.join(report.get('implementations', []))}",
         f"- accelerators: {', '.join(report.get('accelerators', []))}"
         + (f" (not available here: {', '.join(report['unavailable_accelerators'])})"
@@ -133,25 +225,82 @@ def render_markdown(report: dict[str, Any]) -> str:
     ]
     for name, value in report.get("properties", {}).items():
         lines.append(f"- {name}: {value}")
-    lines += ["", "| area | implementation | accelerator | status | passed | failed | skipped | skip reasons |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    if image:
+        lines += ["", f"![area x implementation x accelerator]({image})"]
+    lines += [
+        "",
+        "| area | implementation | accelerator | status | passed | failed | errors | skipped | skip reasons |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in report["matrix"]:
         reasons = "; ".join(f"{k} (x{v})" for k, v in r["skip_reasons"].items())
         lines.append(
-            f"| {r['area']} | {r['implementation']} | {r['accelerator']} | **{r['status']}** | {r['passed']} | "
-            f"{r['failed']} | {r['skipped']} | {reasons.replace('|', '/')} |"
+            f"| {r['area']} | {r['implementation']} | {r['accelerator']} | {_status_text(r)} | {r['passed']} | "
+            f"{r['failed']} | {r['errors']} | {r['skipped']} | {reasons.replace('|', '/')} |"
         )
     failures = [f for r in report["matrix"] for f in r["failures"]]
     if failures:
-        lines += ["", "## Failures", ""] + [f"- `{f}`" for f in failures]
+        lines += ["", f"## Failures ({len(failures)})"]
+        for f in failures:
+            kind = "error in " + f["when"] if f["when"] != "call" else "failed"
+            lines += ["", f"### `{f['nodeid']}` ({kind})", "", "```", f["message"] or "(no message)", "```", ""]
+            lines += ["Reproduce:", "", "```bash", f["reproduce"], "```"]
     return "\n".join(lines) + "\n"
 
 
-def write_report(path: str | os.PathLike[str], report: dict[str, Any]) -> tuple[Path, Path]:
-    """Write ``<path>/report.json`` and ``<path>/report.md``; returns both paths."""
-    folder = Path(path)
+_COLOURS = {"passed": "#2e7d32", "failed": "#c62828", "skipped": "#9e9e9e"}
+
+
+def render_svg(report: dict[str, Any]) -> str:
+    """The matrix as an image: one row per area, one column per implementation/accelerator pair, coloured."""
+    rows = report["matrix"]
+    areas = sorted({r["area"] for r in rows})
+    columns = sorted({(r["implementation"], r["accelerator"]) for r in rows})
+    by_key = {(r["area"], r["implementation"], r["accelerator"]): r for r in rows}
+    cw, ch, left, top = 130, 28, 110, 46
+    width, height = left + cw * len(columns) + 10, top + ch * len(areas) + 10
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+        'font-size="11">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+    ]
+    for j, (impl, acc) in enumerate(columns):
+        x = left + cw * j + cw / 2
+        out.append(f'<text x="{x}" y="18" text-anchor="middle">{html.escape(impl)}</text>')
+        out.append(f'<text x="{x}" y="34" text-anchor="middle" fill="#555">{html.escape(acc)}</text>')
+    for i, area in enumerate(areas):
+        y = top + ch * i
+        out.append(f'<text x="{left - 6}" y="{y + ch / 2 + 4}" text-anchor="end">{html.escape(area)}</text>')
+        for j, col in enumerate(columns):
+            r = by_key.get((area, *col))
+            x = left + cw * j
+            if r is None:
+                out.append(f'<rect x="{x + 1}" y="{y + 1}" width="{cw - 2}" height="{ch - 2}" fill="#f5f5f5"/>')
+                continue
+            out.append(
+                f'<rect x="{x + 1}" y="{y + 1}" width="{cw - 2}" height="{ch - 2}" fill="{_COLOURS[r["status"]]}"/>'
+            )
+            label = f"{r['status']} {r['ran']}/{r['total']}"
+            out.append(f'<text x="{x + cw / 2}" y="{y + ch / 2 + 4}" text-anchor="middle" fill="white">{label}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def check_report_dir(path: str | os.PathLike[str]) -> Path:
+    """Create the report folder and prove it is writable, before any test runs; OSError says why not."""
+    folder = Path(path).resolve()
     folder.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = folder / "report.json", folder / "report.md"
+    probe = folder / f".write-probe-{os.getpid()}"
+    probe.write_text("")
+    probe.unlink()
+    return folder
+
+
+def write_report(path: str | os.PathLike[str], report: dict[str, Any]) -> tuple[Path, Path]:
+    """Write ``<path>/report.json``, ``<path>/report.md`` and the matrix image ``<path>/matrix.svg``."""
+    folder = check_report_dir(path)
+    json_path, md_path, svg_path = folder / "report.json", folder / "report.md", folder / "matrix.svg"
     json_path.write_text(json.dumps(report, indent=2, sort_keys=False) + "\n")
-    md_path.write_text(render_markdown(report))
+    svg_path.write_text(render_svg(report))
+    md_path.write_text(render_markdown(report, image=svg_path.name))
     return json_path, md_path

@@ -39,6 +39,8 @@ IMPLEMENTATION = Implementation(
         pin_backends=("torch", "native"),
         # Registry lookups read an immutable published snapshot; only writers take a lock.
         concurrent_registry_reads=True,
+        # The native registry stores 64-bit words: addresses, sizes and owners from 2**64 up are ConfigurationError.
+        range_address_limit=2**64,
         # optimized.slab.PinnedSlab: one pinned allocation handed out in pieces, each recognised by is_pinned.
         pinned_slab="optimized.slab",
         # optimized.accumulation.ZeroEngine: one engine per rank on a torch.distributed group.

@@ -45,6 +45,9 @@ class Capabilities:
     - ``accumulation_rank_ordered_reduction``: reductions add per-rank terms in rank order (exact traces at
       every world size on cpu).
     - ``accumulation_optimizer_ulps``: the optimizer may differ from R16 by this many ulps (None: exact).
+    - ``range_address_limit``: the exclusive upper bound on the addresses, sizes and owner tokens the ranges
+      area's ``RangeRegistry`` stores (e.g. ``2**64`` for a registry of 64-bit words); values from it up must be a
+      ``ConfigurationError``. None: unbounded, like the reference's.
     - ``offload_streams``: the offload area moves data on accelerator streams (asynchronous-accelerator tests).
     - ``io_streams``: the io area's transfers run on accelerator streams (asynchronous-accelerator tests).
     - ``crash_isolation``: run tests that drive this implementation's native code in a child process, so a
@@ -59,6 +62,7 @@ class Capabilities:
     distributed_engine: bool = False
     accumulation_rank_ordered_reduction: bool = False
     accumulation_optimizer_ulps: int | None = None
+    range_address_limit: int | None = None
     offload_streams: bool = False
     io_streams: bool = False
     crash_isolation: bool = True
@@ -79,6 +83,9 @@ class Capabilities:
         ulps = self.accumulation_optimizer_ulps
         if ulps is not None and (type(ulps) is not int or ulps < 0):
             raise ValueError(f"accumulation_optimizer_ulps={ulps!r} must be None or an int >= 0")
+        limit = self.range_address_limit
+        if limit is not None and (type(limit) is not int or limit <= 0):
+            raise ValueError(f"range_address_limit={limit!r} must be None or a positive int")
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> Capabilities:

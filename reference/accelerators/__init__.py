@@ -4,8 +4,9 @@ Accelerators come from the ``hostoffload.accelerators`` entry-point group: hosto
 are registered there exactly like a vendor's would be, so there is one path for all of them. Each entry point
 names a class (or a zero-argument factory) returning an :class:`Accelerator`.
 
-``HOSTOFFLOAD_ACCELERATOR`` forces one by name; otherwise the first available accelerator that is not ``cpu`` wins
-(in entry-point name order, for determinism), and ``cpu`` is the fallback.
+``HOSTOFFLOAD_ACCELERATOR`` forces one by name; otherwise the default is the first available accelerator that is not
+``cpu`` and declares ``may_be_default`` (in entry-point name order, for determinism), and ``cpu`` is the fallback.
+Test-only accelerators declare ``may_be_default = False``, so installing one never changes the default.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ __all__ = [
     "ACCELERATOR_ENTRY_POINT_GROUP",
     "ACCELERATOR_ENV",
     "Accelerator",
+    "default_accelerator",
     "discover_accelerators",
     "get_accelerator",
 ]
@@ -75,8 +77,14 @@ def get_accelerator(name: str | None = None) -> Accelerator:
                 f"{', '.join(n for n, a in sorted(known.items()) if a.is_available())}"
             )
         return acc
+    return default_accelerator(known)
+
+
+def default_accelerator(known: dict[str, Accelerator] | None = None) -> Accelerator:
+    """What runs when nobody names an accelerator: the first available one that may be a default, else cpu."""
+    known = discover_accelerators() if known is None else known
     for acc_name, acc in sorted(known.items()):
-        if acc_name != "cpu" and acc.is_available():
+        if acc_name != "cpu" and acc.may_be_default and acc.is_available():
             return acc
     if "cpu" not in known:
         raise UnknownPluginError("no accelerator is installed (entry-point group hostoffload.accelerators is empty)")

@@ -28,6 +28,12 @@ class Accelerator(abc.ABC):
     #: Short, unique name; it is also the entry-point name and the value ``HOSTOFFLOAD_ACCELERATOR`` takes.
     name: str = ""
 
+    #: Whether this accelerator may be chosen when nobody names one (no argument, no ``HOSTOFFLOAD_ACCELERATOR``).
+    #: Installing a package must not change what every hostoffload program in the environment runs on, so
+    #: test-only accelerators (pretend devices, fault injectors, the example plugin's) set this to False: they run
+    #: only where they are asked for by name, as the conformance suite does.
+    may_be_default: bool = True
+
     # -- identity -------------------------------------------------------------------------------------------
     @property
     @abc.abstractmethod
@@ -101,6 +107,7 @@ class Accelerator(abc.ABC):
         """A JSON-ready summary for reports."""
         return {
             "name": self.name,
+            "may_be_default": self.may_be_default,
             "device_type": self.device_type,
             "available": self.is_available(),
             "supports_streams": self.supports_streams,

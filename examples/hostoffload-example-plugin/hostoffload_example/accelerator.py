@@ -3,6 +3,11 @@
 It behaves like the host (synchronous, no torch pinning) but claims host registration, and it checks the
 protocol the pinning backends must follow: only page-aligned ranges are registered, nothing is registered twice,
 and only registered ranges are unregistered.
+
+It is a test device, so it declares ``may_be_default = False``: installing this package must not move every
+hostoffload program of the environment onto a pretend device. It runs only where it is named
+(``HOSTOFFLOAD_ACCELERATOR=example-host``, ``--conformance-accelerator example-host``, or the suite's default
+selection of every available accelerator).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from reference.accelerators.base import Accelerator, SynchronousEvent, null_stre
 
 class RecordingHostAccelerator(Accelerator):
     name = "example-host"
+    may_be_default = False
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
