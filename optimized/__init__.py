@@ -36,6 +36,9 @@ IMPLEMENTATION = Implementation(
     },
     capabilities={
         "pin_backends": ("torch", "native"),
+        # The offload engine moves bytes on accelerator streams ordered by events (D2H/H2D streams, prefetch, pool
+        # reuse): the suite runs its stream-ordering rules (docs/offload.md O1-O7) on the chaos accelerator.
+        "offload_streams": True,
         # Registry lookups read an immutable published snapshot; only writers take a lock.
         "concurrent_registry_reads": True,
         # optimized.slab.PinnedSlab: one pinned allocation handed out in pieces, each recognised by is_pinned.
