@@ -225,20 +225,27 @@ def test_O5_O6_pool_cap_and_block_bound(streamed_api, sizes, cap_blocks, schedul
     manager.close()
 
 
-def test_O7_block_reuse_waits_for_reads(streamed_api):
-    """O7: a pool block is rewritten only after every copy reading it completed. With the H2D stream stalled the
-    next step's offload lands in blocks whose restores have not run; only an event wait makes that safe."""
-    sizes = [16384] * 4
-    for stall in (0, 1):
-        chaos = ChaosAccelerator(ChaosSchedule(seed=7, eagerness=0.0, stall=stall))
-        layers, leaf = _chain(sizes)
-        manager = streamed_api.ActivationOffload(
-            accelerator=chaos, mode="all", min_offload_bytes=0, keep_last_count=0, prefetch_count=3,
-        )
-        with chaos.activate():
-            for _ in range(3):
-                with manager:
-                    out = _forward(layers, leaf, [])
-                out.sum().backward(retain_graph=False)
-        assert chaos.copies_deferred > 0
-        manager.close()
+@pytest.mark.parametrize("stall", [None, 0, 1])
+def test_O7_block_reuse_waits_for_reads(streamed_api, stall):
+    """O7: a pool block is rewritten only after every copy reading it completed. A backward that stops half way
+    (``autograd.grad`` of a middle activation) leaves prefetches nobody waited for; when the graph is freed their
+    blocks go back to the pool and the next step's offloads land in them. With a stream stalled, only an event
+    wait orders the rewrite after those reads (else the chaos accelerator raises)."""
+    sizes = [16384] * 6
+    chaos = ChaosAccelerator(ChaosSchedule(seed=7, eagerness=0.0, stall=stall))
+    layers, leaf = _chain(sizes)
+    manager = streamed_api.ActivationOffload(
+        accelerator=chaos, mode="all", min_offload_bytes=0, keep_last_count=0, prefetch_count=3,
+    )
+    plain: list[torch.Tensor] = []
+    (expected,) = torch.autograd.grad(_forward(layers, leaf, plain).sum(), plain[3])
+    with chaos.activate():
+        for step in range(3):
+            inputs: list[torch.Tensor] = []
+            with manager:
+                out = _forward(layers, leaf, inputs)
+            (grad,) = torch.autograd.grad(out.sum(), inputs[3])
+            assert torch.equal(grad, expected), f"step {step}: partial backward differs (O1)"
+            del out, inputs, grad
+    assert chaos.copies_deferred > 0
+    manager.close()
