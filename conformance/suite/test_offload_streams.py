@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from conformance.chaos import ChaosAccelerator, ChaosSchedule
@@ -126,17 +126,18 @@ def _expected_window(sizes: list[int], i: int, count: int, cap: int | None) -> s
 @given(
     sizes=st.lists(st.sampled_from((1024, 3000, 8192, 20000)), min_size=2, max_size=6),
     prefetch_count=st.integers(0, 3),
-    cap_layers=st.one_of(st.none(), st.integers(1, 3)),
+    cap=st.one_of(st.none(), st.integers(4096, 3 * 80000)),
     schedule=schedules,
 )
-def test_O2_O3_O4_retention_gauges_and_lookahead(streamed_api, sizes, prefetch_count, cap_layers, schedule):
+# The cap exactly fits two records of the window: one byte more in flight is a violation.
+@example(sizes=[1024] * 5, prefetch_count=3, cap=2 * 4096, schedule=ChaosSchedule(seed=3))
+def test_O2_O3_O4_retention_gauges_and_lookahead(streamed_api, sizes, prefetch_count, cap, schedule):
     """O2: a restored tensor's buffer is dead once the backward op that used it ran (before the context exits).
     O3: ``device_bytes_held`` equals the restore buffers the accelerator sees alive, ``host_bytes_in_use`` the
     bytes of records not yet used. O4: after layer i is restored exactly the longest prefix of the next
     ``prefetch_count`` records (backward order) that fits ``max_inflight_bytes`` is in flight or ready."""
     chaos = ChaosAccelerator(schedule)
     layers, leaf = _chain(sizes)
-    cap = None if cap_layers is None else cap_layers * max(sizes) * 4
     manager = streamed_api.ActivationOffload(
         accelerator=chaos, mode="all", min_offload_bytes=0, keep_last_count=0,
         prefetch_count=prefetch_count, max_inflight_bytes=cap,
