@@ -196,7 +196,7 @@ def test_O2_O3_O4_retention_gauges_and_lookahead(streamed_api, sizes, prefetch_c
 @_FEW
 @given(
     sizes=st.lists(st.sampled_from((1000, 17000, 40000)), min_size=2, max_size=5),
-    cap_blocks=st.integers(1, 6),
+    cap_blocks=st.integers(1, 8),
     schedule=schedules,
 )
 def test_O5_O6_pool_cap_and_block_bound(streamed_api, sizes, cap_blocks, schedule):
@@ -205,14 +205,17 @@ def test_O5_O6_pool_cap_and_block_bound(streamed_api, sizes, cap_blocks, schedul
     is at most twice n rounded up to 64 KiB. O7 is checked throughout (a block is never rewritten while a copy
     reads it: the chaos accelerator raises)."""
     chaos = ChaosAccelerator(schedule)
-    layers, leaf = _chain(sizes)
+    # Steps alternate between the drawn sizes and a third of them, so free blocks of a larger size are around
+    # when smaller requests come (O6 bounds how much larger a reused block may be).
+    chains = [_chain(sizes), _chain([max(1000, n // 3) for n in sizes])]
     cap = cap_blocks * 2 * GRANULE
     manager = streamed_api.ActivationOffload(
         accelerator=chaos, mode="all", min_offload_bytes=0, keep_last_count=0, pool_bytes=cap, prefetch_count=2,
     )
     peak = 0
     with chaos.activate():
-        for _ in range(2):
+        for step in range(3):
+            layers, leaf = chains[step % 2]
             with manager:
                 out = _forward(layers, leaf, [])
                 peak = max(peak, chaos.live_host_block_bytes())
