@@ -98,7 +98,7 @@ def _chain(sizes: list[int]) -> tuple[list[torch.nn.Module], torch.Tensor]:
 
 def _forward(layers, leaf, inputs: list[torch.Tensor]) -> torch.Tensor:
     x = leaf * 1
-    for i, layer in enumerate(layers):
+    for layer in layers:
         if x.numel() != layer.w.numel():
             x = x.sum().expand(layer.w.numel()) * 1  # a fresh contiguous input of the layer's size
         inputs.append(x)
