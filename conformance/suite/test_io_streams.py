@@ -67,26 +67,26 @@ class _OpenWatch:
 @example(lead=0, nbytes=ALIGN - 1, offset=0, use_o_direct=True)
 @example(lead=0, nbytes=ALIGN, offset=0, use_o_direct=True)
 @example(lead=8, nbytes=3 * ALIGN, offset=0, use_o_direct=True)
-def test_IO1_decision_for_every_length_and_alignment(io_apis, tmp_path_factory, monkeypatch, lead, nbytes, offset,
-                                                     use_o_direct):
+def test_IO1_decision_for_every_length_and_alignment(io_apis, tmp_path_factory, lead, nbytes, offset, use_o_direct):
     """IO1: O_DIRECT is used iff asked for, the record offset is 4 KiB aligned and the payload is at least 4 KiB
     (seen on the OS's open calls); the tensor's own memory is used iff the registry rule holds for the file mode
     actually used, whatever the length (payloads shorter than 4 KiB included) and alignment of the view."""
     api, pinning, ranges = io_apis
-    base = pinning.pin_empty(lead + nbytes + 64, dtype=torch.uint8)
+    base = pinning.pin_empty(16 * ALIGN, dtype=torch.uint8)  # one size for all: large enough to be registered
     base.copy_(torch.arange(base.numel(), dtype=torch.int64).remainder(251).to(torch.uint8))
     view = base.narrow(0, lead, nbytes)
     values = view.clone()
+    assert ranges.global_registry().contains(*ranges.tensor_extent(base)), "pin_empty's buffer is not registered"
     path = str(tmp_path_factory.mktemp("io1") / "d.bin")
     watch = _OpenWatch()
-    monkeypatch.setattr(os, "open", watch)
-    with api.SwapHandle(block_size=ALIGN, use_o_direct=use_o_direct) as h:
-        w = h.write(view, path, offset)
-        w.wait()
-        view.zero_()
-        r = h.read(view, path, offset)
-        r.wait()
-    monkeypatch.undo()
+    with pytest.MonkeyPatch.context() as patch:  # a private patch: undoing it keeps the fixture's environment
+        patch.setattr(os, "open", watch)
+        with api.SwapHandle(block_size=ALIGN, use_o_direct=use_o_direct) as h:
+            w = h.write(view, path, offset)
+            w.wait()
+            view.zero_()
+            r = h.read(view, path, offset)
+            r.wait()
     assert torch.equal(view, values), "round trip changed the bytes"
     wants = use_o_direct and offset % ALIGN == 0 and nbytes >= ALIGN
     attempted = path in watch.direct or any(p.startswith(os.path.join(os.path.dirname(path), ".d.bin"))
@@ -130,7 +130,7 @@ class _PwriteWatch:
 
 
 @pytest.mark.parametrize("threads", [2, 4])
-def test_IO2_bounce_buffer_not_reused_before_its_write_completed(io_apis, tmp_path, monkeypatch, threads):
+def test_IO2_bounce_buffer_not_reused_before_its_write_completed(io_apis, tmp_path, threads):
     """IO2: a bounce buffer goes back to the pool only after the write that reads it completed (and a read's
     buffer only after its bytes were copied out): with several workers sharing a small pool, no pwrite sees its
     buffer change, and every block lands in the file intact."""
@@ -138,14 +138,14 @@ def test_IO2_bounce_buffer_not_reused_before_its_write_completed(io_apis, tmp_pa
     nblocks = 16
     t = torch.arange(nblocks * ALIGN // 4, dtype=torch.int32)  # pageable: bounced, each block distinct
     watch = _PwriteWatch()
-    monkeypatch.setattr(os, "pwrite", watch)
     paths = [str(tmp_path / f"b{i}.bin") for i in range(2)]
-    with api.SwapHandle(queue_depth=2, block_size=ALIGN, num_threads=threads, use_o_direct=False) as h:
-        reqs = [h.write(t, p) for p in paths]
-        for q in reqs:
-            q.wait()
-        assert h.stats().bounced_bytes > 0, "the test needs bounced requests"
-    monkeypatch.undo()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "pwrite", watch)
+        with api.SwapHandle(queue_depth=2, block_size=ALIGN, num_threads=threads, use_o_direct=False) as h:
+            reqs = [h.write(t, p) for p in paths]
+            for q in reqs:
+                q.wait()
+            assert h.stats().bounced_bytes > 0, "the test needs bounced requests"
     assert watch.calls >= nblocks, f"only {watch.calls} pwrite calls seen"
     assert not watch.violations, watch.violations[:3]
     with api.SwapHandle(queue_depth=2, block_size=ALIGN, num_threads=threads, use_o_direct=False) as h:
