@@ -253,3 +253,19 @@ def test_O7_block_reuse_waits_for_reads(streamed_api, stall):
             del out, inputs, grad
     assert chaos.copies_deferred > 0
     manager.close()
+
+
+def test_chaos_accelerator_is_never_a_default(monkeypatch):
+    """The chaos accelerator exists only inside these tests: no entry point names it, so neither discovery nor
+    ``HOSTOFFLOAD_ACCELERATOR`` can pick it, and it honours the accelerator contract's identity members."""
+    from reference.accelerators import discover_accelerators, get_accelerator
+    from reference.errors import UnknownPluginError
+
+    assert ChaosAccelerator.name not in discover_accelerators()
+    monkeypatch.delenv(ACCELERATOR_ENV, raising=False)
+    assert get_accelerator().name != ChaosAccelerator.name
+    monkeypatch.setenv(ACCELERATOR_ENV, ChaosAccelerator.name)
+    with pytest.raises(UnknownPluginError, match=ACCELERATOR_ENV):
+        get_accelerator()
+    chaos = ChaosAccelerator()
+    assert chaos.supports_streams and chaos.is_available() and chaos.device() == torch.device("cpu")
