@@ -37,6 +37,12 @@ IMPLEMENTATION = Implementation(
     },
     capabilities=Capabilities(
         pin_backends=("torch", "native"),
+        # The offload engine moves bytes on accelerator streams ordered by events (D2H/H2D streams, prefetch, pool
+        # reuse): the suite runs its stream-ordering rules (docs/offload.md O1-O7) on the chaos accelerator.
+        offload_streams=True,
+        # The swap handle runs requests asynchronously on worker threads with a shared bounce pool and O_DIRECT:
+        # the suite checks docs/io.md IO1-IO2 on it.
+        io_streams=True,
         # Registry lookups read an immutable published snapshot; only writers take a lock.
         concurrent_registry_reads=True,
         # The native registry stores 64-bit words: addresses, sizes and owners from 2**64 up are ConfigurationError.

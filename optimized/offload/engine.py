@@ -140,8 +140,6 @@ class StreamedEngine(EngineBase):
         self._live_offloaded = 0
         self._timings: list[tuple[str, Any, Any, int]] = []
         self._epoch = 0
-        module = getattr(torch, accelerator.device_type, None)
-        self._timing_event_cls = getattr(module, "Event", None) if self.use_streams else None
 
     # -- helpers
     # ----------------------------------------------------------------------------------------------
@@ -156,9 +154,7 @@ class StreamedEngine(EngineBase):
         return self.use_streams and device == self.accelerator.device()
 
     def _timing_event(self) -> Any:
-        if self._timing_event_cls is None:
-            return None
-        return self._timing_event_cls(enable_timing=True)
+        return self.accelerator.new_timing_event() if self.use_streams else None
 
     def _record_timing(self, kind: str, start: Any, end: Any, nbytes: int) -> None:
         if start is None or end is None:

@@ -70,6 +70,12 @@ class Accelerator(abc.ABC):
     def new_event(self) -> Any:
         """A new event with ``record(stream)``, ``wait(stream)``, ``synchronize()`` and ``query()``."""
 
+    def new_timing_event(self) -> Any | None:
+        """An event that can also measure ``elapsed_time(end)`` in milliseconds, or None (the default) if the device
+        cannot time its work. Engines that report copy bandwidth ask for these instead of building
+        device-specific event classes themselves, so they work on every accelerator with streams."""
+        return None
+
     @abc.abstractmethod
     def synchronize(self, index: int | None = None) -> None:
         """Wait for all work queued on the device."""

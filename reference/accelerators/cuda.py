@@ -50,6 +50,9 @@ class CudaAccelerator(Accelerator):
     def new_event(self) -> torch.cuda.Event:
         return torch.cuda.Event()
 
+    def new_timing_event(self) -> torch.cuda.Event:
+        return torch.cuda.Event(enable_timing=True)
+
     def synchronize(self, index: int | None = None) -> None:
         torch.cuda.synchronize(index)
 
