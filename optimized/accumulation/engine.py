@@ -642,7 +642,7 @@ class ZeroEngine(ScheduledEngine):
                 "trainable": ckpt.pieces_of_range(self.layout.segments, lo, hi),
                 "frozen": ckpt.pieces_of_range(self.frozen_layout.segments, flo, fhi),
             }
-        except Exception as exc:  # noqa: BLE001 - reported to every rank, then re-raised
+        except Exception as exc:
             error = exc
         self._agree(error, "save_checkpoint (rank files)")
         entries = self._comm.all_gather_objects(entry, "checkpoint manifest gather")
@@ -667,11 +667,10 @@ class ZeroEngine(ScheduledEngine):
             },
             "ranks": entries,
         }
-        path = None
         error = None
         if self.rank == 0:
             try:
-                path = ckpt.commit(directory, tag, manifest, save_latest=save_latest)
+                ckpt.commit(directory, tag, manifest, save_latest=save_latest)
             except OSError as exc:
                 error = exc
         self._agree(error, "save_checkpoint (commit)")
@@ -713,9 +712,8 @@ class ZeroEngine(ScheduledEngine):
                 self._opt_state.step = manifest["optimizer_step"]
             if load_lr_scheduler_states:
                 groups = self.optimizer.state_dict()
-                groups["param_groups"] = [
-                    {**g, "params": mine["params"]} for g, mine in zip(own["optimizer"], groups["param_groups"])
-                ]
+                saved_groups = zip(own["optimizer"], groups["param_groups"], strict=True)
+                groups["param_groups"] = [{**g, "params": mine["params"]} for g, mine in saved_groups]
                 self.optimizer.load_state_dict(groups)
                 if own["lr_scheduler"] is not None:
                     if self._lr_scheduler is not None:
@@ -870,7 +868,7 @@ class ZeroEngine(ScheduledEngine):
             for n, v in frozen.items():
                 s = self._fseg[n]
                 if self.stage == 3:
-                    for name, pstart, local, length in ckpt.pieces_of_range([s], flo, fhi):
+                    for _, pstart, local, length in ckpt.pieces_of_range([s], flo, fhi):
                         src = v.detach().reshape(-1)[pstart : pstart + length]
                         self._frozen_part[local : local + length].copy_(src)
                 else:

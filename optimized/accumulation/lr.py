@@ -61,7 +61,7 @@ class EngineOptimizer(torch.optim.Optimizer):
         )
 
     @torch.no_grad()
-    def step(self, closure: Any = None) -> None:  # noqa: ARG002 - torch's signature
+    def step(self, closure: Any = None) -> None:
         """Called by the engine after each boundary update (so schedulers see optimizer-then-scheduler)."""
         if not self._engine_stepping:
             raise UnsupportedOperationError(
@@ -77,7 +77,7 @@ class EngineOptimizer(torch.optim.Optimizer):
         finally:
             self._engine_stepping = False
 
-    def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002 - torch's signature
+    def zero_grad(self, set_to_none: bool = True) -> None:
         """Gradients never stay on the parameters (the engine accumulates them in its own buffers): nothing to
         clear here; ``engine.zero_grad()`` discards the engine's accumulated gradient."""
         return None
