@@ -1051,7 +1051,7 @@ class ZeroEngine(ScheduledEngine):
         if self._swap is not None:
             self._opt_state.buffers = self._swap.finish_swap_in()
         wrote_lp = step_master(
-            cfg.optimizer, self._master, g32, self._opt_state, clip_coef=clip_coef, bf16_out=self._lp_out
+            self.optimizer.current(), self._master, g32, self._opt_state, clip_coef=clip_coef, bf16_out=self._lp_out
         )
         if self._swap is not None:
             # The writes run while the weights are cast and all-gathered; the next backward() waits for them.
