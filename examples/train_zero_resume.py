@@ -44,7 +44,9 @@ def parse_args() -> argparse.Namespace:
 
 def init_distributed(backend: str) -> torch.device:
     if "RANK" not in os.environ:  # plain `python examples/...`: a world of one
-        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29533")
+        os.environ.update(RANK="0", WORLD_SIZE="1")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29533")
     if backend == "nccl":
         local = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local)
@@ -78,7 +80,7 @@ def warmup_cosine(total: int, warmup: int = 2):
 def main() -> None:
     args = parse_args()
     device = init_distributed(args.backend)
-    ZeroEngine = importlib.import_module(args.engine_module).ZeroEngine  # noqa: N806 - a class
+    ZeroEngine = importlib.import_module(args.engine_module).ZeroEngine
     world, rank = dist.get_world_size(), dist.get_rank()
     micro, gas = 4, 2
     config = {  # DeepSpeed's shape
