@@ -12,6 +12,7 @@ from optimized import cpu_adam as native_cpu_adam
 from optimized.accumulation.collectives import CollectiveError, Collectives, fold_in_rank_order
 from optimized.accumulation.config import CONFIG_KEYS, DTYPES, AccumulationConfig, OptimizerConfig
 from optimized.accumulation.engine import DEFAULT_BUCKET_ELEMENTS, StepOutcome, ZeroEngine
+from optimized.accumulation.lr import EngineOptimizer
 from optimized.accumulation.optimizers import step_master, torch_step, uses_native
 from optimized.accumulation.scenario import BACKEND_ENV, POOL_SIZE_ENV, TIMEOUT_ENV, run_on_ranks, run_scenario
 from optimized.accumulation.workers import WorkerTimeoutError, shutdown_pools
@@ -32,7 +33,7 @@ from reference.accumulation.scenario import (
     micro_batch,
     scenario_calls,
 )
-from reference.errors import ConfigurationError, UnsupportedOperationError
+from reference.errors import CheckpointError, ConfigurationError, UnsupportedOperationError
 
 #: Marks this module as the multi-process engine (engine-specific conformance tests look for it).
 DISTRIBUTED_ENGINE = True
@@ -48,11 +49,13 @@ __all__ = [
     "AccumulationConfig",
     "Backward",
     "BackwardRecord",
+    "CheckpointError",
     "CollectiveError",
     "Collectives",
     "ConfigurationError",
     "ControlRecord",
     "Counters",
+    "EngineOptimizer",
     "EnterNoSync",
     "ExitNoSync",
     "ModelSpec",

@@ -27,6 +27,15 @@ What happens where, per stage (R9-R12):
   read back (asynchronously, from the start of the boundary) before the CPU Adam, written after it
   (:mod:`optimized.accumulation.swap`).
 
+What a training script uses besides backward()/step() (docs/zero.md): ``engine.optimizer``, a
+``torch.optim.Optimizer`` facade whose group values the boundary update reads (:mod:`.lr`), so any
+``torch.optim.lr_scheduler`` drives it (``engine.lr_scheduler`` is stepped at boundaries); ``save_checkpoint`` /
+``load_checkpoint`` (per-rank files in parameter coordinates, staged and committed by one rename, loadable at any
+world size and stage: :mod:`.checkpoint`); the consolidated ``state_dict()`` / ``load_state_dict()``;
+``zero_grad``, ``train``/``eval``, ``parameters``. Misuse is refused at the call, before anything changes: a loss
+whose graph reaches neither this model's outputs nor its trainable parameters, a model (or sub-module) another
+live engine wraps, an ``nvme_path`` where no file can be created.
+
 Failure: a rank that raises stops calling collectives; the others fail in their next collective after the
 process group's timeout with :class:`~optimized.accumulation.collectives.CollectiveError` (never a silent hang
 longer than that timeout). After any error call :meth:`ZeroEngine.destroy` (it never communicates) and build a
