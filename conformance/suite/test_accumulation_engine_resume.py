@@ -117,6 +117,7 @@ SAME_WORLD = [
     pytest.param(0, {}, id="stage0"),
     pytest.param(1, {"dtype": "bf16", "grad_accum_dtype": "fp32"}, id="stage1-bf16"),
     pytest.param(2, {"offload_optimizer": "cpu"}, id="stage2-offload"),
+    pytest.param(1, {"offload_optimizer": "nvme"}, id="stage1-nvme"),
     pytest.param(3, {"dtype": "bf16", "offload_optimizer": "cpu", "offload_param": "cpu"}, id="stage3-offload-bf16"),
 ]
 
@@ -128,6 +129,9 @@ def test_R3_R16_resume_at_same_world_size_equals_uninterrupted_run(area_api, tmp
     of R16 included, or they would drift) and RNG draws equal an uninterrupted 5-boundary run bitwise."""
     api = engine_api(area_api)
     cfg = _config(stage, **extra)
+    if extra.get("offload_optimizer") == "nvme":  # the Adam state is read back from / written into its files
+        cfg["nvme_path"] = str(tmp_path / "swap")
+        os.mkdir(cfg["nvme_path"])
     full = api.run_on_ranks(_train, 2, api.ZeroEngine, cfg, 0, 5, None, None, 1)[0]
     api.run_on_ranks(_train, 2, api.ZeroEngine, cfg, 0, 3, None, (str(tmp_path), "ck"), 1)
     resumed = api.run_on_ranks(_train, 2, api.ZeroEngine, cfg, 3, 2, (str(tmp_path), None), None, 2)[0]
