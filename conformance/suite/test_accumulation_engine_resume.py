@@ -278,6 +278,49 @@ def test_R20_checkpoint_errors_are_clear_and_leave_the_engine_usable(area_api, t
     assert out["leftovers"] == [], f"temporary files left behind: {out['leftovers']}"
 
 
+def _failed_save(group, engine_cls, directory: str) -> dict:
+    """Two ranks: save "ck", train on, save "ck" again with rank 1 failing to write its file."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank(group)
+    spec = ModelSpec()
+    engine = engine_cls(spec.build(SEED), _config(3), process_group=group)
+    out: dict = {}
+
+    def boundary(k):
+        for j in range(2):
+            x, y = _batch(2 * k + j, spec, 2)
+            engine.backward(compute_loss(engine.module, x, y, engine.config.model_dtype))
+            engine.step()
+
+    boundary(0)
+    engine.save_checkpoint(directory, "ck")
+    saved = engine.state_dict()
+    boundary(1)
+    bad = {"hook": (lambda: None)} if rank == 1 else {}
+    try:
+        engine.save_checkpoint(directory, "ck", client_state=bad)
+        out["second"] = None
+    except Exception as exc:  # classified by the test
+        out["second"] = (type(exc).__name__, str(exc))
+    engine.load_checkpoint(directory, "ck")
+    out["restored"] = all(torch.equal(saved[k], v) for k, v in engine.state_dict().items())
+    out["steps"] = engine.global_steps
+    engine.destroy()
+    return out
+
+
+def test_R20_a_save_that_fails_on_one_rank_leaves_the_previous_checkpoint(area_api, tmp_path):
+    """Atomic saves: when one rank cannot write its file, every rank raises (none is left waiting in a
+    collective), and the tag still loads the previous, complete checkpoint -- the failed save is invisible."""
+    api = engine_api(area_api)
+    out = api.run_on_ranks(_failed_save, 2, api.ZeroEngine, str(tmp_path))
+    for r, o in enumerate(out):
+        assert o["second"] is not None, f"rank {r}: the failing save did not raise"
+        assert o["restored"] and o["steps"] == 1, f"rank {r}: tag 'ck' no longer holds the first checkpoint"
+    assert "rank 1" in out[0]["second"][1], out[0]["second"]
+
+
 def _state_dicts(group, engine_cls, stage: int) -> dict:
     spec = ModelSpec()
     cfg = _config(stage, dtype="bf16")

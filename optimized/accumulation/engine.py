@@ -565,7 +565,7 @@ class ZeroEngine(ScheduledEngine):
             raise error
         for r, e in enumerate(errors):
             if e is not None:
-                cls = CheckpointError if e[0] == "CheckpointError" else ConfigurationError
+                cls = ConfigurationError if e[0] == "ConfigurationError" else CheckpointError
                 raise cls(f"{what} failed on rank {r}: {e[0]}: {e[1]}")
 
     def save_checkpoint(
