@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import tempfile
 import weakref
 from collections import deque
@@ -606,55 +607,18 @@ class ZeroEngine(ScheduledEngine):
             try:
                 os.makedirs(directory, exist_ok=True)
                 if os.path.lexists(staging):
-                    import shutil
-
-                    shutil.rmtree(staging)
+                    shutil.rmtree(staging)  # an earlier save of this tag that never committed
                 os.makedirs(staging)
             except OSError as exc:
                 error = ConfigurationError(f"save_dir={directory!r}: cannot create {staging!r} ({exc})")
         self._agree(error, "save_checkpoint")
-        opt_state = self.optimizer_state()  # with nvme: read back from its files
-        lo, hi = self._master_range()
-        if self.stage == 0:
-            P = self.layout.partition_size
-            lo, hi = self.rank * P, (self.rank + 1) * P
-            master, state = self._master[lo:hi], {k: v[lo:hi] for k, v in opt_state.buffers.items()}
-        else:
-            master, state = self._master, opt_state.buffers
-        fP = self.frozen_layout.partition_size
-        flo, fhi = self.rank * fP, (self.rank + 1) * fP
-        if self.stage == 3:
-            frozen = self._frozen_part.to("cpu", copy=True)
-        else:
-            frozen = torch.zeros(fP, dtype=self.config.model_dtype)
-            for name, pstart, local, length in ckpt.pieces_of_range(self.frozen_layout.segments, flo, fhi):
-                frozen[local : local + length].copy_(self._params[name].detach().reshape(-1)[pstart : pstart + length])
-        rng = {"cpu": torch.get_rng_state()}
-        if self.device.type == "cuda":
-            rng["cuda"] = torch.cuda.get_rng_state(self.device)
-        payload = {
-            "master": master.to("cpu", copy=True),
-            "state": {k: v.to("cpu", copy=True) for k, v in state.items()},
-            "frozen": frozen,
-            "buffers": {k: v.detach().to("cpu", copy=True) for k, v in self._module.named_buffers()},
-            "rng": rng,
-            "optimizer": self.optimizer.state_dict()["param_groups"],
-            "lr_scheduler": None if self._lr_scheduler is None else self._lr_scheduler.state_dict(),
-            "client_state": dict(client_state or {}),
-        }
-        entry = None
         try:
-            size = ckpt.write_rank_file(staging, self.rank, payload)
-            entry = {
-                "file": f"rank{self.rank}.pt",
-                "bytes": size,
-                "trainable": ckpt.pieces_of_range(self.layout.segments, lo, hi),
-                "frozen": ckpt.pieces_of_range(self.frozen_layout.segments, flo, fhi),
-            }
-        except Exception as exc:
+            payload, entry, opt_state, state = self._write_rank_file(staging, client_state)
+        except Exception as exc:  # reported to every rank, then re-raised here
             error = exc
         self._agree(error, "save_checkpoint (rank files)")
         entries = self._comm.all_gather_objects(entry, "checkpoint manifest gather")
+        del payload
         sched = self._schedule
         manifest = {
             "format": ckpt.FORMAT,
@@ -685,6 +649,46 @@ class ZeroEngine(ScheduledEngine):
         self._agree(error, "save_checkpoint (commit)")
         return os.path.join(directory, tag)
 
+    def _write_rank_file(self, staging: str, client_state: Mapping[str, Any] | None) -> tuple:
+        """This rank's part of a save: its tensors and state into ``staging/rank<r>.pt``."""
+        opt_state = self.optimizer_state()  # with nvme: read back from its files
+        lo, hi = self._master_range()
+        if self.stage == 0:
+            P = self.layout.partition_size
+            lo, hi = self.rank * P, (self.rank + 1) * P
+            master, state = self._master[lo:hi], {k: v[lo:hi] for k, v in opt_state.buffers.items()}
+        else:
+            master, state = self._master, opt_state.buffers
+        fP = self.frozen_layout.partition_size
+        flo, fhi = self.rank * fP, (self.rank + 1) * fP
+        if self.stage == 3:
+            frozen = self._frozen_part.to("cpu", copy=True)
+        else:
+            frozen = torch.zeros(fP, dtype=self.config.model_dtype)
+            for name, pstart, local, length in ckpt.pieces_of_range(self.frozen_layout.segments, flo, fhi):
+                frozen[local : local + length].copy_(self._params[name].detach().reshape(-1)[pstart : pstart + length])
+        rng = {"cpu": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.device)
+        payload = {
+            "master": master.to("cpu", copy=True),
+            "state": {k: v.to("cpu", copy=True) for k, v in state.items()},
+            "frozen": frozen,
+            "buffers": {k: v.detach().to("cpu", copy=True) for k, v in self._module.named_buffers()},
+            "rng": rng,
+            "optimizer": self.optimizer.state_dict()["param_groups"],
+            "lr_scheduler": None if self._lr_scheduler is None else self._lr_scheduler.state_dict(),
+            "client_state": dict(client_state or {}),
+        }
+        size = ckpt.write_rank_file(staging, self.rank, payload)
+        entry = {
+            "file": f"rank{self.rank}.pt",
+            "bytes": size,
+            "trainable": ckpt.pieces_of_range(self.layout.segments, lo, hi),
+            "frozen": ckpt.pieces_of_range(self.frozen_layout.segments, flo, fhi),
+        }
+        return payload, entry, opt_state, state
+
     def load_checkpoint(
         self, load_dir: str | os.PathLike, tag: str | None = None, *, load_optimizer_states: bool = True,
         load_lr_scheduler_states: bool = True, load_module_only: bool = False,
@@ -708,6 +712,9 @@ class ZeroEngine(ScheduledEngine):
             loaded = self._read_checkpoint(os.fspath(load_dir), tag, load_optimizer_states and not load_module_only)
         except (CheckpointError, ConfigurationError) as exc:
             error = exc
+        except (OSError, KeyError, TypeError, ValueError, IndexError) as exc:  # a damaged manifest or file
+            error = CheckpointError(f"checkpoint in {os.fspath(load_dir)!r} (tag {tag!r}) cannot be read: {exc!r}")
+            error.__cause__ = exc
         self._agree(error, "load_checkpoint")
         path, manifest, master, state, frozen, own = loaded
         self._install_state(master, state, frozen, own["buffers"])
