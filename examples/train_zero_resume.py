@@ -12,7 +12,7 @@ Without torchrun's environment it runs as world size 1. ``--engine-module`` name
 ``ZeroEngine`` (default ``optimized.accumulation``; the conformance suite runs this script against the
 implementation under test). On rank 0 it prints one line per boundary and, at the end, ``final checksum <x>``:
 the sum of the consolidated parameters, equal bitwise between an uninterrupted run and one resumed at the same
-world size.
+world size (give both the same ``--total-steps``, the length of the LR schedule).
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--offload", choices=("none", "cpu"), default="cpu")
     p.add_argument("--bf16", action="store_true", help="bf16 weights (inputs are cast to the model dtype)")
     p.add_argument("--steps", type=int, default=8, help="boundary steps to reach (counted over resumes)")
+    p.add_argument("--total-steps", type=int, default=None,
+                   help="length of the LR schedule (default --steps; set it when a run will be resumed further)")
     p.add_argument("--save-every", type=int, default=4)
     p.add_argument("--ckpt-dir", default=None)
     p.add_argument("--resume", action="store_true", help="load the latest checkpoint in --ckpt-dir first")
@@ -93,7 +95,7 @@ def main() -> None:
         "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.99], "weight_decay": 0.01}},
     }
     engine = ZeroEngine(build_model(), config, device=device)
-    engine.lr_scheduler = LambdaLR(engine.optimizer, warmup_cosine(args.steps))
+    engine.lr_scheduler = LambdaLR(engine.optimizer, warmup_cosine(args.total_steps or args.steps))
     start = 0
     if args.resume:
         path, client = engine.load_checkpoint(args.ckpt_dir)  # the tag in <ckpt-dir>/latest
