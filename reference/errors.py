@@ -33,6 +33,11 @@ class UnsupportedOperationError(HostOffloadError, RuntimeError):
     """A call that is valid in general but not in the current state or configuration."""
 
 
+class CheckpointError(HostOffloadError, ValueError):
+    """A checkpoint that cannot be loaded: missing, partial (a save that did not finish), or foreign (another
+    model, another format). The message names the directory, the tag and what is wrong."""
+
+
 class UnknownPluginError(ConfigurationError):
     """A named accelerator or implementation that no installed package provides."""
 

@@ -12,6 +12,7 @@ from optimized import cpu_adam as native_cpu_adam
 from optimized.accumulation.collectives import CollectiveError, Collectives, fold_in_rank_order
 from optimized.accumulation.config import CONFIG_KEYS, DTYPES, AccumulationConfig, OptimizerConfig
 from optimized.accumulation.engine import DEFAULT_BUCKET_ELEMENTS, StepOutcome, ZeroEngine
+from optimized.accumulation.lr import EngineOptimizer
 from optimized.accumulation.optimizers import step_master, torch_step, uses_native
 from reference.accumulation.scenario import (
     Backward,
@@ -30,7 +31,7 @@ from reference.accumulation.scenario import (
     micro_batch,
     scenario_calls,
 )
-from reference.errors import ConfigurationError, UnsupportedOperationError
+from reference.errors import CheckpointError, ConfigurationError, UnsupportedOperationError
 
 #: Names that moved to the conformance harness (the multi-process runner is test machinery); still importable from
 #: here, resolved on first use so that importing the engine does not import the harness.
@@ -73,11 +74,13 @@ __all__ = [
     "AccumulationConfig",
     "Backward",
     "BackwardRecord",
+    "CheckpointError",
     "CollectiveError",
     "Collectives",
     "ConfigurationError",
     "ControlRecord",
     "Counters",
+    "EngineOptimizer",
     "EnterNoSync",
     "ExitNoSync",
     "ModelSpec",

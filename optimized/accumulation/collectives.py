@@ -152,6 +152,14 @@ class Collectives:
             total += v
         return total
 
+    def all_gather_objects(self, obj: Any, what: str = "object all-gather") -> list[Any]:
+        """Every rank's picklable ``obj`` in rank order (checkpoint agreement: tags, per-rank errors)."""
+        if self.world == 1:
+            return [obj]
+        out: list[Any] = [None] * self.world
+        self._call(what, lambda: dist.all_gather_object(out, obj, group=self.group))
+        return out
+
     def barrier(self, what: str = "barrier") -> None:
         if self.world > 1:
             self._call(what, lambda: dist.barrier(group=self.group))

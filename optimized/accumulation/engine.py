@@ -27,6 +27,15 @@ What happens where, per stage (R9-R12):
   read back (asynchronously, from the start of the boundary) before the CPU Adam, written after it
   (:mod:`optimized.accumulation.swap`).
 
+What a training script uses besides backward()/step() (docs/zero.md): ``engine.optimizer``, a
+``torch.optim.Optimizer`` facade whose group values the boundary update reads (:mod:`.lr`), so any
+``torch.optim.lr_scheduler`` drives it (``engine.lr_scheduler`` is stepped at boundaries); ``save_checkpoint`` /
+``load_checkpoint`` (per-rank files in parameter coordinates, staged and committed by one rename, loadable at any
+world size and stage: :mod:`.checkpoint`); the consolidated ``state_dict()`` / ``load_state_dict()``;
+``zero_grad``, ``train``/``eval``, ``parameters``. Misuse is refused at the call, before anything changes: a loss
+whose graph reaches neither this model's outputs nor its trainable parameters, a model (or sub-module) another
+live engine wraps, an ``nvme_path`` where no file can be created.
+
 Failure: a rank that raises stops calling collectives; the others fail in their next collective after the
 process group's timeout with :class:`~optimized.accumulation.collectives.CollectiveError` (never a silent hang
 longer than that timeout). After any error call :meth:`ZeroEngine.destroy` (it never communicates) and build a
@@ -36,7 +45,12 @@ new engine.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+import os
+import shutil
+import tempfile
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +58,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from optimized.accumulation import checkpoint as ckpt
 from optimized.accumulation.collectives import Collectives, PendingReduce
+from optimized.accumulation.lr import EngineOptimizer
 from optimized.accumulation.optimizers import step_master, uses_native
 from optimized.accumulation.partition import FlatLayout, build_layout, owners, unflatten
 from optimized.accumulation.swap import StateSwapper
@@ -53,12 +69,80 @@ from reference.accumulation.config import AccumulationConfig
 from reference.accumulation.engine import CLIP_EPSILON, StepOutcome, tensors_in
 from reference.accumulation.optimizers import OptimizerState
 from reference.accumulation.schedule import AccumulationSchedule, ScheduledEngine
-from reference.errors import ConfigurationError, UnsupportedOperationError
+from reference.errors import CheckpointError, ConfigurationError, UnsupportedOperationError
 
 __all__ = ["DEFAULT_BUCKET_ELEMENTS", "StepOutcome", "ZeroEngine"]
 
 #: Elements per gradient bucket at stages 2/3 (25M, as DeepSpeed's default reduce_bucket_size).
 DEFAULT_BUCKET_ELEMENTS = 25_000_000
+
+
+#: How many recent model outputs' autograd nodes the foreign-loss check remembers (several forwards may precede
+#: one backward, e.g. a loss summed over micro-batches).
+_OUTPUT_NODES_KEPT = 64
+
+#: module -> weak reference to the live engine that wraps it (a module is owned by at most one engine).
+_OWNERS: weakref.WeakKeyDictionary[nn.Module, weakref.ref] = weakref.WeakKeyDictionary()
+#: modules whose stage-3 parameters a destroyed engine left without data.
+_RELEASED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+
+
+def _check_not_owned(module: nn.Module) -> None:
+    """A module (or any of its sub-modules) already wrapped by a live engine cannot be wrapped again: at stage 3
+    the first engine's hooks and partitions would fight the second's over the same parameters."""
+    for m in module.modules():
+        ref = _OWNERS.get(m)
+        owner = ref() if ref is not None else None
+        if owner is not None and not owner._destroyed:
+            what = "the model" if m is module else f"sub-module {type(m).__name__} of the model"
+            raise ConfigurationError(
+                f"model: {what} is already wrapped by another ZeroEngine (zero_stage={owner.stage}, rank "
+                f"{owner.rank}); allowed: call destroy() on that engine first, or wrap a separate model"
+            )
+        if m in _RELEASED and any(p.numel() == 0 for p in m.parameters(recurse=False)):
+            raise ConfigurationError(
+                "model: its parameters were released by a destroyed zero_stage=3 engine and hold no data; allowed: "
+                "a model with its parameters (load them back, e.g. from the old engine's state_dict())"
+            )
+
+
+def _probe_nvme_path(path: str) -> None:
+    """R19 says ``nvme_path`` must be an existing *writable* directory; write permission cannot be read off the
+    mode bits (root, read-only mounts, ACLs), so create and remove a file there now, at construction."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".hostoffload-probe-", dir=path)
+    except OSError as exc:
+        raise ConfigurationError(
+            f"nvme_path={path!r} is not usable: creating a file there failed ({exc.strerror or exc}); "
+            f"allowed: an existing directory this process can write (offload_optimizer='nvme' swaps the "
+            f"optimizer state into files there)"
+        ) from exc
+    os.close(fd)
+    os.unlink(probe)
+
+
+def _reaches(loss: torch.Tensor, params: frozenset[int], outputs: Iterator[int] | deque) -> bool:
+    """Whether ``loss``'s autograd graph reaches one of this engine's trainable parameters or one of the recent
+    outputs of its model (breadth first, so the usual loss -- a few nodes from the model's output -- is found
+    at once)."""
+    targets = set(outputs)
+    start = loss.grad_fn
+    if start is None:
+        return False
+    seen = {id(start)}
+    queue = deque([start])
+    while queue:
+        node = queue.popleft()
+        if id(node) in targets:
+            return True
+        var = getattr(node, "variable", None)
+        if var is not None and id(var) in params:
+            return True
+        for nxt, _ in node.next_functions:
+            if nxt is not None and id(nxt) not in seen:
+                seen.add(id(nxt))
+                queue.append(nxt)
+    return False
 
 
 @dataclass
@@ -105,13 +189,17 @@ class ZeroEngine(ScheduledEngine):
         bucket_elements: int = DEFAULT_BUCKET_ELEMENTS,
         prefetch: bool = True,
     ) -> None:
-        self.config = cfg = AccumulationConfig.from_dict(config)
+        initialized = dist.is_available() and dist.is_initialized()
+        world = dist.get_world_size(process_group) if initialized else None
+        # DeepSpeed's nested shape is accepted too; train_batch_size is checked against (or completes the batch
+        # keys from) this group's world size.
+        self.config = cfg = AccumulationConfig.from_dict(config, world_size=world)
         if cfg.pipeline_parallel_size != 1:
             raise UnsupportedOperationError(
                 f"pipeline_parallel_size={cfg.pipeline_parallel_size} is not modeled by this engine "
                 f"(data parallelism only); allowed: pipeline_parallel_size=1"
             )
-        if not (dist.is_available() and dist.is_initialized()):
+        if not initialized:
             raise ConfigurationError(
                 "torch.distributed is not initialized; allowed: call torch.distributed.init_process_group "
                 "(backend 'gloo' on CPU, 'nccl' on GPUs; world size 1 is fine) before building the engine"
@@ -134,6 +222,9 @@ class ZeroEngine(ScheduledEngine):
         module = model if isinstance(model, nn.Module) else model()
         if not isinstance(module, nn.Module):
             raise ConfigurationError(f"model={model!r} must be an nn.Module or a factory returning one")
+        _check_not_owned(module)
+        if cfg.offload_optimizer == "nvme":
+            _probe_nvme_path(cfg.nvme_path)
         self._module = module.to(device=self.device, dtype=cfg.model_dtype)
         named = list(self._module.named_parameters())
         trainable = [(n, p) for n, p in named if p.requires_grad]
@@ -157,11 +248,25 @@ class ZeroEngine(ScheduledEngine):
         self._in_backward = False
         self._destroyed = False
         self._schedule = AccumulationSchedule(self.config, self.world_size, self.stage)
+        #: Whether gradients were accumulated since the last boundary (save_checkpoint refuses to drop them).
+        self._grads_pending = False
+        #: ids of the autograd nodes of the model's recent outputs: a loss must reach one of them or a trainable
+        #: parameter to be this engine's (a foreign loss is rejected before anything is accumulated).
+        self._output_nodes: deque[int] = deque(maxlen=_OUTPUT_NODES_KEPT)
+        self._trainable_ids = frozenset(id(p) for _, p in trainable)
+        self._lr_scheduler: Any = None
+        self._pending_scheduler_state: dict[str, Any] | None = None
+        self._owned_modules = list(self._module.modules())
         try:
             self._build_buffers(trainable, frozen)
+            self._hooks.append(self._module.register_forward_hook(self._note_outputs))
+            #: The torch.optim.Optimizer facade LR schedules are built on (docs/zero.md, "LR schedules").
+            self.optimizer = EngineOptimizer([p for _, p in trainable], cfg.optimizer)
         except BaseException:
             self.destroy()
             raise
+        for m in self._owned_modules:
+            _OWNERS[m] = weakref.ref(self)
 
     # ---- construction --------------------------------------------------------------------------------------
     @staticmethod
@@ -323,6 +428,13 @@ class ZeroEngine(ScheduledEngine):
             raise ConfigurationError(f"scale_wrt_gas={scale_wrt_gas!r} must be a bool; allowed values: True, False")
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
             raise ConfigurationError("loss must be a one-element tensor that requires grad")
+        if not _reaches(loss, self._trainable_ids, self._output_nodes):
+            raise ConfigurationError(
+                "loss was not computed from this engine's module: its autograd graph reaches neither a trainable "
+                "parameter nor an output of engine.module (a loss of another model, or of a detached output, "
+                "would be accumulated as a zero gradient); allowed: a loss computed from engine(...) / "
+                "engine.module(...) outputs"
+            )
         if self._swap is not None:
             self._swap.release()  # the last step's state writes ran during this micro-step's forward
         if self.stage >= 2:
@@ -349,14 +461,439 @@ class ZeroEngine(ScheduledEngine):
                 for b in self._buckets:  # abandoned: the failing rank does not wait on its peers
                     b.reduce = None
                     b.keep_alive = None
+        self._output_nodes.clear()
+        self._grads_pending = True
         self._schedule.backward_done()
 
     def step(self) -> StepOutcome:
-        """R2-R4 / R6 and, at a boundary, the epilogue R13."""
+        """R2-R4 / R6 and, at a boundary, the epilogue R13 with the hyper-parameters of ``optimizer``'s group;
+        then an attached ``lr_scheduler`` steps (boundaries only, as DeepSpeed steps it)."""
         self._check_alive()
         with self._schedule.step() as boundary:
             outcome = self._boundary_epilogue() if boundary else StepOutcome(boundary=False)
+        if boundary:
+            self._grads_pending = False
+            self.optimizer.engine_step()
+            if self._lr_scheduler is not None:
+                self._lr_scheduler.step()
         return outcome
+
+    def _note_outputs(self, module: nn.Module, args: Any, output: Any) -> None:
+        for t in tensors_in(output):
+            if t.grad_fn is not None:
+                self._output_nodes.append(id(t.grad_fn))
+
+    # ---- the usual module surface ----------------------------------------------------------------------------
+    def train(self, mode: bool = True) -> ZeroEngine:
+        """``module.train(mode)``; returns the engine."""
+        self._module.train(mode)
+        return self
+
+    def eval(self) -> ZeroEngine:
+        """``module.eval()``; returns the engine."""
+        self._module.eval()
+        return self
+
+    @property
+    def training(self) -> bool:
+        return self._module.training
+
+    def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]:
+        """The module's parameters (at stage 3 between forwards they hold no data: shape ``[0]``)."""
+        return self._module.parameters(recurse)
+
+    def named_parameters(self, *args: Any, **kwargs: Any) -> Iterator[tuple[str, nn.Parameter]]:
+        return self._module.named_parameters(*args, **kwargs)
+
+    def zero_grad(self) -> None:
+        """Discard the gradient accumulated since the last boundary (counters unchanged). Gradients never stay
+        on ``p.grad`` (the engine moves them into its buffers during backward), so this is all there is to
+        clear; at a boundary ``step()`` already clears it (R13 step 6)."""
+        self._check_alive()
+        if self._in_backward:
+            raise UnsupportedOperationError("zero_grad() was called during backward(); allowed: call it between calls")
+        self._acc.zero_()
+        for p in self._params.values():
+            p.grad = None
+        self._grads_pending = False
+
+    def get_lr(self) -> list[float]:
+        """The learning rate of each parameter group of ``optimizer`` (one group)."""
+        return [float(g["lr"]) for g in self.optimizer.param_groups]
+
+    def set_lr(self, lr: float) -> None:
+        """Set the learning rate of every group; used from the next boundary on."""
+        if not isinstance(lr, (int, float)) or type(lr) is bool or not math.isfinite(lr) or lr < 0:
+            raise ConfigurationError(f"lr={lr!r} must be a finite number >= 0")
+        for g in self.optimizer.param_groups:
+            g["lr"] = float(lr)
+
+    @property
+    def lr_scheduler(self) -> Any:
+        """The scheduler ``step()`` advances at each boundary (None: none). Assign one built on
+        ``engine.optimizer``; a scheduler state loaded by :meth:`load_checkpoint` before one was attached is
+        applied to it on assignment."""
+        return self._lr_scheduler
+
+    @lr_scheduler.setter
+    def lr_scheduler(self, scheduler: Any) -> None:
+        if scheduler is not None:
+            if getattr(scheduler, "optimizer", None) is not self.optimizer or not callable(
+                getattr(scheduler, "step", None)
+            ):
+                raise ConfigurationError(
+                    f"lr_scheduler={scheduler!r} must be a scheduler built on engine.optimizer (e.g. "
+                    f"torch.optim.lr_scheduler.LambdaLR(engine.optimizer, ...)), or None"
+                )
+            if self._pending_scheduler_state is not None:
+                scheduler.load_state_dict(self._pending_scheduler_state)
+                self._pending_scheduler_state = None
+                # Building the scheduler reset the group's lr to its first value; the loaded one is in force.
+                for g, lr in zip(self.optimizer.param_groups, scheduler.get_last_lr(), strict=True):
+                    g["lr"] = lr
+        self._lr_scheduler = scheduler
+
+    # ---- checkpoints ---------------------------------------------------------------------------------------
+    def _master_range(self) -> tuple[int, int]:
+        P = self.layout.partition_size
+        return (0, self.layout.total) if self.stage == 0 else (self.rank * P, (self.rank + 1) * P)
+
+    def _agree(self, error: BaseException | None, what: str) -> None:
+        """Every rank learns whether any rank failed, and all raise the first failure (so no rank goes on into
+        a collective its peers will never join)."""
+        errors = self._comm.all_gather_objects(None if error is None else (type(error).__name__, str(error)), what)
+        if error is not None:
+            raise error
+        for r, e in enumerate(errors):
+            if e is not None:
+                cls = ConfigurationError if e[0] == "ConfigurationError" else CheckpointError
+                raise cls(f"{what} failed on rank {r}: {e[0]}: {e[1]}")
+
+    def save_checkpoint(
+        self, save_dir: str | os.PathLike, tag: str | None = None, client_state: Mapping[str, Any] | None = None,
+        save_latest: bool = True,
+    ) -> str:
+        """Save this rank's fp32 master range, optimizer state, frozen parameters, buffers, counters, optimizer
+        hyper-parameters, lr_scheduler state, RNG and ``client_state`` (plain data: tensors, numbers, strings,
+        containers) under ``save_dir/tag`` (default ``global_step<N>``). Every rank calls it with the same
+        arguments (a collective). Atomic: files are staged in a hidden directory that becomes ``save_dir/tag``
+        with one rename after every rank's file and the manifest are on disk; a save that dies half-way leaves
+        nothing :meth:`load_checkpoint` would load. Returns the checkpoint's path."""
+        self._check_alive()
+        if self._in_backward or self._schedule._in_no_sync:
+            raise UnsupportedOperationError(
+                "save_checkpoint() inside backward() or no_sync(); allowed: call it between steps"
+            )
+        if self._grads_pending:
+            raise UnsupportedOperationError(
+                "save_checkpoint() after backward() without a boundary step(): the accumulated gradient is not "
+                "part of a checkpoint and would be lost; allowed: save right after a boundary step(), or "
+                "zero_grad() first to drop it on purpose"
+            )
+        directory = os.fspath(save_dir)
+        tag = f"global_step{self.global_steps}" if tag is None else tag
+        staging = None
+        error = None
+        try:
+            staging = ckpt.staging_directory(directory, tag)
+        except BaseException as exc:
+            error = exc
+        tags = self._comm.all_gather_objects((directory, tag), "checkpoint tag agreement")
+        if error is None and any(t != tags[0] for t in tags):
+            error = ConfigurationError(
+                f"save_checkpoint: ranks passed different (save_dir, tag): {tags}; allowed: the same on every rank"
+            )
+        if error is None and self.rank == 0:
+            try:
+                os.makedirs(directory, exist_ok=True)
+                if os.path.lexists(staging):
+                    shutil.rmtree(staging)  # an earlier save of this tag that never committed
+                os.makedirs(staging)
+            except OSError as exc:
+                error = ConfigurationError(f"save_dir={directory!r}: cannot create {staging!r} ({exc})")
+        self._agree(error, "save_checkpoint")
+        try:
+            payload, entry, opt_state, state = self._write_rank_file(staging, client_state)
+        except Exception as exc:  # reported to every rank, then re-raised here
+            error = exc
+        self._agree(error, "save_checkpoint (rank files)")
+        entries = self._comm.all_gather_objects(entry, "checkpoint manifest gather")
+        del payload
+        sched = self._schedule
+        manifest = {
+            "format": ckpt.FORMAT,
+            "version": ckpt.VERSION,
+            "tag": tag,
+            "world_size": self.world_size,
+            "zero_stage": self.stage,
+            "model_dtype": self.config.dtype,
+            "optimizer_type": self.config.optimizer.type,
+            "optimizer_step": opt_state.step,
+            "state_buffers": sorted(state),
+            "parameters": {s.name: list(s.shape) for s in self.layout.segments},
+            "frozen_parameters": {s.name: list(s.shape) for s in self.frozen_layout.segments},
+            "counters": {
+                "micro_steps": sched.micro_steps,
+                "global_steps": sched.global_steps,
+                "global_samples": sched.global_samples,
+                "boundary_override": sched._boundary_override,
+            },
+            "ranks": entries,
+        }
+        error = None
+        if self.rank == 0:
+            try:
+                ckpt.commit(directory, tag, manifest, save_latest=save_latest)
+            except OSError as exc:
+                error = exc
+        self._agree(error, "save_checkpoint (commit)")
+        return os.path.join(directory, tag)
+
+    def _write_rank_file(self, staging: str, client_state: Mapping[str, Any] | None) -> tuple:
+        """This rank's part of a save: its tensors and state into ``staging/rank<r>.pt``."""
+        opt_state = self.optimizer_state()  # with nvme: read back from its files
+        lo, hi = self._master_range()
+        if self.stage == 0:
+            P = self.layout.partition_size
+            lo, hi = self.rank * P, (self.rank + 1) * P
+            master, state = self._master[lo:hi], {k: v[lo:hi] for k, v in opt_state.buffers.items()}
+        else:
+            master, state = self._master, opt_state.buffers
+        fP = self.frozen_layout.partition_size
+        flo, fhi = self.rank * fP, (self.rank + 1) * fP
+        if self.stage == 3:
+            frozen = self._frozen_part.to("cpu", copy=True)
+        else:
+            frozen = torch.zeros(fP, dtype=self.config.model_dtype)
+            for name, pstart, local, length in ckpt.pieces_of_range(self.frozen_layout.segments, flo, fhi):
+                frozen[local : local + length].copy_(self._params[name].detach().reshape(-1)[pstart : pstart + length])
+        rng = {"cpu": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.device)
+        payload = {
+            "master": master.to("cpu", copy=True),
+            "state": {k: v.to("cpu", copy=True) for k, v in state.items()},
+            "frozen": frozen,
+            "buffers": {k: v.detach().to("cpu", copy=True) for k, v in self._module.named_buffers()},
+            "rng": rng,
+            "optimizer": self.optimizer.state_dict()["param_groups"],
+            "lr_scheduler": None if self._lr_scheduler is None else self._lr_scheduler.state_dict(),
+            "client_state": dict(client_state or {}),
+        }
+        size = ckpt.write_rank_file(staging, self.rank, payload)
+        entry = {
+            "file": f"rank{self.rank}.pt",
+            "bytes": size,
+            "trainable": ckpt.pieces_of_range(self.layout.segments, lo, hi),
+            "frozen": ckpt.pieces_of_range(self.frozen_layout.segments, flo, fhi),
+        }
+        return payload, entry, opt_state, state
+
+    def load_checkpoint(
+        self, load_dir: str | os.PathLike, tag: str | None = None, *, load_optimizer_states: bool = True,
+        load_lr_scheduler_states: bool = True, load_module_only: bool = False,
+    ) -> tuple[str, dict[str, Any]]:
+        """Load a checkpoint :meth:`save_checkpoint` wrote, at this engine's world size and stage whatever they
+        were at save time (each rank assembles its range from the files that overlap it). ``tag=None`` reads
+        ``load_dir/latest``. Every rank calls it (a collective). Everything is read and checked first, every
+        rank agrees, and only then does the engine change, so a :class:`CheckpointError` (missing, partial or
+        foreign checkpoint) leaves it as it was. ``load_module_only``: weights only (DeepSpeed's flag). RNG
+        states are restored on ranks that existed in the saved run. Returns ``(path, client_state)``."""
+        self._check_alive()
+        if self._in_backward or self._schedule._in_no_sync:
+            raise UnsupportedOperationError("load_checkpoint() inside backward() or no_sync(); allowed: between steps")
+        for name, v in (("load_optimizer_states", load_optimizer_states),
+                        ("load_lr_scheduler_states", load_lr_scheduler_states), ("load_module_only", load_module_only)):
+            if type(v) is not bool:
+                raise ConfigurationError(f"{name}={v!r} must be a bool; allowed values: True, False")
+        error = None
+        loaded = None
+        try:
+            loaded = self._read_checkpoint(os.fspath(load_dir), tag, load_optimizer_states and not load_module_only)
+        except (CheckpointError, ConfigurationError) as exc:
+            error = exc
+        except (OSError, KeyError, TypeError, ValueError, IndexError) as exc:  # a damaged manifest or file
+            error = CheckpointError(f"checkpoint in {os.fspath(load_dir)!r} (tag {tag!r}) cannot be read: {exc!r}")
+            error.__cause__ = exc
+        self._agree(error, "load_checkpoint")
+        path, manifest, master, state, frozen, own = loaded
+        self._install_state(master, state, frozen, own["buffers"])
+        if not load_module_only:
+            c = manifest["counters"]
+            sched = self._schedule
+            sched.micro_steps, sched.global_steps = c["micro_steps"], c["global_steps"]
+            sched.global_samples, sched._boundary_override = c["global_samples"], c["boundary_override"]
+            sched._backwards_since_boundary = 0
+            if load_optimizer_states:
+                self._opt_state.step = manifest["optimizer_step"]
+            if load_lr_scheduler_states:
+                groups = self.optimizer.state_dict()
+                saved_groups = zip(own["optimizer"], groups["param_groups"], strict=True)
+                groups["param_groups"] = [{**g, "params": mine["params"]} for g, mine in saved_groups]
+                self.optimizer.load_state_dict(groups)
+                if own["lr_scheduler"] is not None:
+                    if self._lr_scheduler is not None:
+                        self._lr_scheduler.load_state_dict(own["lr_scheduler"])
+                    else:
+                        self._pending_scheduler_state = own["lr_scheduler"]
+            if self.rank < manifest["world_size"]:
+                torch.set_rng_state(own["rng"]["cpu"])
+                if "cuda" in own["rng"] and self.device.type == "cuda":
+                    torch.cuda.set_rng_state(own["rng"]["cuda"], self.device)
+        return path, own["client_state"]
+
+    def _read_checkpoint(self, directory: str, tag: str | None, with_state: bool) -> tuple:
+        tag = ckpt.resolve_tag(directory, tag)
+        path, manifest = ckpt.read_manifest(directory, tag)
+        where = f"checkpoint {tag!r} in {directory!r}"
+        mine = {s.name: list(s.shape) for s in self.layout.segments}
+        mine_frozen = {s.name: list(s.shape) for s in self.frozen_layout.segments}
+        for what, saved, have in (("trainable", manifest["parameters"], mine),
+                                  ("frozen", manifest["frozen_parameters"], mine_frozen)):
+            if saved != have:
+                diff = sorted(k for k in set(saved) | set(have) if saved.get(k) != have.get(k))
+                raise CheckpointError(
+                    f"{where} was saved from another model: its {what} parameters differ from this engine's at "
+                    f"{diff[:5]} (saved {[saved.get(k) for k in diff[:5]]}, here {[have.get(k) for k in diff[:5]]})"
+                )
+        if with_state and manifest["optimizer_type"] != self.config.optimizer.type:
+            raise CheckpointError(
+                f"{where} holds {manifest['optimizer_type']!r} optimizer state; this engine runs "
+                f"{self.config.optimizer.type!r}; allowed: the same optimizer type, or load_optimizer_states=False"
+            )
+        need_state = sorted(self._opt_state.buffers) if self._swap is None else sorted(self._swap.names)
+        if with_state and sorted(manifest["state_buffers"]) != need_state:
+            raise CheckpointError(
+                f"{where} holds optimizer state {manifest['state_buffers']}; this engine needs {need_state} "
+                f"(e.g. SGD momentum on one side only); allowed: load_optimizer_states=False"
+            )
+        lo, hi = self._master_range()
+        flo, fhi = self._frozen_range()
+        needed = ckpt.pieces_of_range(self.layout.segments, lo, hi)
+        fneeded = ckpt.pieces_of_range(self.frozen_layout.segments, flo, fhi)
+        files: dict[int, dict[str, Any]] = {}
+        wanted_names = {n for n, *_ in needed}
+        fwanted = {n for n, *_ in fneeded}
+        own_rank = self.rank if self.rank < manifest["world_size"] else 0
+        for r, entry in enumerate(manifest["ranks"]):
+            if r == own_rank or any(p[0] in wanted_names for p in entry["trainable"]) or any(
+                p[0] in fwanted for p in entry["frozen"]
+            ):
+                files[r] = ckpt.read_rank_file(path, entry)
+        mdt = self.config.model_dtype
+        master = torch.zeros(hi - lo, dtype=torch.float32)
+        ckpt.assemble(needed, master, [(manifest["ranks"][r]["trainable"], f["master"]) for r, f in files.items()])
+        state = None
+        if with_state:
+            state = {}
+            for k in need_state:
+                state[k] = torch.zeros(hi - lo, dtype=torch.float32)
+                ckpt.assemble(
+                    needed, state[k], [(manifest["ranks"][r]["trainable"], f["state"][k]) for r, f in files.items()]
+                )
+        frozen = torch.zeros(fhi - flo, dtype=mdt)
+        ckpt.assemble(fneeded, frozen, [(manifest["ranks"][r]["frozen"], f["frozen"]) for r, f in files.items()])
+        own = files[own_rank]
+        return path, manifest, master, state, frozen, own
+
+    # ---- consolidated weights ------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """``module.state_dict()`` with every parameter at full shape in the model dtype (stage 3: gathered, a
+        collective every rank calls) and this rank's buffers: what a plain ``nn.Module`` loads."""
+        self._check_alive()
+        full = self.full_parameters()
+        out = {}
+        for k, v in self._module.state_dict(keep_vars=True).items():
+            out[k] = full[k] if k in full else v.detach().clone()
+        return out
+
+    def load_state_dict(self, state_dict: Mapping[str, torch.Tensor], strict: bool = True) -> None:
+        """Load full parameters (any float dtype: an fp32 state_dict fills the fp32 masters exactly, the model
+        gets their cast) and buffers from a plain ``state_dict``; optimizer state and counters are kept. Every
+        rank passes the same state_dict; no communication. Checked before anything changes: with ``strict``
+        the keys must be the module's exactly; shapes must always match."""
+        self._check_alive()
+        if self._in_backward:
+            raise UnsupportedOperationError("load_state_dict() during backward(); allowed: call it between calls")
+        if not isinstance(state_dict, Mapping):
+            raise ConfigurationError(f"state_dict={type(state_dict).__name__} must be a mapping name -> tensor")
+        buffers = dict(self._module.named_buffers())
+        expected = set(self.parameter_names) | set(buffers)
+        missing, unexpected = sorted(expected - set(state_dict)), sorted(set(state_dict) - expected)
+        if strict and (missing or unexpected):
+            raise ConfigurationError(
+                f"state_dict does not match the module: missing keys {missing}, unexpected keys {unexpected}; "
+                f"allowed: the keys of engine.state_dict(), or strict=False"
+            )
+        shapes = {s.name: s.shape for s in (*self.layout.segments, *self.frozen_layout.segments)}
+        for k, v in state_dict.items():
+            want = shapes.get(k, tuple(buffers[k].shape) if k in buffers else None)
+            if want is not None and (not isinstance(v, torch.Tensor) or tuple(v.shape) != tuple(want)):
+                got = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
+                raise ConfigurationError(f"state_dict[{k!r}] has shape {got}; the module's is {tuple(want)}")
+        master = self._master.clone()
+        lo = 0 if self.stage == 0 else self.rank * self.layout.partition_size
+        hi = lo + master.numel()
+        for name, _, local, length in ckpt.pieces_of_range(self.layout.segments, lo, hi):
+            if name in state_dict:
+                flat = state_dict[name].detach().reshape(-1).to(torch.float32)
+                seg = self._seg[name]
+                master[local : local + length].copy_(flat[lo + local - seg.offset : lo + local - seg.offset + length])
+        frozen = {k: state_dict[k] for k in self.frozen_names if k in state_dict}
+        self._install_state(master, None, frozen, {k: v for k, v in state_dict.items() if k in buffers})
+
+    def _frozen_range(self) -> tuple[int, int]:
+        fP = self.frozen_layout.partition_size
+        return (self.rank * fP, (self.rank + 1) * fP) if self.stage == 3 else (0, self.frozen_layout.total)
+
+    def _install_state(
+        self,
+        master: torch.Tensor,
+        opt_buffers: dict[str, torch.Tensor] | None,
+        frozen: Mapping[str, torch.Tensor] | torch.Tensor,
+        buffers: Mapping[str, torch.Tensor],
+    ) -> None:
+        """Make ``master`` (this rank's master range) the engine's weights: the model-dtype parameters become
+        its cast (R13 step 5: the invariant a boundary leaves), all-gathered at stages 1/2; ``frozen`` is a
+        name -> full tensor mapping or this rank's flat frozen range. Gradients accumulated so far are dropped."""
+        mdt = self.config.model_dtype
+        self._master.copy_(master)
+        if opt_buffers is not None:
+            if self._swap is not None:
+                self._swap.write_state(opt_buffers)
+            else:
+                for k, v in opt_buffers.items():
+                    self._opt_state.buffers[k].copy_(v)
+        lp = master.to(mdt)
+        if self.stage == 0:
+            self._flat_params.copy_(lp)
+        elif self.stage in (1, 2):
+            self._lp_part.copy_(lp)
+            self._comm.all_gather_into(self._flat_params, self._lp_part, "checkpoint parameter all-gather")
+        else:
+            self._param_part.copy_(lp)
+        flo, fhi = self._frozen_range()
+        if isinstance(frozen, torch.Tensor):
+            if self.stage == 3:
+                self._frozen_part.copy_(frozen)
+            else:
+                for n in self.frozen_names:
+                    s = self._fseg[n]
+                    self._params[n].data.copy_(frozen[s.offset : s.end].view(s.shape))
+        else:
+            for n, v in frozen.items():
+                s = self._fseg[n]
+                if self.stage == 3:
+                    for _, pstart, local, length in ckpt.pieces_of_range([s], flo, fhi):
+                        src = v.detach().reshape(-1)[pstart : pstart + length]
+                        self._frozen_part[local : local + length].copy_(src)
+                else:
+                    self._params[n].data.copy_(v.detach().to(mdt))
+        own = dict(self._module.named_buffers())
+        for k, v in buffers.items():
+            own[k].copy_(v)
+        self._acc.zero_()
+        self._grads_pending = False
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """Copies of every parameter at full shape in the model dtype (stage 3: a collective, all ranks call)."""
@@ -405,6 +942,12 @@ class ZeroEngine(ScheduledEngine):
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
+        for m in self.__dict__.get("_owned_modules", ()):
+            ref = _OWNERS.get(m)
+            if ref is not None and ref() is self:
+                del _OWNERS[m]
+        if self.stage == 3 and "_module" in self.__dict__:
+            _RELEASED.add(self._module)
         swap, self._swap = self.__dict__.get("_swap"), None
         if swap is not None:
             swap.close()  # never raises: finishes the requests, closes the handle, deletes the files, unpins
@@ -524,7 +1067,7 @@ class ZeroEngine(ScheduledEngine):
         if self._swap is not None:
             self._opt_state.buffers = self._swap.finish_swap_in()
         wrote_lp = step_master(
-            cfg.optimizer, self._master, g32, self._opt_state, clip_coef=clip_coef, bf16_out=self._lp_out
+            self.optimizer.current(), self._master, g32, self._opt_state, clip_coef=clip_coef, bf16_out=self._lp_out
         )
         if self._swap is not None:
             # The writes run while the weights are cast and all-gathered; the next backward() waits for them.

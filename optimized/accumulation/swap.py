@@ -54,6 +54,15 @@ class StateSwapper:
         self.begin_swap_out()
         self.release()
 
+    def write_state(self, buffers: dict[str, torch.Tensor]) -> None:
+        """Replace the state in the files with ``buffers`` (a loaded checkpoint), synchronously."""
+        self.release()  # a step's writes may still hold the buffers
+        bufs = self._allocate()
+        for k, b in bufs.items():
+            b.copy_(buffers[k])
+        self.begin_swap_out()
+        self.release()
+
     def begin_swap_in(self) -> None:
         """Submit the reads of every buffer into pinned memory (reusing buffers a pending write still holds)."""
         if self._reads:

@@ -76,6 +76,8 @@ class OptimizerConfig:
     momentum: float = 0.0
 
     def __post_init__(self) -> None:
+        if isinstance(self.type, str) and self.type.lower() in OPTIMIZERS:
+            object.__setattr__(self, "type", self.type.lower())  # "Adam", "AdamW", "SGD" as DeepSpeed spells them
         if self.type not in OPTIMIZERS:
             raise allowed_values_error("optimizer.type", self.type, OPTIMIZERS)
         _require_float("optimizer.lr", self.lr, 0.0, math.inf, low_open=False, high_open=True)
@@ -130,6 +132,7 @@ class AccumulationConfig:
     nvme_swap: SwapConfig = field(default_factory=SwapConfig)
     overlap_comm: bool = False
     pipeline_parallel_size: int = 1
+    train_batch_size: int | None = None
 
     def __post_init__(self) -> None:
         if type(self.zero_stage) is not int or self.zero_stage not in ZERO_STAGES:
@@ -158,7 +161,24 @@ class AccumulationConfig:
         self._check_nvme()
         _require_bool("overlap_comm", self.overlap_comm)
         _require_int("pipeline_parallel_size", self.pipeline_parallel_size, 1)
+        if self.train_batch_size is not None:
+            _require_int("train_batch_size", self.train_batch_size, 1)
         self._check_combinations()
+
+    def check_world_size(self, world_size: int) -> None:
+        """DeepSpeed's batch identity: ``train_batch_size == train_micro_batch_size_per_gpu *
+        gradient_accumulation_steps * world_size`` when ``train_batch_size`` is given (engines call this once
+        they know W)."""
+        if self.train_batch_size is None:
+            return
+        product = self.train_micro_batch_size_per_gpu * self.gradient_accumulation_steps * world_size
+        if product != self.train_batch_size:
+            raise ConfigurationError(
+                f"train_batch_size={self.train_batch_size} != train_micro_batch_size_per_gpu="
+                f"{self.train_micro_batch_size_per_gpu} * gradient_accumulation_steps="
+                f"{self.gradient_accumulation_steps} * world_size={world_size} (= {product}); allowed: values whose "
+                f"product is train_batch_size, or leave one of the three out to have it derived"
+            )
 
     def _check_nvme(self) -> None:
         path = self.nvme_path
@@ -241,17 +261,24 @@ class AccumulationConfig:
 
     # ---- mapping round trip --------------------------------------------------------------------------------
     @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> AccumulationConfig:
-        """Build from a flat mapping; unknown keys are rejected (R19) so a misspelt option never goes
-        unnoticed."""
+    def from_dict(cls, values: Mapping[str, Any], world_size: int | None = None) -> AccumulationConfig:
+        """Build from a flat mapping, or from DeepSpeed's nested shape (see :func:`from_deepspeed`); unknown keys
+        are rejected (R19) so a misspelt option never goes unnoticed. With ``world_size`` the batch identity is
+        checked (and DeepSpeed-shaped configs may leave one batch key out to have it derived)."""
         if isinstance(values, AccumulationConfig):
-            return values
-        if not isinstance(values, Mapping):
+            cfg = values
+        elif not isinstance(values, Mapping):
             raise ConfigurationError(
                 f"config={values!r} must be an AccumulationConfig or a mapping with keys: {', '.join(CONFIG_KEYS)}"
             )
-        _reject_unknown_keys("config", values, CONFIG_KEYS)
-        return cls(**dict(values))
+        elif is_deepspeed_shaped(values):
+            cfg = from_deepspeed(values, world_size)
+        else:
+            _reject_unknown_keys("config", values, CONFIG_KEYS)
+            cfg = cls(**dict(values))
+        if world_size is not None:
+            cfg.check_world_size(world_size)
+        return cfg
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -269,3 +296,159 @@ class AccumulationConfig:
 
 #: Every key :meth:`AccumulationConfig.from_dict` accepts.
 CONFIG_KEYS: tuple[str, ...] = tuple(f.name for f in fields(AccumulationConfig))
+
+
+# ---- DeepSpeed's nested config ------------------------------------------------------------------------------
+
+#: Keys that only DeepSpeed's nested shape has: one of them at the top level selects the translation.
+DEEPSPEED_ONLY_KEYS: tuple[str, ...] = (
+    "zero_optimization", "bf16", "fp16", "data_types", "steps_per_print", "wall_clock_breakdown",
+)
+#: Top-level keys of the DeepSpeed shape this translation understands (plus this project's own
+#: ``managed_gradient_accumulation`` and ``nvme_swap``, which DeepSpeed has no spelling for).
+DEEPSPEED_KEYS: tuple[str, ...] = (
+    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
+    "optimizer", "zero_optimization", "bf16", "fp16", "communication_data_type", "data_types",
+    "steps_per_print", "wall_clock_breakdown", "managed_gradient_accumulation", "nvme_swap",
+)
+DEEPSPEED_ZERO_KEYS: tuple[str, ...] = (
+    "stage", "offload_optimizer", "offload_param", "overlap_comm", "contiguous_gradients", "reduce_scatter",
+    "allgather_partitions",
+)
+DEEPSPEED_OFFLOAD_KEYS: tuple[str, ...] = ("device", "nvme_path", "pin_memory")
+DEEPSPEED_OPTIMIZER_PARAMS: tuple[str, ...] = ("lr", "betas", "eps", "weight_decay", "momentum", "adam_w_mode")
+
+
+def is_deepspeed_shaped(values: Mapping[str, Any]) -> bool:
+    """Whether ``values`` is DeepSpeed's nested shape (a DeepSpeed-only key, or an optimizer with ``params``)."""
+    opt = values.get("optimizer")
+    return any(k in values for k in DEEPSPEED_ONLY_KEYS) or (isinstance(opt, Mapping) and "params" in opt)
+
+
+def _section(where: str, value: Any, allowed: tuple[str, ...]) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigurationError(f"{where}={value!r} must be a mapping with keys: {', '.join(allowed)}")
+    _reject_unknown_keys(where, value, allowed)
+    return value
+
+
+def _enabled(where: str, value: Any) -> bool:
+    section = _section(where, value, ("enabled",))
+    flag = section.get("enabled", False)
+    _require_bool(f"{where}.enabled", flag)
+    return flag
+
+
+def from_deepspeed(values: Mapping[str, Any], world_size: int | None = None) -> AccumulationConfig:
+    """Translate DeepSpeed's nested config onto :class:`AccumulationConfig` (docs/zero.md lists every key).
+
+    Defaults are DeepSpeed's where they differ from the flat config's: ``gradient_clipping`` 0 (off), optimizer
+    ``Adam`` with ``adam_w_mode`` true (decoupled weight decay, i.e. ``adamw``). ``train_batch_size`` follows
+    DeepSpeed's identity with the micro-batch size, ``gradient_accumulation_steps`` and ``world_size``; with a
+    world size one of the three may be left out and is derived. Keys DeepSpeed has but this engine does not
+    model are rejected by name, like unknown ones, rather than silently ignored.
+    """
+    _reject_unknown_keys("config", values, DEEPSPEED_KEYS)
+    out: dict[str, Any] = {"gradient_clipping": 0.0}
+    for key in ("gradient_clipping", "communication_data_type", "managed_gradient_accumulation", "nvme_swap"):
+        if key in values:
+            out[key] = values[key]
+    for key in ("steps_per_print",):
+        if key in values:
+            _require_int(key, values[key], 1)
+    if "wall_clock_breakdown" in values:
+        _require_bool("wall_clock_breakdown", values["wall_clock_breakdown"])
+    if "fp16" in values and _enabled("fp16", values["fp16"]):
+        raise ConfigurationError(
+            "fp16.enabled=True is not supported (fp16 needs dynamic loss scaling, which this engine does not "
+            "model); allowed: bf16.enabled=True, or fp32 (neither enabled)"
+        )
+    if "bf16" in values and _enabled("bf16", values["bf16"]):
+        out["dtype"] = "bf16"
+    if "data_types" in values:
+        dt = _section("data_types", values["data_types"], ("grad_accum_dtype",))
+        if "grad_accum_dtype" in dt:
+            out["grad_accum_dtype"] = dt["grad_accum_dtype"]
+    if "zero_optimization" in values:
+        zero = _section("zero_optimization", values["zero_optimization"], DEEPSPEED_ZERO_KEYS)
+        if "stage" in zero:
+            out["zero_stage"] = zero["stage"]
+        if "overlap_comm" in zero:
+            out["overlap_comm"] = zero["overlap_comm"]
+        for key in ("contiguous_gradients", "reduce_scatter", "allgather_partitions"):
+            # Always so here: gradients go into flat buffers, reduced by (rank-ordered) reduce-scatter and the
+            # parameters all-gathered. Validated, and False rejected rather than ignored.
+            if key in zero and zero[key] is not True:
+                raise ConfigurationError(
+                    f"zero_optimization.{key}={zero[key]!r} is not supported; allowed values: True (this engine "
+                    f"always works that way)"
+                )
+        for key in ("offload_optimizer", "offload_param"):
+            if key not in zero:
+                continue
+            off = _section(f"zero_optimization.{key}", zero[key], DEEPSPEED_OFFLOAD_KEYS)
+            if "pin_memory" in off:
+                _require_bool(f"zero_optimization.{key}.pin_memory", off["pin_memory"])
+                if not off["pin_memory"]:
+                    raise ConfigurationError(
+                        f"zero_optimization.{key}.pin_memory=False is not supported; allowed values: True "
+                        f"(offloaded buffers are always pinned here)"
+                    )
+            out[key] = off.get("device", "none")
+            if "nvme_path" in off:
+                if key == "offload_param":
+                    raise ConfigurationError(
+                        "zero_optimization.offload_param.nvme_path is not supported (parameters are not swapped "
+                        "to NVMe); allowed keys of offload_param: device, pin_memory"
+                    )
+                out["nvme_path"] = off["nvme_path"]
+    if "optimizer" in values:
+        opt = _section("optimizer", values["optimizer"], ("type", "params"))
+        params = dict(_section("optimizer.params", opt.get("params", {}), DEEPSPEED_OPTIMIZER_PARAMS))
+        kind = opt.get("type", "adamw")
+        if not isinstance(kind, str) or kind.lower() not in OPTIMIZERS:
+            raise allowed_values_error("optimizer.type", kind, ("Adam", "AdamW", "SGD"))
+        kind = kind.lower()
+        adam_w_mode = params.pop("adam_w_mode", True)
+        _require_bool("optimizer.params.adam_w_mode", adam_w_mode)
+        if kind != "adam" and "adam_w_mode" in opt.get("params", {}):
+            raise ConfigurationError(
+                f"optimizer.params.adam_w_mode applies to type 'Adam' only (got type {opt.get('type')!r})"
+            )
+        if kind == "adam" and adam_w_mode:
+            kind = "adamw"  # DeepSpeed's Adam decouples weight decay unless adam_w_mode is false
+        out["optimizer"] = {"type": kind, **params}
+    micro = values.get("train_micro_batch_size_per_gpu")
+    gas = values.get("gradient_accumulation_steps")
+    total = values.get("train_batch_size")
+    if total is not None:
+        _require_int("train_batch_size", total, 1)
+        missing = [n for n, v in (("train_micro_batch_size_per_gpu", micro), ("gradient_accumulation_steps", gas))
+                   if v is None]
+        if missing and world_size is None:
+            raise ConfigurationError(
+                f"train_batch_size without {' and '.join(missing)} needs the world size to derive "
+                f"{'them' if len(missing) > 1 else 'it'}; allowed: give all three batch keys, or build the config "
+                f"through an engine (which knows its world size)"
+            )
+        if micro is None and gas is None:
+            gas = 1
+        if micro is None:
+            _require_int("gradient_accumulation_steps", gas, 1)
+            micro, rem = divmod(total, gas * world_size)
+        elif gas is None:
+            _require_int("train_micro_batch_size_per_gpu", micro, 1)
+            gas, rem = divmod(total, micro * world_size)
+        else:
+            rem = 0
+        if (micro == 0 or gas == 0 or rem) if missing else False:
+            raise ConfigurationError(
+                f"train_batch_size={total} is not divisible into {' and '.join(missing)} at world_size="
+                f"{world_size} (with the other batch key given); allowed: a train_batch_size that is a multiple"
+            )
+        out["train_batch_size"] = total
+    if micro is not None:
+        out["train_micro_batch_size_per_gpu"] = micro
+    if gas is not None:
+        out["gradient_accumulation_steps"] = gas
+    return AccumulationConfig(**out)

@@ -97,6 +97,7 @@ class AccumulationEngine(ScheduledEngine):
                 f"pipeline_parallel_size={self.config.pipeline_parallel_size} is not modeled by this engine "
                 f"(data parallelism only); allowed: pipeline_parallel_size=1"
             )
+        self.config.check_world_size(world_size)
         self.world_size = world_size
         self.device = torch.device(device)
         cfg = self.config

@@ -1,0 +1,83 @@
+"""``engine.optimizer``: a ``torch.optim.Optimizer`` whose hyper-parameters drive the engine's own update.
+
+The engine's update is not a torch optimizer: it runs R16 on a flat fp32 master partition, natively on the host
+when offloaded. What LR schedules need is the *interface*: ``param_groups`` with ``lr`` (and ``betas`` /
+``momentum`` / ``weight_decay``, which OneCycleLR and friends also move), ``state_dict()`` /
+``load_state_dict()``, and a ``step()`` that the scheduler can observe having run. This class is a real
+``torch.optim.Optimizer`` over the model's trainable parameters (so ``isinstance`` checks and every scheduler in
+``torch.optim.lr_scheduler`` accept it) with one parameter group; the engine reads the group's values at every
+boundary and runs its update with them, and calls :meth:`step` itself after the update so a scheduler sees the
+usual optimizer-then-scheduler order. Users never call :meth:`step`; doing so raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from reference.accumulation.config import OptimizerConfig
+from reference.errors import UnsupportedOperationError
+
+__all__ = ["EngineOptimizer"]
+
+
+class EngineOptimizer(torch.optim.Optimizer):
+    """One parameter group over ``params`` whose hyper-parameters start as ``config``'s."""
+
+    def __init__(self, params: Iterable[torch.nn.Parameter], config: OptimizerConfig) -> None:
+        defaults = {
+            "lr": config.lr,
+            "betas": config.betas,
+            "eps": config.eps,
+            "weight_decay": config.weight_decay,
+            "momentum": config.momentum,
+        }
+        self._base = config
+        self._engine_stepping = False
+        super().__init__(list(params), defaults)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        if getattr(self, "param_groups", None):
+            raise UnsupportedOperationError(
+                "engine.optimizer has one parameter group (every trainable parameter of the model, updated as one "
+                "flat partition); allowed: change the group's hyper-parameters (e.g. param_groups[0]['lr'])"
+            )
+        super().add_param_group(param_group)
+
+    def current(self) -> OptimizerConfig:
+        """The optimizer config of the next update: the engine's, with the group's current values (validated
+        again, so a scheduler that drives ``lr`` negative fails loudly at the step that would use it)."""
+        g = self.param_groups[0]
+        return replace(
+            self._base,
+            lr=float(g["lr"]),
+            betas=tuple(float(b) for b in g["betas"]),
+            eps=float(g["eps"]),
+            weight_decay=float(g["weight_decay"]),
+            momentum=float(g["momentum"]),
+        )
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:
+        """Called by the engine after each boundary update (so schedulers see optimizer-then-scheduler)."""
+        if not self._engine_stepping:
+            raise UnsupportedOperationError(
+                "engine.optimizer.step() is driven by the engine; allowed: engine.step() (it updates at the "
+                "gradient-accumulation boundary and then steps an attached lr_scheduler)"
+            )
+        return None
+
+    def engine_step(self) -> None:
+        self._engine_stepping = True
+        try:
+            self.step()
+        finally:
+            self._engine_stepping = False
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Gradients never stay on the parameters (the engine accumulates them in its own buffers): nothing to
+        clear here; ``engine.zero_grad()`` discards the engine's accumulated gradient."""
+        return None
