@@ -263,3 +263,37 @@ def test_registration_failure_warns_once_and_keeps_lock(area_api, pin_backend, a
     finally:
         type(accelerator).register_host_memory = original
     del a, b
+
+
+@pytest.mark.parametrize("backend", ["torch", "native"])
+@pytest.mark.parametrize("value", ["maybe", "2"])
+def test_bad_register_device_is_an_error_whatever_the_backend(impl, area_api, accelerator, monkeypatch, backend,
+                                                              value):
+    """HOSTOFFLOAD_PIN_REGISTER_DEVICE is validated at every pinning call, also when the backend does not use it."""
+    if backend not in impl.capabilities.get("pin_backends", ()):
+        pytest.skip(f"{impl.name} does not declare pin backend {backend}")
+    monkeypatch.setenv("HOSTOFFLOAD_PIN_BACKEND", backend)
+    monkeypatch.setenv("HOSTOFFLOAD_PIN_REGISTER_DEVICE", value)
+    gc.collect()
+    before = area_api.pinned_stats()
+    for call in (lambda: area_api.pin_empty(4), lambda: area_api.pin_memory(torch.ones(4))):
+        with pytest.raises(ConfigurationError) as info:
+            call()
+        assert "HOSTOFFLOAD_PIN_REGISTER_DEVICE" in str(info.value), str(info.value)
+    gc.collect()
+    assert area_api.pinned_stats() == before
+
+
+@pytest.mark.parametrize("spell", [str.upper, str.title, lambda v: f"  {v.upper()} "])
+def test_environment_values_are_case_insensitive(impl, area_api, accelerator, monkeypatch, spell, leak_check):
+    """One rule for every HOSTOFFLOAD_* value with names: blanks stripped, case ignored (CPU == cpu)."""
+    backends = impl.capabilities.get("pin_backends", ())
+    backend = "native" if "native" in backends else "torch"
+    monkeypatch.setenv("HOSTOFFLOAD_ACCELERATOR", spell(accelerator.name))
+    monkeypatch.setenv("HOSTOFFLOAD_PIN_BACKEND", spell(backend))
+    monkeypatch.setenv("HOSTOFFLOAD_PIN_REGISTER_DEVICE", spell("off"))
+    buf = area_api.pin_empty(64, dtype=torch.uint8)
+    if backend == "native":
+        assert_pinned(area_api, buf, True, f"buffer pinned with {spell(backend)!r} / {spell(accelerator.name)!r}")
+    assert area_api.is_pinned(torch.empty(8)) is False
+    del buf

@@ -45,7 +45,7 @@ _registry_contains = _native.registry_contains
 
 def _allocate(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """Fresh pinned memory from the selected backend. Reads the environment now (see module docstring)."""
-    backend = envvars.pin_backend()
+    backend = envvars.check_pinning_environment()
     accelerator: Accelerator = get_accelerator()
     if backend == "native":
         return native_backend.empty(shape, dtype, accelerator, envvars.register_with_device())

@@ -39,7 +39,7 @@ __all__ = [
 
 def _allocate(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """Fresh pinned memory from the selected backend. Reads the environment now (see module docstring)."""
-    backend = envvars.pin_backend()
+    backend = envvars.check_pinning_environment()
     accelerator: Accelerator = get_accelerator()
     if backend == "native":
         register = envvars.register_with_device()
