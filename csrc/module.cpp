@@ -175,7 +175,10 @@ PyObject* fast_tensor_in_registry(PyObject*, PyObject* const* args, Py_ssize_t n
     Py_DECREF(is_cpu);
     if (!cpu) Py_RETURN_NONE;
     PyObject* contiguous = call_method0(t, g_name_is_contiguous);
-    if (contiguous == nullptr) return nullptr;
+    if (contiguous == nullptr) {
+        PyErr_Clear();  // layouts without strides (sparse CSR): the general path refuses them by name
+        Py_RETURN_NONE;
+    }
     const bool contig = contiguous == Py_True;
     Py_DECREF(contiguous);
     if (!contig) Py_RETURN_NONE;

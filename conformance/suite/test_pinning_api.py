@@ -297,3 +297,31 @@ def test_environment_values_are_case_insensitive(impl, area_api, accelerator, mo
         assert_pinned(area_api, buf, True, f"buffer pinned with {spell(backend)!r} / {spell(accelerator.name)!r}")
     assert area_api.is_pinned(torch.empty(8)) is False
     del buf
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda api: api.pin_empty(2**62, 2**62),
+        lambda api: api.pin_empty((2**62, 2**62), dtype=torch.uint8),
+        lambda api: api.pin_empty(2**63, dtype=torch.uint8),
+        lambda api: api.pin_empty(2**61, dtype=torch.float64),
+    ],
+)
+def test_impossible_sizes_name_the_shape(area_api, pin_backend, leak_check, call):
+    """A size no allocator can hold is a ConfigurationError naming the shape, on every backend; nothing pinned."""
+    with pytest.raises(ConfigurationError, match="shape"):
+        call(area_api)
+
+
+@pytest.mark.parametrize("layout", ["sparse_coo", "sparse_csr"])
+@pytest.mark.parametrize("call", ["is_pinned", "unpin", "pin_memory", "pin_empty_like"])
+def test_sparse_tensors_are_refused_naming_the_argument(area_api, pin_backend, leak_check, layout, call):
+    """Sparse tensors have no single byte extent: every call refuses them by name, the same way everywhere."""
+    dense = torch.eye(4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "sparse CSR support is in beta"
+        sparse = dense.to_sparse() if layout == "sparse_coo" else dense.to_sparse_csr()
+    with pytest.raises(ConfigurationError) as info:
+        getattr(area_api, call)(sparse)
+    assert "t " in str(info.value) or "t=" in str(info.value), str(info.value)

@@ -38,6 +38,7 @@ __all__ = [
 
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
+_strided = torch.strided
 _is_functional = torch._is_functional_tensor
 _native.set_tensor_types(_Tensor, _Parameter)
 _registry_contains = _native.registry_contains
@@ -82,7 +83,7 @@ def _is_pinned_checked(t: object) -> bool:
     strided CPU views skip the fake-tensor probe and go straight to their extent.
     """
     tp = type(t)
-    if (tp is _Tensor or tp is _Parameter) and t.is_cpu and not _is_functional(t):
+    if (tp is _Tensor or tp is _Parameter) and t.layout is _strided and t.is_cpu and not _is_functional(t):
         ptr, nbytes = tensor_extent(t)
     else:
         check_tensor("t", t)
