@@ -49,3 +49,17 @@ def test_readme_usage_example_runs_and_its_comments_are_true(impl):
         assert by_line[line_no] == want, (
             f"README line {code.splitlines()[line_no]!r} says {want}, prints {by_line[line_no]} ({impl.name})"
         )
+
+
+def test_example_help_shows_every_default():
+    """examples/train_gpt.py --help: every option with a value says its default (a first run starts there)."""
+    script = _ROOT / "examples" / "train_gpt.py"
+    if not script.exists():
+        pytest.skip(f"{script} not found: set HOSTOFFLOAD_SOURCE_ROOT to a source checkout")
+    proc = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    options = " ".join(proc.stdout.split("options:", 1)[1].split())  # re-flow wrapped help lines
+    entries = re.split(r"\s(?=--[a-z])", options)[1:]
+    assert len(entries) >= 10, options
+    missing = [e.split()[0] for e in entries if "(default:" not in e and not e.startswith("--help")]
+    assert not missing, f"--help shows no default for {missing}"
