@@ -253,6 +253,32 @@ bool interpreter_alive() {
 
 }  // namespace
 
+// The error of an external unregister hook that failed inside unpin(), kept for the thread that called unpin
+// (the hook runs in that thread) until unpin_outcome() raises it there.
+thread_local PyObject* t_hook_error_type = nullptr;
+thread_local PyObject* t_hook_error_value = nullptr;
+thread_local PyObject* t_hook_error_tb = nullptr;
+
+void stash_hook_error() {  // GIL held, a Python error set
+    Py_XDECREF(t_hook_error_type);
+    Py_XDECREF(t_hook_error_value);
+    Py_XDECREF(t_hook_error_tb);
+    PyErr_Fetch(&t_hook_error_type, &t_hook_error_value, &t_hook_error_tb);
+}
+
+// 1: unpinned now, 0: was not pinned; a failed hook raises its own exception in the caller (GIL held).
+int unpin_outcome(Allocation::UnpinResult r) {
+    if (r == Allocation::UnpinResult::kUnpinned) return 1;
+    if (r == Allocation::UnpinResult::kNotPinned) return 0;
+    if (t_hook_error_type == nullptr) {
+        PyErr_SetString(PyExc_RuntimeError, "the accelerator's unregister hook failed; the buffer is still pinned");
+    } else {
+        PyErr_Restore(t_hook_error_type, t_hook_error_value, t_hook_error_tb);
+        t_hook_error_type = t_hook_error_value = t_hook_error_tb = nullptr;
+    }
+    throw py::error_already_set();
+}
+
 PYBIND11_MODULE(_native, m) {
     m.doc() = "hostoffload native layer: pinned host memory and the process-wide pinned-range registry";
     m.attr("ABI_VERSION") = 2;
@@ -446,8 +472,12 @@ owns it, and the memory is released when the last view of that tensor dies.)doc"
         .def(
             "unpin",
             [](Allocation& a) {
-                py::gil_scoped_release unlocked;
-                return a.unpin();
+                Allocation::UnpinResult r;
+                {
+                    py::gil_scoped_release unlocked;
+                    r = a.unpin();
+                }
+                return unpin_outcome(r) == 1;
             },
             "Drop the range, unregister and munlock now; the mapping stays until the last view dies.")
         .def(
@@ -459,17 +489,24 @@ owns it, and the memory is released when the last view of that tensor dies.)doc"
                 // The allocation's mutex is never taken while holding the GIL (the hook takes the GIL while
                 // holding the mutex), so release it first.
                 py::gil_scoped_release unlocked;
-                a->set_external_registration([fn, ptr]() {
-                    if (!interpreter_alive()) return;  // shutdown: the process is going away, leak the callable
+                a->set_external_registration([fn, ptr](bool may_fail) -> bool {
+                    if (!interpreter_alive()) return true;  // shutdown: the process is going away, leak fn
                     PyGILState_STATE st = PyGILState_Ensure();
                     PyObject* r = PyObject_CallFunction(fn, "K", ptr);
+                    if (r == nullptr && may_fail) {
+                        // unpin(): keep fn for a retry and hand the error to the caller's thread.
+                        stash_hook_error();
+                        PyGILState_Release(st);
+                        return false;
+                    }
                     if (r == nullptr) {
-                        PyErr_WriteUnraisable(fn);
+                        PyErr_WriteUnraisable(fn);  // last view gone: nobody to raise to, the release goes on
                     } else {
                         Py_DECREF(r);
                     }
                     Py_DECREF(fn);
                     PyGILState_Release(st);
+                    return true;
                 });
             },
             py::arg("unregister"),
@@ -515,15 +552,23 @@ owns it, and the memory is released when the last view of that tensor dies.)doc"
             std::uint64_t p = 0;
             std::uint64_t n = 0;
             if (!to_u64(ptr.ptr(), p) || p == 0 || !to_u64(nbytes.ptr(), n)) return 0;
-            py::gil_scoped_release unlocked;
-            RangeRegistry& reg = RangeRegistry::global();
-            if (!reg.contains(p, n)) return 0;
-            auto e = reg.find(p);
-            if (!e) return 0;
-            std::shared_ptr<Allocation> a = Allocation::lookup(e->owner);
-            if (!a) return 0;
-            if (a->is_slab()) return -1;
-            return a->unpin() ? 1 : 0;
+            int code = 0;  // 0: nothing to unpin, -1: a slab piece, 2: unpin() ran and `result` says how
+            Allocation::UnpinResult result = Allocation::UnpinResult::kNotPinned;
+            {
+                py::gil_scoped_release unlocked;
+                RangeRegistry& reg = RangeRegistry::global();
+                if (reg.contains(p, n)) {
+                    auto e = reg.find(p);
+                    std::shared_ptr<Allocation> a = e ? Allocation::lookup(e->owner) : nullptr;
+                    if (a && a->is_slab()) {
+                        code = -1;
+                    } else if (a) {
+                        result = a->unpin();
+                        code = 2;
+                    }
+                }
+            }
+            return code == 2 ? unpin_outcome(result) : code;
         },
         py::arg("ptr"), py::arg("nbytes"),
         "Unpin the allocation holding the extent: 1 if this call unpinned it, 0 if nothing to unpin, -1 if the "

@@ -325,3 +325,77 @@ def test_sparse_tensors_are_refused_naming_the_argument(area_api, pin_backend, l
     with pytest.raises(ConfigurationError) as info:
         getattr(area_api, call)(sparse)
     assert "t " in str(info.value) or "t=" in str(info.value), str(info.value)
+
+
+class _HookRecorder:
+    """Registration hooks patched onto the accelerator's class: they record what is registered and can fail."""
+
+    def __init__(self, monkeypatch, accelerator, *, unregister_failures=0, register_error=None):
+        self.registered: set[int] = set()
+        self.unregister_failures = unregister_failures
+        cls = type(accelerator)
+        recorder = self
+
+        def register(self, ptr, nbytes):
+            if register_error is not None:
+                raise register_error
+            recorder.registered.add(ptr)
+            return True
+
+        def unregister(self, ptr):
+            if recorder.unregister_failures:
+                recorder.unregister_failures -= 1
+                raise RuntimeError("device busy: cannot unregister now")
+            recorder.registered.discard(ptr)
+
+        monkeypatch.setattr(cls, "supports_host_registration", property(lambda self: True))
+        monkeypatch.setattr(cls, "register_host_memory", register)
+        monkeypatch.setattr(cls, "unregister_host_memory", unregister)
+
+
+def test_unpin_with_failing_unregister_hook_raises_keeps_the_pin_and_can_be_retried(
+    impl, area_api, accelerator, monkeypatch, leak_check
+):
+    """docs/native.md, "When an accelerator hook fails": unpin raises the hook's error and changes nothing (still
+    pinned, registered, locked, counted); a retry that succeeds unpins, and a third call answers False."""
+    from conformance.assertions import vm_locked_kib as locked_kib
+
+    if "native" not in impl.capabilities.get("pin_backends", ()):
+        pytest.skip(f"{impl.name} has no native backend")
+    monkeypatch.setenv("HOSTOFFLOAD_PIN_BACKEND", "native")
+    hooks = _HookRecorder(monkeypatch, accelerator, unregister_failures=1)
+    gc.collect()
+    s0 = area_api.pinned_stats()
+    buf = area_api.pin_empty(3 * 4096, dtype=torch.uint8)
+    s1, locked1 = area_api.pinned_stats(), locked_kib()
+    assert s1.registered_bytes > s0.registered_bytes and len(hooks.registered) == 1, (s0, s1)
+    with pytest.raises(RuntimeError, match="device busy"):
+        area_api.unpin(buf[4096:])
+    assert area_api.is_pinned(buf), "a failed unpin must leave the buffer pinned"
+    assert area_api.pinned_stats() == s1, "a failed unpin changed the counters"
+    assert locked_kib() == locked1, "a failed unpin unlocked pages"
+    assert len(hooks.registered) == 1, "the registration must still be there"
+    assert area_api.unpin(buf) is True, "the retry must unpin"
+    assert not hooks.registered and area_api.is_pinned(buf) is False
+    assert area_api.pinned_stats().allocations == s0.allocations and locked_kib() < locked1
+    assert area_api.unpin(buf) is False
+    del buf
+
+
+def test_register_hook_that_raises_propagates_and_leaves_nothing(impl, area_api, accelerator, monkeypatch,
+                                                                 leak_check):
+    """A register hook must return False to refuse; one that raises is a broken plugin: the pinning call raises
+    that error and nothing stays mapped, locked, registered or in the registry."""
+    from conformance.assertions import vm_locked_kib as locked_kib
+
+    if "native" not in impl.capabilities.get("pin_backends", ()):
+        pytest.skip(f"{impl.name} has no native backend")
+    monkeypatch.setenv("HOSTOFFLOAD_PIN_BACKEND", "native")
+    hooks = _HookRecorder(monkeypatch, accelerator, register_error=RuntimeError("plugin bug in register"))
+    gc.collect()
+    s0, locked0 = area_api.pinned_stats(), locked_kib()
+    for call in (lambda: area_api.pin_empty(4096, dtype=torch.uint8), lambda: area_api.pin_memory(torch.ones(64))):
+        with pytest.raises(RuntimeError, match="plugin bug in register"):
+            call()
+    gc.collect()
+    assert area_api.pinned_stats() == s0 and locked_kib() == locked0 and not hooks.registered
