@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -201,13 +202,58 @@ PyObject* fast_tensor_in_registry(PyObject*, PyObject* const* args, Py_ssize_t n
 }
 
 // is_pinned(t): the whole public is_pinned for the common case in one C call. A hit in the registry answers True
-// directly; anything else is delegated to the Python fallback(t, hit) installed by optimized.pinning (hit is False
-// for a plain contiguous CPU tensor outside every range, None when the general path must decide).
+// directly. A miss (a plain contiguous CPU tensor outside every range, the common case of a copy decision) is
+// answered here too once optimized.pinning has told us, for the current value of HOSTOFFLOAD_ACCELERATOR, whether
+// that accelerator has torch pinning (set_miss_answer): without it the answer is False; with it, torch's own
+// Tensor.is_pinned() decides, called from here. Anything else goes to the Python fallback(t, hit) installed by
+// optimized.pinning (hit is False for a miss, None when the general path must decide). The cache is read and
+// written under the GIL only.
 PyObject* g_is_pinned_fallback = nullptr;
+PyObject* g_name_is_pinned = nullptr;
+PyObject* g_name_numel = nullptr;
+bool g_miss_known = false;      // the two fields below are valid
+bool g_miss_env_set = false;    // HOSTOFFLOAD_ACCELERATOR was set when the answer was cached ...
+std::string g_miss_env;         // ... to this value
+bool g_miss_torch_pinning = false;
+
+// 1: the cached answer applies to the current environment; 0: it does not (or none is cached).
+int miss_cache_applies() {
+    if (!g_miss_known) return 0;
+    const char* env = std::getenv("HOSTOFFLOAD_ACCELERATOR");
+    if (env == nullptr) return g_miss_env_set ? 0 : 1;
+    return (g_miss_env_set && g_miss_env == env) ? 1 : 0;
+}
+
+// A miss answered without Python: nullptr with no error set means "not answered here, use the fallback".
+PyObject* answer_miss(PyObject* t) {
+    if (!miss_cache_applies()) return nullptr;
+    if (!g_miss_torch_pinning) Py_RETURN_FALSE;
+    if (g_name_is_pinned == nullptr || g_name_numel == nullptr) return nullptr;
+    PyObject* numel = call_method0(t, g_name_numel);
+    if (numel == nullptr) return nullptr;  // error set: propagate
+    const int empty = PyObject_Not(numel);
+    Py_DECREF(numel);
+    if (empty < 0) return nullptr;
+    if (empty) Py_RETURN_FALSE;  // no bytes, never pinned (torch may say yes for the storage)
+    PyObject* r = call_method0(t, g_name_is_pinned);
+    if (r == nullptr) return nullptr;
+    const int truth = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    if (truth < 0) return nullptr;
+    if (truth) Py_RETURN_TRUE;
+    Py_RETURN_FALSE;
+}
 
 PyObject* fast_is_pinned(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
     PyObject* hit = fast_tensor_in_registry(self, args, nargs);
     if (hit == nullptr || hit == Py_True) return hit;
+    if (hit == Py_False) {
+        PyObject* answer = answer_miss(args[0]);
+        if (answer != nullptr || PyErr_Occurred()) {
+            Py_DECREF(hit);
+            return answer;
+        }
+    }
     if (g_is_pinned_fallback == nullptr) {
         Py_DECREF(hit);
         PyErr_SetString(PyExc_RuntimeError, "optimized._native.is_pinned used before optimized.pinning was imported");
@@ -425,6 +471,25 @@ writer mutex. Same methods, arguments, results and errors as reference.ranges.Ra
             Py_XDECREF(old);
         },
         py::arg("fallback"), "Install fallback(t, hit) for is_pinned calls the registry does not answer.");
+    m.def(
+        "set_miss_answer",
+        [](py::object env_value, bool torch_pinning) {
+            // Called by optimized.pinning under the GIL after resolving the accelerator for this variable value.
+            if (g_name_is_pinned == nullptr) {
+                g_name_is_pinned = PyUnicode_InternFromString("is_pinned");
+                g_name_numel = PyUnicode_InternFromString("numel");
+                if (!g_name_is_pinned || !g_name_numel) throw py::error_already_set();
+            }
+            g_miss_env_set = !env_value.is_none();
+            g_miss_env = g_miss_env_set ? env_value.cast<std::string>() : std::string();
+            g_miss_torch_pinning = torch_pinning;
+            g_miss_known = true;
+        },
+        py::arg("env_value"), py::arg("torch_pinning"),
+        "Cache, for this value of HOSTOFFLOAD_ACCELERATOR (None: unset), whether the accelerator has torch "
+        "pinning, so is_pinned answers registry misses without calling back into Python.");
+    m.def("forget_miss_answer", []() { g_miss_known = false; },
+          "Drop the cached miss answer (the next miss goes through the Python fallback).");
     m.def(
         "set_tensor_types",
         [](py::object tensor, py::object parameter) {

@@ -399,3 +399,24 @@ def test_register_hook_that_raises_propagates_and_leaves_nothing(impl, area_api,
             call()
     gc.collect()
     assert area_api.pinned_stats() == s0 and locked_kib() == locked0 and not hooks.registered
+
+
+def test_is_pinned_miss_follows_the_accelerator_variable(area_api, accelerator, backend_pins, pin_backend,
+                                                         monkeypatch):
+    """A miss (pageable tensor) may be answered from a cache, but never from a stale one: the accelerator variable
+    is read at every call, a bad value raises even after many misses, and the answer comes back when it is fixed."""
+    t, empty = torch.empty(64), torch.empty(0)
+    pinned = area_api.pin_empty(64)
+    for _ in range(3):
+        assert area_api.is_pinned(t) is False and area_api.is_pinned(empty) is False
+    monkeypatch.setenv("HOSTOFFLOAD_ACCELERATOR", "no-such-accelerator")
+    with pytest.raises(ConfigurationError, match="HOSTOFFLOAD_ACCELERATOR"):
+        area_api.is_pinned(t)
+    with pytest.raises(ConfigurationError, match="HOSTOFFLOAD_ACCELERATOR"):
+        area_api.is_pinned(t)
+    monkeypatch.setenv("HOSTOFFLOAD_ACCELERATOR", accelerator.name.upper())
+    assert area_api.is_pinned(t) is False
+    monkeypatch.setenv("HOSTOFFLOAD_ACCELERATOR", accelerator.name)
+    assert area_api.is_pinned(t) is False and area_api.is_pinned(empty) is False
+    assert area_api.is_pinned(pinned) is backend_pins
+    del pinned

@@ -7,8 +7,11 @@ from either backend. Argument checks and environment parsing are the reference's
 cannot drift.
 
 ``is_pinned`` is the hot call (every copy decision asks it), so it is a native function: plain contiguous CPU
-tensors are answered by one registry lookup on ``(data_ptr, nbytes)``. Everything else (subclasses such as
-fake tensors, meta and device tensors, strided views, non-tensors) goes through the reference's checks.
+tensors are answered by one registry lookup on ``(data_ptr, nbytes)``; a miss (a pageable tensor, the common case)
+is answered natively too once the first miss under the current ``HOSTOFFLOAD_ACCELERATOR`` value has cached
+whether that accelerator has torch pinning (False without it; torch's own ``Tensor.is_pinned()`` with it).
+Everything else (subclasses such as fake tensors, meta and device tensors, strided views, non-tensors) goes
+through the reference's checks.
 """
 
 from __future__ import annotations
@@ -113,6 +116,8 @@ def _torch_reports_pinned(t: torch.Tensor) -> bool:
     if has is None:
         has = bool(get_accelerator().has_torch_pinning)
         _torch_pinning_by_env[key] = has
+    # From now on the native is_pinned answers misses under this variable value itself (no call back into Python).
+    _native.set_miss_answer(key, has)
     return has and bool(t.is_pinned())
 
 
