@@ -12,7 +12,8 @@ Three groups, each measured side by side in one process (the issue's targets com
 - ``is_pinned``: latency of one ``is_pinned`` call on a native pinned tensor while 1, 1k, 100k or 1M ranges are
   live in that implementation's registry (the extra ranges are synthetic, at non-canonical addresses no mapping can
   have). Arms: ``reference``, ``optimized``, and ``torch`` (``torch.Tensor.is_pinned`` on a torch-pinned tensor,
-  or on a pageable one where torch cannot pin).
+  or on a pageable one where torch cannot pin). The ``is_pinned_miss`` group times the same arms on a pageable
+  tensor (the answer is False; a copy decision mostly asks about pageable tensors).
 - ``bandwidth`` (CUDA only, marked ``gpu``): H2D and D2H copies of 4 MiB .. 1 GiB with ``non_blocking=True`` on a
   side stream, timed with CUDA events around each copy after warm-up; ``extra_info`` holds the median event time
   and GB/s. Arms: ``torch_pinned``, ``pageable``, ``optimized_unregistered`` (locked only) and
@@ -325,31 +326,42 @@ def release_synthetic() -> None:
         s.ensure(0)
 
 
-def bench_is_pinned(runner: Any, arm: str, ranges: int, quick: bool) -> None:
+def bench_is_pinned(runner: Any, arm: str, ranges: int, quick: bool, kind: str = "hit") -> None:
+    """One ``is_pinned`` call while ``ranges`` ranges are live. ``kind="hit"``: on a native pinned tensor (torch
+    arm: a torch-pinned one); ``kind="miss"``: on a pageable tensor, the common case of a copy decision (every
+    arm answers False, the implementations after their registry lookup and torch-pinning query)."""
+    if kind not in ("hit", "miss"):
+        raise ValueError(f"kind must be 'hit' or 'miss', got {kind!r}")
     synthetic = synthetic_for(arm)
     if synthetic is not None:
         synthetic.ensure(ranges - 1)
     with native_backend(register=True):
-        if arm == "torch":
+        if kind == "miss":
+            t = torch.empty(1024, dtype=torch.uint8)
+            expected = False
+        elif arm == "torch":
             t = torch.empty(1024, dtype=torch.uint8, pin_memory=cuda_ok())
-            fn = t.is_pinned
             expected = cuda_ok()
         else:
-            api = __import__(f"{arm}.pinning", fromlist=["is_pinned"])
-            t = api.pin_empty(1024, dtype=torch.uint8)
-            is_pinned = api.is_pinned
+            t = __import__(f"{arm}.pinning", fromlist=["pin_empty"]).pin_empty(1024, dtype=torch.uint8)
+            expected = True
+        if arm == "torch":
+            fn = t.is_pinned
+        else:
+            is_pinned = __import__(f"{arm}.pinning", fromlist=["is_pinned"]).is_pinned
 
             def fn() -> bool:
                 return is_pinned(t)
 
-            expected = True
     assert fn() is expected, f"{arm}: is_pinned returned {fn()}, expected {expected}"
     iterations = 2_000 if quick else 20_000
-    extra = {"arm": arm, "live_ranges": ranges, "result": expected}
+    extra = {"arm": arm, "live_ranges": ranges, "result": expected, "kind": kind}
+    # Hit rows keep their historical names (plot_pinning.py, earlier JSON); miss rows say so.
+    name = f"is_pinned[{arm}-{ranges}]" if kind == "hit" else f"is_pinned_miss[{arm}-{ranges}]"
     runner.run(
-        "is_pinned",
-        f"is_pinned[{arm}-{ranges}]",
-        {"arm": arm, "ranges": ranges},
+        "is_pinned" if kind == "hit" else "is_pinned_miss",
+        name,
+        {"arm": arm, "ranges": ranges, "kind": kind},
         fn,
         None,
         5 if quick else 20,
@@ -468,10 +480,11 @@ def test_alloc(benchmark, arm: str, nbytes: int) -> None:
     bench_alloc(PytestRunner(benchmark), arm, nbytes, rounds=3 if nbytes >= GiB else 5)
 
 
+@pytest.mark.parametrize("kind", ("hit", "miss"))
 @pytest.mark.parametrize("arm", ("torch", "reference", "optimized"))
 @pytest.mark.parametrize("ranges", RANGE_COUNTS)
-def test_is_pinned(benchmark, ranges: int, arm: str) -> None:
-    bench_is_pinned(PytestRunner(benchmark), arm, ranges, quick=False)
+def test_is_pinned(benchmark, ranges: int, arm: str, kind: str) -> None:
+    bench_is_pinned(PytestRunner(benchmark), arm, ranges, quick=False, kind=kind)
 
 
 @pytest.mark.gpu
@@ -519,6 +532,14 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated groups: alloc, is_pinned, bandwidth, phases",
     )
     parser.add_argument("--quick", action="store_true", help="small sizes and counts (smoke run)")
+    parser.add_argument(
+        "--alloc-rounds",
+        type=int,
+        default=None,
+        help="rounds per alloc row (default: 3, 2 above 1 GiB or with --quick); the JSON keeps every round, so "
+        "the spread (min/median/max) of a fresh 4 GiB allocation is in stats",
+    )
+    parser.add_argument("--alloc-sizes", default=None, help="comma-separated MiB sizes for the alloc group, e.g. 4096")
     args = parser.parse_args(argv)
     groups = {g.strip() for g in args.only.split(",") if g.strip()}
     unknown = groups - {"alloc", "is_pinned", "bandwidth", "phases"}
@@ -531,6 +552,10 @@ def main(argv: list[str] | None = None) -> int:
     runner = LoopRunner()
     phases: list[dict[str, Any]] = []
     alloc_sizes = (4 * MiB, 64 * MiB) if args.quick else ALLOC_SIZES
+    if args.alloc_sizes:
+        alloc_sizes = tuple(int(x) * MiB for x in args.alloc_sizes.split(","))
+    if args.alloc_rounds is not None and args.alloc_rounds < 1:
+        parser.error(f"--alloc-rounds={args.alloc_rounds}: allowed values: an int >= 1")
     counts = (1, 1_000, 100_000) if args.quick else RANGE_COUNTS
     bw_sizes = (4 * MiB, 16 * MiB) if args.quick else BANDWIDTH_SIZES
     skipped: list[str] = []
@@ -572,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
     def run_alloc() -> None:
         for nbytes in alloc_sizes:
             for arm in ALLOC_ARMS:
-                rounds = 2 if args.quick or nbytes > GiB else 3
+                rounds = args.alloc_rounds or (2 if args.quick or nbytes > GiB else 3)
                 attempt(
                     lambda a=arm, n=nbytes, r=rounds: bench_alloc(runner, a, n, rounds=r),
                     f"alloc {arm} {nbytes}",
@@ -581,8 +606,9 @@ def main(argv: list[str] | None = None) -> int:
     def run_is_pinned() -> None:
         try:
             for count in counts:
-                for arm in ("torch", "reference", "optimized"):
-                    bench_is_pinned(runner, arm, count, args.quick)
+                for kind in ("hit", "miss"):
+                    for arm in ("torch", "reference", "optimized"):
+                        bench_is_pinned(runner, arm, count, args.quick, kind)
         finally:
             release_synthetic()
 

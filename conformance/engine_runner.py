@@ -39,6 +39,7 @@ from reference.accumulation.scenario import (
     compute_loss,
     micro_batch,
 )
+from reference.envvars import normalize
 from reference.errors import ConfigurationError
 
 __all__ = ["BACKEND_ENV", "POOL_SIZE_ENV", "TIMEOUT_ENV", "run_engine_scenario", "run_on_ranks"]
@@ -75,7 +76,7 @@ def _choose_backend(world: int, backend: str | None) -> str:
     each rank on its own GPU; ``auto`` picks NCCL when the selected accelerator is cuda with at least W GPUs.
     Where NCCL is asked for but W GPUs are not there, the run falls back to gloo with a RuntimeWarning.
     """
-    choice = backend if backend is not None else os.environ.get(BACKEND_ENV, "gloo")
+    choice = backend if backend is not None else (normalize(os.environ.get(BACKEND_ENV)) or "gloo")
     if choice not in BACKENDS:
         name = "backend" if backend is not None else BACKEND_ENV
         raise ConfigurationError(f"{name}={choice!r} is not supported; allowed values: {', '.join(BACKENDS)}")

@@ -285,7 +285,7 @@ void Allocation::release_pins_locked() {
     if (external_unregister_) {
         auto hook = std::move(external_unregister_);
         external_unregister_ = nullptr;
-        hook();
+        hook(false);
     }
     const bool was_registered = registered_.exchange(false, std::memory_order_acq_rel);
     if (locked_len_ != 0) {
@@ -300,19 +300,25 @@ void Allocation::release_pins_locked() {
     }
 }
 
-bool Allocation::unpin() {
+Allocation::UnpinResult Allocation::unpin() {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!pinned_.load(std::memory_order_acquire)) return false;
+    if (!pinned_.load(std::memory_order_acquire)) return UnpinResult::kNotPinned;
+    // The external hook runs first and alone: if it fails nothing else has changed (still pinned, registered,
+    // in the registry and counted), so the caller sees the error and may retry (docs/native.md).
+    if (external_unregister_) {
+        if (!external_unregister_(true)) return UnpinResult::kHookFailed;
+        external_unregister_ = nullptr;
+    }
     release_pins_locked();
     g_unpinned_alive.fetch_add(1);
-    return true;
+    return UnpinResult::kUnpinned;
 }
 
-void Allocation::set_external_registration(std::function<void()> unregister) {
+void Allocation::set_external_registration(UnregisterHook unregister) {
     std::unique_lock<std::mutex> lock(mutex_);
     if (!pinned_.load(std::memory_order_acquire)) {
         lock.unlock();
-        unregister();  // unpinned in the meantime: undo the registration right away
+        unregister(false);  // unpinned in the meantime: undo the registration right away
         return;
     }
     external_unregister_ = std::move(unregister);

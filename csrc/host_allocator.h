@@ -65,12 +65,21 @@ public:
     // Seconds spent in each phase of the allocation (map, populate, lock, register, registry).
     const double* phase_seconds() const { return phase_seconds_; }
 
-    // Drop the range, unregister, munlock now; the mapping stays until destruction. True iff this call did it.
-    bool unpin();
+    // What unpin() did: unpinned it now, found it already unpinned, or left it untouched because the external
+    // unregister hook failed (the allocation stays pinned, registered and in the registry: the caller may retry).
+    enum class UnpinResult { kUnpinned, kNotPinned, kHookFailed };
+
+    // Unregister, drop the range, munlock now; the mapping stays until destruction.
+    UnpinResult unpin();
+
+    // An external unregister hook: called with may_fail=true from unpin() (returning false leaves everything as
+    // it was; the hook keeps its error for the caller), with may_fail=false from the destructor (it must report
+    // its own failure; the release goes on). Returns true once the registration is undone.
+    using UnregisterHook = std::function<bool(bool may_fail)>;
 
     // Marks the allocation registered through an external hook (an accelerator that is not CUDA): `unregister`
-    // is called exactly once, before the pages are unlocked, from unpin() or the destructor.
-    void set_external_registration(std::function<void()> unregister);
+    // runs before the pages are unlocked, from unpin() or the destructor, until it succeeds once.
+    void set_external_registration(UnregisterHook unregister);
 
     static std::shared_ptr<Allocation> create(const AllocRequest& req);
     // The live allocation with this id, or nullptr (already destroyed or never existed).
@@ -94,7 +103,7 @@ private:
     bool published_ = false;    // counted in the stats
     bool in_table_ = false;     // findable by id
     bool in_registry_ = false;  // its range is registered
-    std::function<void()> external_unregister_;
+    UnregisterHook external_unregister_;
     std::mutex mutex_;  // serialises unpin(), set_external_registration() and destruction
     std::atomic<bool> pinned_{false};
     std::atomic<bool> registered_{false};

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -175,7 +176,10 @@ PyObject* fast_tensor_in_registry(PyObject*, PyObject* const* args, Py_ssize_t n
     Py_DECREF(is_cpu);
     if (!cpu) Py_RETURN_NONE;
     PyObject* contiguous = call_method0(t, g_name_is_contiguous);
-    if (contiguous == nullptr) return nullptr;
+    if (contiguous == nullptr) {
+        PyErr_Clear();  // layouts without strides (sparse CSR): the general path refuses them by name
+        Py_RETURN_NONE;
+    }
     const bool contig = contiguous == Py_True;
     Py_DECREF(contiguous);
     if (!contig) Py_RETURN_NONE;
@@ -198,13 +202,58 @@ PyObject* fast_tensor_in_registry(PyObject*, PyObject* const* args, Py_ssize_t n
 }
 
 // is_pinned(t): the whole public is_pinned for the common case in one C call. A hit in the registry answers True
-// directly; anything else is delegated to the Python fallback(t, hit) installed by optimized.pinning (hit is False
-// for a plain contiguous CPU tensor outside every range, None when the general path must decide).
+// directly. A miss (a plain contiguous CPU tensor outside every range, the common case of a copy decision) is
+// answered here too once optimized.pinning has told us, for the current value of HOSTOFFLOAD_ACCELERATOR, whether
+// that accelerator has torch pinning (set_miss_answer): without it the answer is False; with it, torch's own
+// Tensor.is_pinned() decides, called from here. Anything else goes to the Python fallback(t, hit) installed by
+// optimized.pinning (hit is False for a miss, None when the general path must decide). The cache is read and
+// written under the GIL only.
 PyObject* g_is_pinned_fallback = nullptr;
+PyObject* g_name_is_pinned = nullptr;
+PyObject* g_name_numel = nullptr;
+bool g_miss_known = false;      // the two fields below are valid
+bool g_miss_env_set = false;    // HOSTOFFLOAD_ACCELERATOR was set when the answer was cached ...
+std::string g_miss_env;         // ... to this value
+bool g_miss_torch_pinning = false;
+
+// 1: the cached answer applies to the current environment; 0: it does not (or none is cached).
+int miss_cache_applies() {
+    if (!g_miss_known) return 0;
+    const char* env = std::getenv("HOSTOFFLOAD_ACCELERATOR");
+    if (env == nullptr) return g_miss_env_set ? 0 : 1;
+    return (g_miss_env_set && g_miss_env == env) ? 1 : 0;
+}
+
+// A miss answered without Python: nullptr with no error set means "not answered here, use the fallback".
+PyObject* answer_miss(PyObject* t) {
+    if (!miss_cache_applies()) return nullptr;
+    if (!g_miss_torch_pinning) Py_RETURN_FALSE;
+    if (g_name_is_pinned == nullptr || g_name_numel == nullptr) return nullptr;
+    PyObject* numel = call_method0(t, g_name_numel);
+    if (numel == nullptr) return nullptr;  // error set: propagate
+    const int empty = PyObject_Not(numel);
+    Py_DECREF(numel);
+    if (empty < 0) return nullptr;
+    if (empty) Py_RETURN_FALSE;  // no bytes, never pinned (torch may say yes for the storage)
+    PyObject* r = call_method0(t, g_name_is_pinned);
+    if (r == nullptr) return nullptr;
+    const int truth = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    if (truth < 0) return nullptr;
+    if (truth) Py_RETURN_TRUE;
+    Py_RETURN_FALSE;
+}
 
 PyObject* fast_is_pinned(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
     PyObject* hit = fast_tensor_in_registry(self, args, nargs);
     if (hit == nullptr || hit == Py_True) return hit;
+    if (hit == Py_False) {
+        PyObject* answer = answer_miss(args[0]);
+        if (answer != nullptr || PyErr_Occurred()) {
+            Py_DECREF(hit);
+            return answer;
+        }
+    }
     if (g_is_pinned_fallback == nullptr) {
         Py_DECREF(hit);
         PyErr_SetString(PyExc_RuntimeError, "optimized._native.is_pinned used before optimized.pinning was imported");
@@ -249,6 +298,32 @@ bool interpreter_alive() {
 }
 
 }  // namespace
+
+// The error of an external unregister hook that failed inside unpin(), kept for the thread that called unpin
+// (the hook runs in that thread) until unpin_outcome() raises it there.
+thread_local PyObject* t_hook_error_type = nullptr;
+thread_local PyObject* t_hook_error_value = nullptr;
+thread_local PyObject* t_hook_error_tb = nullptr;
+
+void stash_hook_error() {  // GIL held, a Python error set
+    Py_XDECREF(t_hook_error_type);
+    Py_XDECREF(t_hook_error_value);
+    Py_XDECREF(t_hook_error_tb);
+    PyErr_Fetch(&t_hook_error_type, &t_hook_error_value, &t_hook_error_tb);
+}
+
+// 1: unpinned now, 0: was not pinned; a failed hook raises its own exception in the caller (GIL held).
+int unpin_outcome(Allocation::UnpinResult r) {
+    if (r == Allocation::UnpinResult::kUnpinned) return 1;
+    if (r == Allocation::UnpinResult::kNotPinned) return 0;
+    if (t_hook_error_type == nullptr) {
+        PyErr_SetString(PyExc_RuntimeError, "the accelerator's unregister hook failed; the buffer is still pinned");
+    } else {
+        PyErr_Restore(t_hook_error_type, t_hook_error_value, t_hook_error_tb);
+        t_hook_error_type = t_hook_error_value = t_hook_error_tb = nullptr;
+    }
+    throw py::error_already_set();
+}
 
 PYBIND11_MODULE(_native, m) {
     m.doc() = "hostoffload native layer: pinned host memory and the process-wide pinned-range registry";
@@ -397,6 +472,25 @@ writer mutex. Same methods, arguments, results and errors as reference.ranges.Ra
         },
         py::arg("fallback"), "Install fallback(t, hit) for is_pinned calls the registry does not answer.");
     m.def(
+        "set_miss_answer",
+        [](py::object env_value, bool torch_pinning) {
+            // Called by optimized.pinning under the GIL after resolving the accelerator for this variable value.
+            if (g_name_is_pinned == nullptr) {
+                g_name_is_pinned = PyUnicode_InternFromString("is_pinned");
+                g_name_numel = PyUnicode_InternFromString("numel");
+                if (!g_name_is_pinned || !g_name_numel) throw py::error_already_set();
+            }
+            g_miss_env_set = !env_value.is_none();
+            g_miss_env = g_miss_env_set ? env_value.cast<std::string>() : std::string();
+            g_miss_torch_pinning = torch_pinning;
+            g_miss_known = true;
+        },
+        py::arg("env_value"), py::arg("torch_pinning"),
+        "Cache, for this value of HOSTOFFLOAD_ACCELERATOR (None: unset), whether the accelerator has torch "
+        "pinning, so is_pinned answers registry misses without calling back into Python.");
+    m.def("forget_miss_answer", []() { g_miss_known = false; },
+          "Drop the cached miss answer (the next miss goes through the Python fallback).");
+    m.def(
         "set_tensor_types",
         [](py::object tensor, py::object parameter) {
             if (g_tensor_type != nullptr) return;  // set once per process
@@ -443,8 +537,12 @@ owns it, and the memory is released when the last view of that tensor dies.)doc"
         .def(
             "unpin",
             [](Allocation& a) {
-                py::gil_scoped_release unlocked;
-                return a.unpin();
+                Allocation::UnpinResult r;
+                {
+                    py::gil_scoped_release unlocked;
+                    r = a.unpin();
+                }
+                return unpin_outcome(r) == 1;
             },
             "Drop the range, unregister and munlock now; the mapping stays until the last view dies.")
         .def(
@@ -456,17 +554,24 @@ owns it, and the memory is released when the last view of that tensor dies.)doc"
                 // The allocation's mutex is never taken while holding the GIL (the hook takes the GIL while
                 // holding the mutex), so release it first.
                 py::gil_scoped_release unlocked;
-                a->set_external_registration([fn, ptr]() {
-                    if (!interpreter_alive()) return;  // shutdown: the process is going away, leak the callable
+                a->set_external_registration([fn, ptr](bool may_fail) -> bool {
+                    if (!interpreter_alive()) return true;  // shutdown: the process is going away, leak fn
                     PyGILState_STATE st = PyGILState_Ensure();
                     PyObject* r = PyObject_CallFunction(fn, "K", ptr);
+                    if (r == nullptr && may_fail) {
+                        // unpin(): keep fn for a retry and hand the error to the caller's thread.
+                        stash_hook_error();
+                        PyGILState_Release(st);
+                        return false;
+                    }
                     if (r == nullptr) {
-                        PyErr_WriteUnraisable(fn);
+                        PyErr_WriteUnraisable(fn);  // last view gone: nobody to raise to, the release goes on
                     } else {
                         Py_DECREF(r);
                     }
                     Py_DECREF(fn);
                     PyGILState_Release(st);
+                    return true;
                 });
             },
             py::arg("unregister"),
@@ -512,15 +617,23 @@ owns it, and the memory is released when the last view of that tensor dies.)doc"
             std::uint64_t p = 0;
             std::uint64_t n = 0;
             if (!to_u64(ptr.ptr(), p) || p == 0 || !to_u64(nbytes.ptr(), n)) return 0;
-            py::gil_scoped_release unlocked;
-            RangeRegistry& reg = RangeRegistry::global();
-            if (!reg.contains(p, n)) return 0;
-            auto e = reg.find(p);
-            if (!e) return 0;
-            std::shared_ptr<Allocation> a = Allocation::lookup(e->owner);
-            if (!a) return 0;
-            if (a->is_slab()) return -1;
-            return a->unpin() ? 1 : 0;
+            int code = 0;  // 0: nothing to unpin, -1: a slab piece, 2: unpin() ran and `result` says how
+            Allocation::UnpinResult result = Allocation::UnpinResult::kNotPinned;
+            {
+                py::gil_scoped_release unlocked;
+                RangeRegistry& reg = RangeRegistry::global();
+                if (reg.contains(p, n)) {
+                    auto e = reg.find(p);
+                    std::shared_ptr<Allocation> a = e ? Allocation::lookup(e->owner) : nullptr;
+                    if (a && a->is_slab()) {
+                        code = -1;
+                    } else if (a) {
+                        result = a->unpin();
+                        code = 2;
+                    }
+                }
+            }
+            return code == 2 ? unpin_outcome(result) : code;
         },
         py::arg("ptr"), py::arg("nbytes"),
         "Unpin the allocation holding the extent: 1 if this call unpinned it, 0 if nothing to unpin, -1 if the "

@@ -15,6 +15,7 @@ Several ranks: ``torchrun --nproc_per_node 2 examples/train_gpt.py --stage 2`` (
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import resource
 import tempfile
@@ -79,23 +80,26 @@ def init_distributed(device_arg: str) -> torch.device:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--stage", type=int, default=2, choices=(0, 1, 2, 3))
+    class Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+        """The docstring as written, and every option's default in --help."""
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=Formatter)
+    ap.add_argument("--stage", type=int, default=2, choices=(0, 1, 2, 3), help="ZeRO stage")
     ap.add_argument("--unmanaged", action="store_true", help="managed_gradient_accumulation=False")
     ap.add_argument("--gas", type=int, default=4, help="micro-batches per optimizer step")
     ap.add_argument("--offload-optimizer", action="store_true", help="offload_optimizer='cpu' (native CPU Adam)")
     ap.add_argument("--offload-param", action="store_true", help="offload_param='cpu' (stage 3)")
     ap.add_argument("--activation-offload", action="store_true", help="optimized.offload.ActivationOffload")
     ap.add_argument("--checkpoint", action="store_true", help="the project's offloading checkpoint per block")
-    ap.add_argument("--dtype", default="bf16", choices=("fp32", "bf16"))
-    ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--hidden", type=int, default=128)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--seq", type=int, default=64)
-    ap.add_argument("--vocab", type=int, default=1024)
-    ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--dtype", default="bf16", choices=("fp32", "bf16"), help="training dtype")
+    ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="auto: cuda when available")
+    ap.add_argument("--layers", type=int, default=4, help="transformer blocks")
+    ap.add_argument("--hidden", type=int, default=128, help="model width")
+    ap.add_argument("--heads", type=int, default=4, help="attention heads")
+    ap.add_argument("--seq", type=int, default=64, help="tokens per sequence")
+    ap.add_argument("--vocab", type=int, default=1024, help="vocabulary size")
+    ap.add_argument("--batch", type=int, default=4, help="sequences per micro-batch")
+    ap.add_argument("--steps", type=int, default=5, help="optimizer steps")
     args = ap.parse_args()
 
     device = init_distributed(args.device)
@@ -103,14 +107,16 @@ def main() -> None:
     from optimized.accumulation import ZeroEngine
 
     checkpoint_fn = None
-    offload_ctx = None
+    activation_offload = None
     if args.checkpoint or args.activation_offload:
         from optimized import offload
 
         if args.checkpoint:
             checkpoint_fn = lambda fn, x: offload.checkpoint(fn, x, use_reentrant=False)
         if args.activation_offload:
-            offload_ctx = lambda: offload.ActivationOffload(offload.OffloadConfig(min_offload_bytes=1 << 14))
+            # One manager for the whole run, entered once per micro-batch (docs/offload.md: create once, reuse
+            # every step): its pinned host pool is allocated once and reused, not pinned again per micro-batch.
+            activation_offload = offload.ActivationOffload(offload.OffloadConfig(min_offload_bytes=1 << 14))
     torch.manual_seed(0)  # every rank builds the same model (the engine also broadcasts rank 0's)
     model = GPT(args.vocab, args.hidden, args.layers, args.heads, args.seq, checkpoint_fn)
     config = {
@@ -140,19 +146,13 @@ def main() -> None:
 
     def forward_backward(scale: float | None):
         x, y = micro_batch()
-        ctx = offload_ctx() if offload_ctx is not None else None
-        if ctx is not None:
-            ctx.__enter__()
-        try:
+        with activation_offload if activation_offload is not None else contextlib.nullcontext():
             logits = engine(x)
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1)).to(logits.dtype)
             if scale is None:
                 engine.backward(loss)  # managed: the engine divides by gas (R5)
             else:
                 engine.backward(loss * scale, scale_wrt_gas=False)  # unmanaged: the caller scales
-        finally:
-            if ctx is not None:
-                ctx.__exit__(None, None, None)
         return float(loss.detach())
 
     for step in range(args.steps):
@@ -177,6 +177,8 @@ def main() -> None:
         if rank == 0:
             print(f"step {step}: loss {sum(losses) / len(losses):.4f}  grad norm {out.grad_norm:.3f}  "
                   f"{(time.perf_counter() - t0) * 1e3:.1f} ms  {peak}  global_steps {engine.global_steps}")
+    if activation_offload is not None and rank == 0:
+        print(f"activation offload: {activation_offload.stats}")
     engine.destroy()
     dist.destroy_process_group()
 

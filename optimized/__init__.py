@@ -7,6 +7,8 @@ the package build; it links neither CUDA nor torch, so this package imports on m
 
 from __future__ import annotations
 
+from optimized.errors import *  # noqa: F403  (the error classes, for `except optimized.ConfigurationError`)
+from optimized.errors import __all__ as _errors_all
 from optimized.pinning import PinnedStats, is_pinned, pin_empty, pin_empty_like, pin_memory, pinned_stats, unpin
 from reference.capabilities import Capabilities
 from reference.implementation import Implementation
@@ -14,6 +16,7 @@ from reference.implementation import Implementation
 __version__ = "0.1.0"
 
 __all__ = [
+    *_errors_all,
     "IMPLEMENTATION",
     "PinnedStats",
     "is_pinned",

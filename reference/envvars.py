@@ -3,6 +3,16 @@
 They are read at the first pinning call (and every call after), never at import: a bad value must surface where
 the user pins memory, with a message naming the variable and its allowed values, and a test or a launcher may
 change them between calls.
+
+One rule for every ``HOSTOFFLOAD_*`` variable with named values (backends, accelerators, modes, booleans): the
+value is read with surrounding blanks stripped and compared case-insensitively (``CPU``, ``Native`` and ``ON``
+mean ``cpu``, ``native`` and ``on``); unset or empty means the default. Anything else is a
+:class:`~reference.errors.ConfigurationError` naming the variable and its allowed values. :func:`normalize` is
+the rule; every reader here and in the implementations goes through it.
+
+Every pinning variable is validated at every pinning call whatever the backend: a bad
+``HOSTOFFLOAD_PIN_REGISTER_DEVICE`` is an error with the torch backend too, although only the native backend
+uses it, so a typo never waits for the day the backend changes.
 """
 
 from __future__ import annotations
@@ -21,12 +31,20 @@ _FALSE = ("0", "false", "no", "off")
 BOOL_VALUES: tuple[str, ...] = ("1", "0", "true", "false", "yes", "no", "on", "off")
 
 
+def normalize(raw: str | None) -> str | None:
+    """The rule for named values: None for unset or blank, else the value stripped and lower-cased."""
+    if raw is None:
+        return None
+    value = raw.strip().lower()
+    return value or None
+
+
 def read_bool(name: str, default: bool) -> bool:
     """Parse a boolean variable: unset or empty -> default; case-insensitive on/off spellings; else an error."""
     raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
+    value = normalize(raw)
+    if value is None:
         return default
-    value = raw.strip().lower()
     if value in _TRUE:
         return True
     if value in _FALSE:
@@ -37,9 +55,9 @@ def read_bool(name: str, default: bool) -> bool:
 def read_choice(name: str, choices: tuple[str, ...], default: str) -> str:
     """Parse an enumerated variable: unset or empty -> default; exact (case-insensitive) match; else an error."""
     raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
+    value = normalize(raw)
+    if value is None:
         return default
-    value = raw.strip().lower()
     if value not in choices:
         raise allowed_values_error(name, raw, choices)
     return value
@@ -53,3 +71,10 @@ def pin_backend() -> str:
 def register_with_device() -> bool:
     """Whether the native backend registers its pages with the device (``HOSTOFFLOAD_PIN_REGISTER_DEVICE``)."""
     return read_bool(REGISTER_DEVICE_ENV, True)
+
+
+def check_pinning_environment() -> str:
+    """Validate every pinning variable now, whatever the backend; return the selected backend."""
+    backend = pin_backend()
+    register_with_device()
+    return backend

@@ -271,6 +271,14 @@ def test_stats_are_consistent(area_api, accelerator):
     s = manager.stats
     assert s.tensors_offloaded > 0 and s.bytes_offloaded == s.bytes_restored, s
     assert s.d2h_gbps is not None and s.d2h_gbps > 0 and s.h2d_gbps is not None and s.h2d_gbps > 0, s
+    # The rates are bytes over the timed seconds, and printing the stats shows them (docs/offload.md promises
+    # "GB/s each way" from print(manager.stats)).
+    assert s.d2h_gbps == pytest.approx(s.d2h_timed_bytes / s.d2h_seconds / 1e9), s
+    assert s.h2d_gbps == pytest.approx(s.h2d_timed_bytes / s.h2d_seconds / 1e9), s
+    assert 0 < s.d2h_timed_bytes <= s.bytes_offloaded and 0 < s.h2d_timed_bytes <= s.bytes_restored, s
+    shown = str(s)
+    assert "d2h_gbps=" in shown and "h2d_gbps=" in shown and f"{s.d2h_gbps:.3f}" in shown, shown
+    assert s.as_dict()["d2h_gbps"] == s.d2h_gbps and s.as_dict()["h2d_gbps"] == s.h2d_gbps
     assert s.compute_wait_seconds >= 0
     manager.reset_stats()
     assert manager.stats.tensors_offloaded == 0

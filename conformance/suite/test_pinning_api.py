@@ -262,3 +262,160 @@ def test_registration_failure_warns_once_and_keeps_lock(area_api, pin_backend, a
     finally:
         type(accelerator).register_host_memory = original
     del a, b
+
+
+@pytest.mark.parametrize("backend", ["torch", "native"])
+@pytest.mark.parametrize("value", ["maybe", "2"])
+def test_bad_register_device_is_an_error_whatever_the_backend(impl, area_api, accelerator, monkeypatch, backend,
+                                                              value):
+    """HOSTOFFLOAD_PIN_REGISTER_DEVICE is validated at every pinning call, also when the backend does not use it."""
+    if backend not in impl.capabilities.get("pin_backends", ()):
+        pytest.skip(f"{impl.name} does not declare pin backend {backend}")
+    monkeypatch.setenv("HOSTOFFLOAD_PIN_BACKEND", backend)
+    monkeypatch.setenv("HOSTOFFLOAD_PIN_REGISTER_DEVICE", value)
+    gc.collect()
+    before = area_api.pinned_stats()
+    for call in (lambda: area_api.pin_empty(4), lambda: area_api.pin_memory(torch.ones(4))):
+        with pytest.raises(ConfigurationError) as info:
+            call()
+        assert "HOSTOFFLOAD_PIN_REGISTER_DEVICE" in str(info.value), str(info.value)
+    gc.collect()
+    assert area_api.pinned_stats() == before
+
+
+@pytest.mark.parametrize("spell", [str.upper, str.title, lambda v: f"  {v.upper()} "])
+def test_environment_values_are_case_insensitive(impl, area_api, accelerator, monkeypatch, spell, leak_check):
+    """One rule for every HOSTOFFLOAD_* value with names: blanks stripped, case ignored (CPU == cpu)."""
+    backends = impl.capabilities.get("pin_backends", ())
+    backend = "native" if "native" in backends else "torch"
+    monkeypatch.setenv("HOSTOFFLOAD_ACCELERATOR", spell(accelerator.name))
+    monkeypatch.setenv("HOSTOFFLOAD_PIN_BACKEND", spell(backend))
+    monkeypatch.setenv("HOSTOFFLOAD_PIN_REGISTER_DEVICE", spell("off"))
+    buf = area_api.pin_empty(64, dtype=torch.uint8)
+    if backend == "native":
+        assert_pinned(area_api, buf, True, f"buffer pinned with {spell(backend)!r} / {spell(accelerator.name)!r}")
+    assert area_api.is_pinned(torch.empty(8)) is False
+    del buf
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda api: api.pin_empty(2**62, 2**62),
+        lambda api: api.pin_empty((2**62, 2**62), dtype=torch.uint8),
+        lambda api: api.pin_empty(2**63, dtype=torch.uint8),
+        lambda api: api.pin_empty(2**61, dtype=torch.float64),
+    ],
+)
+def test_impossible_sizes_name_the_shape(area_api, pin_backend, leak_check, call):
+    """A size no allocator can hold is a ConfigurationError naming the shape, on every backend; nothing pinned."""
+    with pytest.raises(ConfigurationError, match="shape"):
+        call(area_api)
+
+
+@pytest.mark.parametrize("layout", ["sparse_coo", "sparse_csr"])
+@pytest.mark.parametrize("call", ["is_pinned", "unpin", "pin_memory", "pin_empty_like"])
+def test_sparse_tensors_are_refused_naming_the_argument(area_api, pin_backend, leak_check, layout, call):
+    """Sparse tensors have no single byte extent: every call refuses them by name, the same way everywhere."""
+    dense = torch.eye(4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "sparse CSR support is in beta"
+        sparse = dense.to_sparse() if layout == "sparse_coo" else dense.to_sparse_csr()
+    with pytest.raises(ConfigurationError) as info:
+        getattr(area_api, call)(sparse)
+    assert "t " in str(info.value) or "t=" in str(info.value), str(info.value)
+
+
+class _HookRecorder:
+    """Registration hooks patched onto the accelerator's class: they record what is registered and can fail."""
+
+    def __init__(self, monkeypatch, accelerator, *, unregister_failures=0, register_error=None):
+        self.registered: set[int] = set()
+        self.unregister_failures = unregister_failures
+        cls = type(accelerator)
+        recorder = self
+
+        def register(self, ptr, nbytes):
+            if register_error is not None:
+                raise register_error
+            recorder.registered.add(ptr)
+            return True
+
+        def unregister(self, ptr):
+            if recorder.unregister_failures:
+                recorder.unregister_failures -= 1
+                raise RuntimeError("device busy: cannot unregister now")
+            recorder.registered.discard(ptr)
+
+        monkeypatch.setattr(cls, "supports_host_registration", property(lambda self: True))
+        monkeypatch.setattr(cls, "register_host_memory", register)
+        monkeypatch.setattr(cls, "unregister_host_memory", unregister)
+
+
+def test_unpin_with_failing_unregister_hook_raises_keeps_the_pin_and_can_be_retried(
+    impl, area_api, accelerator, monkeypatch, leak_check
+):
+    """docs/native.md, "When an accelerator hook fails": unpin raises the hook's error and changes nothing (still
+    pinned, registered, locked, counted); a retry that succeeds unpins, and a third call answers False."""
+    from conformance.assertions import vm_locked_kib as locked_kib
+
+    if "native" not in impl.capabilities.get("pin_backends", ()):
+        pytest.skip(f"{impl.name} has no native backend")
+    monkeypatch.setenv("HOSTOFFLOAD_PIN_BACKEND", "native")
+    hooks = _HookRecorder(monkeypatch, accelerator, unregister_failures=1)
+    gc.collect()
+    s0 = area_api.pinned_stats()
+    buf = area_api.pin_empty(3 * 4096, dtype=torch.uint8)
+    s1, locked1 = area_api.pinned_stats(), locked_kib()
+    assert s1.registered_bytes > s0.registered_bytes and len(hooks.registered) == 1, (s0, s1)
+    with pytest.raises(RuntimeError, match="device busy"):
+        area_api.unpin(buf[4096:])
+    assert area_api.is_pinned(buf), "a failed unpin must leave the buffer pinned"
+    assert area_api.pinned_stats() == s1, "a failed unpin changed the counters"
+    assert locked_kib() == locked1, "a failed unpin unlocked pages"
+    assert len(hooks.registered) == 1, "the registration must still be there"
+    assert area_api.unpin(buf) is True, "the retry must unpin"
+    assert not hooks.registered and area_api.is_pinned(buf) is False
+    assert area_api.pinned_stats().allocations == s0.allocations and locked_kib() < locked1
+    assert area_api.unpin(buf) is False
+    del buf
+
+
+def test_register_hook_that_raises_propagates_and_leaves_nothing(impl, area_api, accelerator, monkeypatch,
+                                                                 leak_check):
+    """A register hook must return False to refuse; one that raises is a broken plugin: the pinning call raises
+    that error and nothing stays mapped, locked, registered or in the registry."""
+    from conformance.assertions import vm_locked_kib as locked_kib
+
+    if "native" not in impl.capabilities.get("pin_backends", ()):
+        pytest.skip(f"{impl.name} has no native backend")
+    monkeypatch.setenv("HOSTOFFLOAD_PIN_BACKEND", "native")
+    hooks = _HookRecorder(monkeypatch, accelerator, register_error=RuntimeError("plugin bug in register"))
+    gc.collect()
+    s0, locked0 = area_api.pinned_stats(), locked_kib()
+    for call in (lambda: area_api.pin_empty(4096, dtype=torch.uint8), lambda: area_api.pin_memory(torch.ones(64))):
+        with pytest.raises(RuntimeError, match="plugin bug in register"):
+            call()
+    gc.collect()
+    assert area_api.pinned_stats() == s0 and locked_kib() == locked0 and not hooks.registered
+
+
+def test_is_pinned_miss_follows_the_accelerator_variable(area_api, accelerator, backend_pins, pin_backend,
+                                                         monkeypatch):
+    """A miss (pageable tensor) may be answered from a cache, but never from a stale one: the accelerator variable
+    is read at every call, a bad value raises even after many misses, and the answer comes back when it is fixed."""
+    t, empty = torch.empty(64), torch.empty(0)
+    pinned = area_api.pin_empty(64)
+    for _ in range(3):
+        assert area_api.is_pinned(t) is False and area_api.is_pinned(empty) is False
+    monkeypatch.setenv("HOSTOFFLOAD_ACCELERATOR", "no-such-accelerator")
+    with pytest.raises(ConfigurationError, match="HOSTOFFLOAD_ACCELERATOR"):
+        area_api.is_pinned(t)
+    with pytest.raises(ConfigurationError, match="HOSTOFFLOAD_ACCELERATOR"):
+        area_api.is_pinned(t)
+    monkeypatch.setenv("HOSTOFFLOAD_ACCELERATOR", accelerator.name.upper())
+    assert area_api.is_pinned(t) is False
+    monkeypatch.setenv("HOSTOFFLOAD_ACCELERATOR", accelerator.name)
+    assert area_api.is_pinned(t) is False and area_api.is_pinned(empty) is False
+    assert area_api.is_pinned(pinned) is backend_pins
+    del pinned

@@ -31,6 +31,7 @@ import ctypes.util
 import errno
 import itertools
 import os
+import stat
 import threading
 import weakref
 from collections import deque
@@ -43,6 +44,7 @@ from reference.errors import HostOffloadError
 from reference.io import record
 from reference.io.config import DIRECT_ALIGNMENT, SwapConfig, SwapStats
 from reference.io.errors import HandleClosedError, ShortFileError, SwapError, chain, os_error
+from reference.io.temporaries import sweep_stale_temporaries
 from reference.io.transfer import (
     Staging,
     byte_view,
@@ -55,6 +57,7 @@ from reference.io.transfer import (
 
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _PREPARE, _PREPARING, _BLOCKS, _FINISH, _DONE = range(5)
 
 
@@ -144,6 +147,21 @@ def _reserve(fd: int, end: int) -> None:
     os.ftruncate(fd, end)
 
 
+def _open_seekable(path: str, flags: int) -> int:
+    """``os.open`` that can never block on a FIFO: the submit-time check refuses FIFOs, sockets and directories,
+    but the path may have been replaced since. ``O_NONBLOCK`` makes the open itself return (ENXIO for a FIFO
+    without a reader) and the ``fstat`` refuses what still is not a file; for regular files it changes nothing."""
+    fd = os.open(path, flags | _O_NONBLOCK, 0o644)
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+            raise SwapError(f"{path!r} became a FIFO or socket after the request was submitted; refused")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def _pwrite_all(fd: int, view: memoryview, pos: int) -> None:
     while view:
         n = os.pwrite(fd, view, pos)
@@ -202,6 +220,7 @@ class SwapEngine:
             0,
         )
         self._fallback_reason = "" if use_o_direct else "use_o_direct=False"
+        self._swept: set[str] = set()  # directories already swept of dead writers' temporaries
         self._threads = [
             threading.Thread(target=self._worker, name=f"hostoffload-swap-{i}", daemon=True)
             for i in range(self.config.num_threads)
@@ -305,16 +324,18 @@ class SwapEngine:
             assert staging is not None
             exists = os.path.exists(req.path)
             req._created = not exists
+            if not exists:
+                self._sweep_once(os.path.dirname(req._key))
             req._target = req.path if exists else temporary_name(req.path)
             flags = os.O_WRONLY | _O_CLOEXEC | (0 if exists else os.O_CREAT | os.O_EXCL)
-            req._fd = os.open(req._target, flags, 0o644)
+            req._fd = _open_seekable(req._target, flags)
             if exists:  # mark the record incomplete first: whatever fails after this reads as incomplete
                 header = record.pack_header(staging.source.dtype, req.nbytes, record.STATE_WRITING)
                 _pwrite_all(req._fd, memoryview(header), req.offset)
             if os.path.isfile(req._target):  # a regular file (not e.g. a device): reserve its final size
                 _reserve(req._fd, req.offset + record.HEADER_SIZE + req.nbytes)
         else:
-            req._fd = os.open(req.path, os.O_RDONLY | _O_CLOEXEC)
+            req._fd = _open_seekable(req.path, os.O_RDONLY | _O_CLOEXEC)
             size = os.fstat(req._fd).st_size
             end = req.offset + record.HEADER_SIZE
             if size < end:
@@ -402,6 +423,14 @@ class SwapEngine:
                 req._staging.finish_read()
         else:
             self._cleanup(req)
+
+    def _sweep_once(self, directory: str) -> None:
+        """Remove dead writers' temporaries from ``directory`` the first time this handle creates a file there."""
+        with self._cond:
+            if directory in self._swept:
+                return
+            self._swept.add(directory)
+        sweep_stale_temporaries(directory)
 
     def _close_fds(self, req: SwapRequest) -> None:
         for attr in ("_dfd", "_fd"):

@@ -7,8 +7,11 @@ from either backend. Argument checks and environment parsing are the reference's
 cannot drift.
 
 ``is_pinned`` is the hot call (every copy decision asks it), so it is a native function: plain contiguous CPU
-tensors are answered by one registry lookup on ``(data_ptr, nbytes)``. Everything else (subclasses such as
-fake tensors, meta and device tensors, strided views, non-tensors) goes through the reference's checks.
+tensors are answered by one registry lookup on ``(data_ptr, nbytes)``; a miss (a pageable tensor, the common case)
+is answered natively too once the first miss under the current ``HOSTOFFLOAD_ACCELERATOR`` value has cached
+whether that accelerator has torch pinning (False without it; torch's own ``Tensor.is_pinned()`` with it).
+Everything else (subclasses such as fake tensors, meta and device tensors, strided views, non-tensors) goes
+through the reference's checks.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ __all__ = [
 
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
+_strided = torch.strided
 _is_functional = torch._is_functional_tensor
 _native.set_tensor_types(_Tensor, _Parameter)
 _registry_contains = _native.registry_contains
@@ -45,7 +49,7 @@ _registry_contains = _native.registry_contains
 
 def _allocate(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """Fresh pinned memory from the selected backend. Reads the environment now (see module docstring)."""
-    backend = envvars.pin_backend()
+    backend = envvars.check_pinning_environment()
     accelerator: Accelerator = get_accelerator()
     if backend == "native":
         return native_backend.empty(shape, dtype, accelerator, envvars.register_with_device())
@@ -82,7 +86,7 @@ def _is_pinned_checked(t: object) -> bool:
     strided CPU views skip the fake-tensor probe and go straight to their extent.
     """
     tp = type(t)
-    if (tp is _Tensor or tp is _Parameter) and t.is_cpu and not _is_functional(t):
+    if (tp is _Tensor or tp is _Parameter) and t.layout is _strided and t.is_cpu and not _is_functional(t):
         ptr, nbytes = tensor_extent(t)
     else:
         check_tensor("t", t)
@@ -112,6 +116,8 @@ def _torch_reports_pinned(t: torch.Tensor) -> bool:
     if has is None:
         has = bool(get_accelerator().has_torch_pinning)
         _torch_pinning_by_env[key] = has
+    # From now on the native is_pinned answers misses under this variable value itself (no call back into Python).
+    _native.set_miss_answer(key, has)
     return has and bool(t.is_pinned())
 
 

@@ -144,7 +144,15 @@ def allocate(nbytes: int, accelerator: Accelerator, register: bool, *, slab: boo
         if not alloc.registered:
             _warn_registration_failed(accelerator, alloc.size, alloc.register_error)
     elif want_registration:
-        if accelerator.register_host_memory(alloc.data, alloc.size):
+        try:
+            ok = accelerator.register_host_memory(alloc.data, alloc.size)
+        except BaseException:
+            # A hook must return False to refuse; raising is a broken plugin and the error propagates. `alloc` is
+            # the only owner: drop it now (its destructor unlocks, drops the range and unmaps), not when the
+            # traceback holding this frame dies (docs/native.md, "When an accelerator hook fails").
+            del alloc
+            raise
+        if ok:
             alloc.set_external_registration(accelerator.unregister_host_memory)
         else:
             _warn_registration_failed(accelerator, alloc.size, "")

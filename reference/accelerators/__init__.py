@@ -16,6 +16,7 @@ import threading
 from importlib.metadata import entry_points
 
 from reference.accelerators.base import Accelerator
+from reference.envvars import normalize
 from reference.errors import ConfigurationError, UnknownPluginError
 
 __all__ = [
@@ -63,7 +64,10 @@ def get_accelerator(name: str | None = None) -> Accelerator:
     known = discover_accelerators()
     source = "name"
     if name is None:
-        name = os.environ.get(ACCELERATOR_ENV) or None
+        # The variable follows the one rule of reference.envvars: stripped, case-insensitive, blank = unset.
+        raw = os.environ.get(ACCELERATOR_ENV)
+        wanted = normalize(raw)
+        name = None if wanted is None else next((k for k in known if k.lower() == wanted), raw)
         source = ACCELERATOR_ENV
     if name is not None:
         acc = known.get(name)

@@ -36,6 +36,7 @@ from reference.errors import HostOffloadError, PinnedMemoryLockError
 from reference.io import record
 from reference.io.config import SwapConfig, SwapStats
 from reference.io.errors import HandleClosedError, ShortFileError, SwapError, chain, os_error
+from reference.io.temporaries import sweep_stale_temporaries
 from reference.io.transfer import (
     Staging,
     blocks,
@@ -118,6 +119,7 @@ class SwapHandle:
             ("requests", "failed_requests", "bytes_written", "bytes_read", "direct_bytes", "bounced_bytes"), 0
         )
         self._unreported: list[SwapRequest] = []
+        self._swept: set[str] = set()  # directories already swept of dead writers' temporaries
 
     # -- requests -------------------------------------------------------------------------------------------
     def write(self, tensor: torch.Tensor, path: str | os.PathLike, offset: int = 0) -> SwapRequest:
@@ -170,8 +172,14 @@ class SwapHandle:
         direct = self._decide(req, staging)
         src = staging.source
         exists = os.path.exists(req.path)
+        if not exists:
+            directory = os.path.dirname(os.path.abspath(req.path))
+            if directory not in self._swept:
+                self._swept.add(directory)
+                sweep_stale_temporaries(directory)
         target = req.path if exists else temporary_name(req.path)
         f = open(target, "r+b" if exists else "xb", buffering=0)
+        old_size = os.fstat(f.fileno()).st_size
         try:
             if exists:
                 f.seek(req.offset)
@@ -194,6 +202,15 @@ class SwapHandle:
             if not exists:
                 os.replace(target, req.path)
         except BaseException:
+            # Give back every byte this write added: the temporary of a new file goes, an existing file that
+            # grew keeps only up to the record's header (marked WRITING, so the record reads as incomplete,
+            # never as data); a full disk would stay full otherwise.
+            try:
+                keep = max(old_size, req.offset + record.HEADER_SIZE)
+                if exists and os.fstat(f.fileno()).st_size > keep:
+                    os.ftruncate(f.fileno(), keep)
+            except OSError:
+                pass
             f.close()
             if not exists and os.path.exists(target):
                 os.unlink(target)

@@ -17,13 +17,14 @@ buffer from the handle's own pinned pool, ``block_size`` bytes at a time.
 from __future__ import annotations
 
 import os
-import uuid
+import stat
 from dataclasses import dataclass
 
 import torch
 
 from reference.errors import ConfigurationError
 from reference.io.config import DIRECT_ALIGNMENT
+from reference.io.temporaries import temporary_name  # noqa: F401  (re-exported: both handles import it here)
 from reference.pinning.tensors import is_data_less
 
 
@@ -33,6 +34,10 @@ def check_request(tensor: object, path: object, offset: object) -> tuple[torch.T
         raise ConfigurationError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
     if is_data_less(tensor):
         raise ConfigurationError("tensor must hold data; meta and fake tensors cannot be swapped")
+    if tensor.layout is not torch.strided:
+        raise ConfigurationError(
+            f"tensor must be a dense (strided) tensor, got layout {tensor.layout}; convert it with .to_dense()"
+        )
     if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
         raise ConfigurationError(f"path must be a str or os.PathLike, got {type(path).__name__}")
     path = os.fspath(path)
@@ -40,7 +45,32 @@ def check_request(tensor: object, path: object, offset: object) -> tuple[torch.T
         raise ConfigurationError(f"path must be a non-empty str path, got {path!r}")
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise ConfigurationError(f"offset={offset!r} is not allowed; allowed values: an int >= 0 (bytes)")
+    check_file_kind(path)
     return tensor, path, offset
+
+
+#: File types that cannot hold records at offsets: a FIFO or socket blocks (no reader) or fails with ESPIPE, a
+#: directory cannot be opened for data at all.
+_REFUSED_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
+
+
+def check_file_kind(path: str) -> None:
+    """Refuse, before anything is submitted, a ``path`` that exists and cannot hold records.
+
+    A missing path is fine (a write creates it, a read reports it missing from ``wait()``); so are regular files
+    and devices, which are seekable (a raw block device is a legitimate swap target). FIFOs, sockets and
+    directories raise :class:`~reference.errors.ConfigurationError` naming ``path`` at once: opening a FIFO without
+    a peer blocks forever, which would hang the caller (reference) or a worker and ``close()`` (optimized).
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return  # missing, or unreadable: the request itself reports it from wait()
+    for test, kind in _REFUSED_KINDS:
+        if test(mode):
+            raise ConfigurationError(
+                f"path={path!r} is {kind}; allowed values: a regular file (or a device), existing or not"
+            )
 
 
 def tensor_nbytes(t: torch.Tensor) -> int:
@@ -99,12 +129,6 @@ class Staging:
     def finish_read(self) -> None:
         if self.source is not self.tensor:
             self.tensor.copy_(self.source)
-
-
-def temporary_name(path: str) -> str:
-    """A fresh name next to ``path`` (same directory, so the final rename is atomic on one filesystem)."""
-    head, tail = os.path.split(path)
-    return os.path.join(head, f".{tail}.{uuid.uuid4().hex[:12]}.hostoffload-tmp")
 
 
 def blocks(nbytes: int, block_size: int) -> list[tuple[int, int]]:

@@ -59,6 +59,16 @@ class OffloadStats:
     def h2d_gbps(self) -> float | None:
         return self.h2d_timed_bytes / self.h2d_seconds / _GB if self.h2d_seconds > 0 else None
 
+    def __repr__(self) -> str:
+        """Every field, then the two rates: ``print(manager.stats)`` shows GB/s each way, as the docs promise
+        (properties are not in a dataclass's generated repr)."""
+        fields = ", ".join(f"{k}={getattr(self, k)!r}" for k in self.__dataclass_fields__)
+
+        def rate(v: float | None) -> str:
+            return "None" if v is None else f"{v:.3f}"
+
+        return f"OffloadStats({fields}, d2h_gbps={rate(self.d2h_gbps)}, h2d_gbps={rate(self.h2d_gbps)})"
+
     def as_dict(self) -> dict[str, object]:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
         out["skipped_by_reason"] = dict(self.skipped_by_reason)

@@ -20,6 +20,7 @@ from reference.pinning.tensors import (
     check_dtype,
     check_host_device,
     check_host_tensor,
+    check_nbytes,
     check_tensor,
     is_data_less,
     normalize_shape,
@@ -39,7 +40,7 @@ __all__ = [
 
 def _allocate(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """Fresh pinned memory from the selected backend. Reads the environment now (see module docstring)."""
-    backend = envvars.pin_backend()
+    backend = envvars.check_pinning_environment()
     accelerator: Accelerator = get_accelerator()
     if backend == "native":
         register = envvars.register_with_device()
@@ -80,6 +81,7 @@ def empty_pinned(
     dims = normalize_shape(shape)
     dt = check_dtype(dtype)
     check_host_device(device)
+    check_nbytes(dims, dt)
     return allocate(dims, dt)
 
 
@@ -88,7 +90,9 @@ def empty_pinned_like(
 ) -> torch.Tensor:
     """The body of :func:`pin_empty_like` over an implementation's allocator (see :func:`empty_pinned`)."""
     check_tensor("t", t)
-    return allocate(tuple(t.shape), check_dtype(dtype if dtype is not None else t.dtype))
+    dims, dt = tuple(t.shape), check_dtype(dtype if dtype is not None else t.dtype)
+    check_nbytes(dims, dt)
+    return allocate(dims, dt)
 
 
 def move_to_pinned(

@@ -123,7 +123,11 @@ class NativeAllocation:
             self.registry.remove(self.ptr)
             if self.registered:
                 self.registered = False
-                self.accelerator.unregister_host_memory(self.ptr)
+                try:
+                    self.accelerator.unregister_host_memory(self.ptr)
+                except Exception as exc:  # the last view is gone: nobody to raise to, the release goes on
+                    warnings.warn(f"unregistering {self.size} bytes at {self.ptr:#x} from {self.accelerator.name!r} "
+                                  f"failed while freeing them: {exc!r}", RuntimeWarning, stacklevel=2)
             self.pinned = False
             _libc.munlock(ctypes.c_void_p(self.ptr), self.size)
 
@@ -134,10 +138,18 @@ class NativeAllocation:
                 warnings.warn(f"munmap({self.ptr:#x}, {self.size}) failed: {os.strerror(ctypes.get_errno())}")
 
     def unpin(self) -> bool:
-        """Unregister, unlock and drop the range now; keep the mapping for live views. False if already unpinned."""
+        """Unregister, unlock and drop the range now; keep the mapping for live views. False if already unpinned.
+
+        The device unregistration runs first and alone: if the accelerator's hook raises, its exception
+        propagates and nothing has changed (still registered, locked, in the registry and counted), so the call
+        can be retried (docs/native.md, "When an accelerator hook fails").
+        """
         with _ledger.lock:
             if not self.pinned:
                 return False
+            if self.registered:
+                self.accelerator.unregister_host_memory(self.ptr)
+                self.registered = False
             self._release_pins()
             return True
 

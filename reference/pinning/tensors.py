@@ -25,9 +25,32 @@ def is_data_less(t: torch.Tensor) -> bool:
 
 
 def check_tensor(name: str, t: object) -> torch.Tensor:
+    """A tensor with a dense (strided) layout. Sparse, sparse-compressed and mkldnn tensors have no single byte
+    extent to pin or look up, so every pinning call refuses them by name instead of failing inside torch."""
     if not isinstance(t, torch.Tensor):
         raise ConfigurationError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.layout is not torch.strided:
+        raise ConfigurationError(
+            f"{name} must be a dense (strided) tensor, got layout {t.layout}; convert it with .to_dense() first"
+        )
     return t
+
+
+#: The largest allocation a pinning call accepts: what a signed 64-bit byte count (torch's, mmap's) can hold.
+MAX_NBYTES = 2**63 - 1
+
+
+def check_nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    """The byte count of ``shape``/``dtype``, refused by name when no allocator could ever hold it."""
+    numel = 1
+    for s in shape:
+        numel *= s
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    if nbytes > MAX_NBYTES:
+        raise ConfigurationError(
+            f"shape {shape!r} of {dtype} is {nbytes} bytes; allowed values: at most {MAX_NBYTES} bytes (2**63 - 1)"
+        )
+    return nbytes
 
 
 def check_host_tensor(name: str, t: object) -> torch.Tensor:

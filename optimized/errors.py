@@ -1,0 +1,48 @@
+"""The error classes of hostoffload, importable from the implementation a user imports.
+
+They are the shared contract's classes (:mod:`reference.errors`, :mod:`reference.io.errors`), not copies: an
+``except optimized.ConfigurationError`` catches what either implementation raises, and the conformance suite
+checks both against the same classes.
+"""
+
+from __future__ import annotations
+
+from reference.errors import (
+    ConfigurationError,
+    HostOffloadError,
+    PinnedMemoryLockError,
+    UnknownPluginError,
+    UnsupportedOperationError,
+)
+from reference.io.errors import (
+    DtypeMismatchError,
+    HandleClosedError,
+    IncompleteRecordError,
+    RecordError,
+    RecordFormatError,
+    ShortFileError,
+    SizeMismatchError,
+    SwapError,
+    SwapFileNotFoundError,
+    SwapIOError,
+    SwapNoSpaceError,
+)
+
+__all__ = [
+    "ConfigurationError",
+    "DtypeMismatchError",
+    "HandleClosedError",
+    "HostOffloadError",
+    "IncompleteRecordError",
+    "PinnedMemoryLockError",
+    "RecordError",
+    "RecordFormatError",
+    "ShortFileError",
+    "SizeMismatchError",
+    "SwapError",
+    "SwapFileNotFoundError",
+    "SwapIOError",
+    "SwapNoSpaceError",
+    "UnknownPluginError",
+    "UnsupportedOperationError",
+]
