@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance.accumulation_engines import engine_api
+from conformance.accumulation_engines import REQUIRES_ENGINE, engine_api
 
-pytestmark = pytest.mark.conformance_area("accumulation")
+pytestmark = [pytest.mark.conformance_area("accumulation"), REQUIRES_ENGINE, pytest.mark.runs_in_subprocesses]
 
 _ROOT = Path(os.environ.get("HOSTOFFLOAD_SOURCE_ROOT") or Path(__file__).resolve().parents[2])
 DOC = _ROOT / "docs" / "zero.md"
@@ -49,11 +49,11 @@ def _usage_blocks() -> str:
     return "\n".join(blocks)
 
 
-def test_R1_zero_md_usage_example_runs_as_written(area_api, tmp_path):
+def test_R1_zero_md_usage_example_runs_as_written(impl, tmp_path):
     """The python blocks of docs/zero.md's "Using it" (DeepSpeed-shaped config, bf16 inputs cast as shown,
     scheduler, save_checkpoint, consolidated state_dict, load_checkpoint into a fresh engine, the flat config)
     run in a fresh single-rank process without an error (R1: one rank's engine)."""
-    api = engine_api(area_api)
+    api = engine_api(impl)
     code = _usage_blocks().replace(DOCUMENTED_MODULE, api.__name__).replace("/tmp/zero-ckpt", str(tmp_path / "ck"))
     code += f"\nfrom {api.__name__} import AccumulationConfig\nAccumulationConfig.from_dict(flat)\nprint('doc ok')\n"
     path = tmp_path / "usage.py"
@@ -63,11 +63,11 @@ def test_R1_zero_md_usage_example_runs_as_written(area_api, tmp_path):
     assert (tmp_path / "ck" / "latest").read_text() == "global_step2"
 
 
-def test_R1_deepspeed_style_script_saves_on_two_ranks_and_resumes_on_one(area_api, tmp_path):
+def test_R1_deepspeed_style_script_saves_on_two_ranks_and_resumes_on_one(impl, tmp_path):
     """examples/train_zero_resume.py (DeepSpeed config dict, LambdaLR, periodic save_checkpoint, resume)
     trains 2 boundaries on 2 gloo ranks (torchrun's environment) saving each, then resumes from ``latest`` on
     1 rank and trains a third: the resumed run reports the saved world size and step and finishes."""
-    api = engine_api(area_api)
+    api = engine_api(impl)
     if not SCRIPT.exists():
         pytest.skip(f"{SCRIPT} not found: set HOSTOFFLOAD_SOURCE_ROOT to a source checkout")
     ck = str(tmp_path / "ck")

@@ -12,7 +12,7 @@ too, R23; no clipping, whose coefficient depends on the last bits of the norm's 
 one world size and stage and resumed at another must then continue exactly like an uninterrupted run at the new
 one. W=4 is covered by a round trip W=2 -> W=4 -> W=2 (uneven partitions, padding): nothing may change.
 
-The engine class comes from the implementation under test (``area_api.ZeroEngine``); ranks run through its
+The engine class comes from the implementation under test (``engine_api(impl).ZeroEngine``); ranks run through its
 ``run_on_ranks``.
 """
 
@@ -23,11 +23,11 @@ import os
 import pytest
 import torch
 
-from conformance.accumulation_engines import engine_api
+from conformance.accumulation_engines import REQUIRES_ENGINE, engine_api
 from reference.accumulation import ModelSpec, compute_loss
 from reference.errors import CheckpointError, ConfigurationError, UnsupportedOperationError
 
-pytestmark = pytest.mark.conformance_area("accumulation")
+pytestmark = [pytest.mark.conformance_area("accumulation"), REQUIRES_ENGINE, pytest.mark.runs_in_subprocesses]
 
 SEED = 11
 
@@ -123,11 +123,11 @@ SAME_WORLD = [
 
 
 @pytest.mark.parametrize("stage,extra", SAME_WORLD)
-def test_R3_R16_resume_at_same_world_size_equals_uninterrupted_run(area_api, tmp_path, stage, extra):
+def test_R3_R16_resume_at_same_world_size_equals_uninterrupted_run(impl, tmp_path, stage, extra):
     """Train 3 boundaries on 2 ranks, save, load into fresh engines, train 2 more: losses, norms, clip
     coefficients, scheduled learning rates, counters (R3), full parameters (the optimizer state and step count
     of R16 included, or they would drift) and RNG draws equal an uninterrupted 5-boundary run bitwise."""
-    api = engine_api(area_api)
+    api = engine_api(impl)
     cfg = _config(stage, **extra)
     if extra.get("offload_optimizer") == "nvme":  # the Adam state is read back from / written into its files
         cfg["nvme_path"] = str(tmp_path / "swap")
@@ -146,13 +146,13 @@ CROSS_WORLD = [
 
 @pytest.mark.parametrize("w_save,s_save,w_load,s_load,dtype", CROSS_WORLD)
 def test_R23_resume_at_another_world_size_and_stage_continues_exactly(
-    area_api, tmp_path, w_save, s_save, w_load, s_load, dtype
+    impl, tmp_path, w_save, s_save, w_load, s_load, dtype
 ):
     """A checkpoint saved at one world size and stage loads at another (resharding): the run continues exactly
     like an uninterrupted run at the new world size (identical data on every rank and one backward per
     boundary make both world sizes and all stages take the same steps, R23); global_samples continues from the
     saved count."""
-    api = engine_api(area_api)
+    api = engine_api(impl)
     base = {"gradient_accumulation_steps": 1, "gradient_clipping": 0.0, "dtype": dtype}
     save_cfg, load_cfg = _config(s_save, **base), _config(s_load, **base)
     first = api.run_on_ranks(_train, w_save, api.ZeroEngine, save_cfg, 0, 3, None, (str(tmp_path), "ck"), 1)[0]
@@ -164,11 +164,11 @@ def test_R23_resume_at_another_world_size_and_stage_continues_exactly(
     _assert_same(resumed, full[3:], f"W={w_save} stage {s_save} -> W={w_load} stage {s_load}", samples_offset=offset)
 
 
-def test_R8_reshard_round_trip_through_four_ranks_changes_nothing(area_api, tmp_path):
+def test_R8_reshard_round_trip_through_four_ranks_changes_nothing(impl, tmp_path):
     """W=2 (stage 1) -> W=4 (stage 3, parameters offloaded: uneven pieces, padding) -> W=2: the W=4 engine's
     consolidated parameters equal the saved ones, and the run resumed at W=2 from the W=4 checkpoint equals the
     uninterrupted W=2 run bitwise (R8's partitions moved, nothing else)."""
-    api = engine_api(area_api)
+    api = engine_api(impl)
     cfg = _config(1, dtype="bf16", grad_accum_dtype="fp32", offload_optimizer="cpu")
     wide = _config(3, dtype="bf16", grad_accum_dtype="fp32", offload_optimizer="cpu", offload_param="cpu")
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
@@ -250,12 +250,12 @@ def _errors(group, engine_cls, directory: str) -> dict:
     return out
 
 
-def test_R20_checkpoint_errors_are_clear_and_leave_the_engine_usable(area_api, tmp_path):
+def test_R20_checkpoint_errors_are_clear_and_leave_the_engine_usable(impl, tmp_path):
     """A missing tag, a save that never committed, a checkpoint missing a rank file or with a truncated or
     corrupt one, one of another model and a directory of another format each raise CheckpointError naming the
     problem; the engine is unchanged and loads a good checkpoint afterwards (then trains exactly like a run that never
     failed). Saving with an accumulated, un-stepped gradient is refused like R20's rejected calls."""
-    api = engine_api(area_api)
+    api = engine_api(impl)
     out = api.run_on_ranks(_errors, 1, api.ZeroEngine, str(tmp_path))[0]
     # What each message must say (any of the phrases): the tag, or the nature of the damage.
     expect = {
@@ -311,10 +311,10 @@ def _failed_save(group, engine_cls, directory: str) -> dict:
     return out
 
 
-def test_R20_a_save_that_fails_on_one_rank_leaves_the_previous_checkpoint(area_api, tmp_path):
+def test_R20_a_save_that_fails_on_one_rank_leaves_the_previous_checkpoint(impl, tmp_path):
     """Atomic saves: when one rank cannot write its file, every rank raises (none is left waiting in a
     collective), and the tag still loads the previous, complete checkpoint -- the failed save is invisible."""
-    api = engine_api(area_api)
+    api = engine_api(impl)
     out = api.run_on_ranks(_failed_save, 2, api.ZeroEngine, str(tmp_path))
     for r, o in enumerate(out):
         assert o["second"] is not None, f"rank {r}: the failing save did not raise"
@@ -349,12 +349,12 @@ def _state_dicts(group, engine_cls, stage: int) -> dict:
 
 
 @pytest.mark.parametrize("stage", [0, 3])
-def test_R12_state_dict_is_full_at_every_stage_and_loads_into_a_fresh_engine(area_api, stage):
+def test_R12_state_dict_is_full_at_every_stage_and_loads_into_a_fresh_engine(impl, stage):
     """R12: even at stage 3 (parameters partitioned, ``[0]``-shaped between uses) ``state_dict()`` returns every
     parameter at full shape, equal on both ranks and equal to the stage-0 values; ``load_state_dict`` of it
     into an engine over another model reproduces it, an fp32 state_dict loads as its model-dtype cast, and a
     missing key is rejected by name."""
-    api = engine_api(area_api)
+    api = engine_api(impl)
     got = api.run_on_ranks(_state_dicts, 2, api.ZeroEngine, stage)
     ref = api.run_on_ranks(_state_dicts, 2, api.ZeroEngine, 0)[0] if stage else got[0]
     spec_shapes = {n: tuple(p.shape) for n, p in ModelSpec().build(SEED).state_dict().items()}

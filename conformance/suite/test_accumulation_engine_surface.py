@@ -15,11 +15,11 @@ import os
 import pytest
 import torch
 
-from conformance.accumulation_engines import engine_api
+from conformance.accumulation_engines import REQUIRES_ENGINE, engine_api
 from reference.accumulation import ModelSpec, compute_loss
 from reference.errors import ConfigurationError, UnsupportedOperationError
 
-pytestmark = pytest.mark.conformance_area("accumulation")
+pytestmark = [pytest.mark.conformance_area("accumulation"), REQUIRES_ENGINE, pytest.mark.runs_in_subprocesses]
 
 SEED = 5
 
@@ -72,12 +72,12 @@ def _scheduled(group, engine_cls, config: dict, mode: str) -> dict:
         ),
     ],
 )
-def test_R2_R16_lr_scheduler_on_engine_optimizer_steps_at_boundaries(area_api, optimizer):
+def test_R2_R16_lr_scheduler_on_engine_optimizer_steps_at_boundaries(impl, optimizer):
     """A LambdaLR built on ``engine.optimizer`` (a torch.optim.Optimizer) moves the learning rate once per
     boundary (R2, gas=2: unchanged across the micro-step in between), and the updates use it: parameters
     equal, bitwise, the run that calls ``set_lr`` with the same values by hand, and differ from a constant-lr
     run -- on the torch-op path and on the native CPU Adam path (R16)."""
-    api = engine_api(area_api)
+    api = engine_api(impl)
     cfg = {"zero_stage": 2, "gradient_accumulation_steps": 2, **optimizer}
     sched = api.run_on_ranks(_scheduled, 2, api.ZeroEngine, cfg, "scheduler")[0]
     manual = api.run_on_ranks(_scheduled, 2, api.ZeroEngine, cfg, "manual")[0]
@@ -138,12 +138,12 @@ def _surface(group, engine_cls) -> dict:
     return out
 
 
-def test_R4_module_surface_and_zero_grad(area_api):
+def test_R4_module_surface_and_zero_grad(impl):
     """train()/eval() reach the module and return the engine; parameters() are the module's; the optimizer's own
     step() and add_param_group() and a scheduler not built on engine.optimizer are refused with messages naming
     the alternative; zero_grad() between micro-steps discards the accumulated gradient (R4's kept gradient),
     bitwise like a zero contribution."""
-    api = engine_api(area_api)
+    api = engine_api(impl)
     for r, out in enumerate(api.run_on_ranks(_surface, 2, api.ZeroEngine)):
         assert out["train_default"] and out["eval_returns"] and out["train_again"], out
         assert out["parameters"]
@@ -208,13 +208,13 @@ def _misuse(group, engine_cls, stage: int) -> dict:
 
 
 @pytest.mark.parametrize("stage", [1, 3])
-def test_R20_misuse_is_rejected_at_the_call_and_leaves_the_engine_usable(area_api, stage):
+def test_R20_misuse_is_rejected_at_the_call_and_leaves_the_engine_usable(impl, stage):
     """backward() of a loss from another model or from a detached output raises ConfigurationError saying so
     (not a silent zero-gradient micro-step); wrapping the model or one of its sub-modules in a second engine
     while the first lives raises naming the owner (at stage 3 the second would have broken the first); counters
     are unchanged and the first engine's next step equals a run that never saw the misuse, bitwise (R20: a
     rejected call changes nothing)."""
-    api = engine_api(area_api)
+    api = engine_api(impl)
     for r, out in enumerate(api.run_on_ranks(_misuse, 2, api.ZeroEngine, stage)):
         for key in ("foreign", "detached"):
             assert out[key] is not None and "not computed from this engine's module" in out[key], (key, out[key])
@@ -233,10 +233,10 @@ def _nvme(group, engine_cls, path: str) -> dict:
         return {"error": str(exc)}
 
 
-def test_R19_unwritable_nvme_path_is_rejected_at_construction(area_api, tmp_path):
+def test_R19_unwritable_nvme_path_is_rejected_at_construction(impl, tmp_path):
     """R19: an ``nvme_path`` the process cannot write is a ConfigurationError naming ``nvme_path`` when the
     engine is built (not a raw PermissionError at the first boundary), leaving no file behind."""
-    api = engine_api(area_api)
+    api = engine_api(impl)
     if os.geteuid() == 0:
         target = "/proc/self"  # a directory even root cannot create files in
     else:

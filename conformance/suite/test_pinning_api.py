@@ -264,14 +264,13 @@ def test_registration_failure_warns_once_and_keeps_lock(area_api, pin_backend, a
     del a, b
 
 
-@pytest.mark.parametrize("backend", ["torch", "native"])
+@pytest.mark.parametrize("pin_backend", ["torch", "native"])
 @pytest.mark.parametrize("value", ["maybe", "2"])
-def test_bad_register_device_is_an_error_whatever_the_backend(impl, area_api, accelerator, monkeypatch, backend,
+def test_bad_register_device_is_an_error_whatever_the_backend(impl, area_api, accelerator, monkeypatch, pin_backend,
                                                               value):
-    """HOSTOFFLOAD_PIN_REGISTER_DEVICE is validated at every pinning call, also when the backend does not use it."""
-    if backend not in impl.capabilities.get("pin_backends", ()):
-        pytest.skip(f"{impl.name} does not declare pin backend {backend}")
-    monkeypatch.setenv("HOSTOFFLOAD_PIN_BACKEND", backend)
+    """HOSTOFFLOAD_PIN_REGISTER_DEVICE is validated at every pinning call, also when the backend does not use it.
+    (The ``pin_backend`` parameter is matched against the declared backends at collection.)"""
+    monkeypatch.setenv("HOSTOFFLOAD_PIN_BACKEND", pin_backend)
     monkeypatch.setenv("HOSTOFFLOAD_PIN_REGISTER_DEVICE", value)
     gc.collect()
     before = area_api.pinned_stats()
@@ -286,8 +285,7 @@ def test_bad_register_device_is_an_error_whatever_the_backend(impl, area_api, ac
 @pytest.mark.parametrize("spell", [str.upper, str.title, lambda v: f"  {v.upper()} "])
 def test_environment_values_are_case_insensitive(impl, area_api, accelerator, monkeypatch, spell, leak_check):
     """One rule for every HOSTOFFLOAD_* value with names: blanks stripped, case ignored (CPU == cpu)."""
-    backends = impl.capabilities.get("pin_backends", ())
-    backend = "native" if "native" in backends else "torch"
+    backend = "native" if impl.capabilities.declares("pin_backends", "native") else "torch"
     monkeypatch.setenv("HOSTOFFLOAD_ACCELERATOR", spell(accelerator.name))
     monkeypatch.setenv("HOSTOFFLOAD_PIN_BACKEND", spell(backend))
     monkeypatch.setenv("HOSTOFFLOAD_PIN_REGISTER_DEVICE", spell("off"))
@@ -352,6 +350,7 @@ class _HookRecorder:
         monkeypatch.setattr(cls, "unregister_host_memory", unregister)
 
 
+@pytest.mark.requires(pin_backends="native")
 def test_unpin_with_failing_unregister_hook_raises_keeps_the_pin_and_can_be_retried(
     impl, area_api, accelerator, monkeypatch, leak_check
 ):
@@ -359,8 +358,6 @@ def test_unpin_with_failing_unregister_hook_raises_keeps_the_pin_and_can_be_retr
     pinned, registered, locked, counted); a retry that succeeds unpins, and a third call answers False."""
     from conformance.assertions import vm_locked_kib as locked_kib
 
-    if "native" not in impl.capabilities.get("pin_backends", ()):
-        pytest.skip(f"{impl.name} has no native backend")
     monkeypatch.setenv("HOSTOFFLOAD_PIN_BACKEND", "native")
     hooks = _HookRecorder(monkeypatch, accelerator, unregister_failures=1)
     gc.collect()
@@ -381,14 +378,13 @@ def test_unpin_with_failing_unregister_hook_raises_keeps_the_pin_and_can_be_retr
     del buf
 
 
+@pytest.mark.requires(pin_backends="native")
 def test_register_hook_that_raises_propagates_and_leaves_nothing(impl, area_api, accelerator, monkeypatch,
                                                                  leak_check):
     """A register hook must return False to refuse; one that raises is a broken plugin: the pinning call raises
     that error and nothing stays mapped, locked, registered or in the registry."""
     from conformance.assertions import vm_locked_kib as locked_kib
 
-    if "native" not in impl.capabilities.get("pin_backends", ()):
-        pytest.skip(f"{impl.name} has no native backend")
     monkeypatch.setenv("HOSTOFFLOAD_PIN_BACKEND", "native")
     hooks = _HookRecorder(monkeypatch, accelerator, register_error=RuntimeError("plugin bug in register"))
     gc.collect()
