@@ -81,3 +81,12 @@ def test_locked_memory_leaked_outside_pinned_stats_is_caught(tmp_path):
     verdicts = [line for line in text.splitlines() if line.startswith("E") and "AssertionError:" in line]
     assert verdicts and all("page-locked memory grew" in v and "(VmLck)" in v for v in verdicts), verdicts
     assert not any("pinned_stats changed" in v for v in verdicts), "the leak is outside pinned_stats"
+
+
+def test_linear_registry_scan_is_flagged_by_the_cost_growth_property(tmp_path):
+    """A registry that answers every lookup correctly but scans all ranges fails the cost-growth property, and
+    only that one (its answers agree with the contract)."""
+    proc, text, _ = _run(tmp_path, "selftest-linear", "--pyargs", "conformance.suite.test_ranges_cost_growth")
+    assert proc.returncode == 1, text[-4000:]
+    assert _failed(text) == {"test_registry_lookup_and_remove_cost_is_logarithmic"}, text[-4000:]
+    assert "is not O(log n)" in text and "contains (miss)" in text, text[-4000:]
