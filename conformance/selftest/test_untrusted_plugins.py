@@ -90,3 +90,18 @@ def test_linear_registry_scan_is_flagged_by_the_cost_growth_property(tmp_path):
     assert proc.returncode == 1, text[-4000:]
     assert _failed(text) == {"test_registry_lookup_and_remove_cost_is_logarithmic"}, text[-4000:]
     assert "is not O(log n)" in text and "contains (miss)" in text, text[-4000:]
+
+
+def test_foreign_engine_is_the_engine_under_test(tmp_path):
+    """The engine tests take ZeroEngine and pinned_stats from the implementation that declares them: a foreign
+    engine whose destroy() forgets its pinned buffers fails the release test (hostoffload's own engine passes
+    it in the suite), and the rest of the run completes with the report."""
+    proc, text, data = _run(
+        tmp_path, "selftest-foreign-engine", "--pyargs", "conformance.suite.test_accumulation_engine_faults",
+        "-k", "test_R17_destroy_returns_every_pinned_byte and 0",
+    )
+    assert proc.returncode == 1, text[-4000:]
+    assert _failed(text) == {"test_R17_destroy_returns_every_pinned_byte"}, text[-4000:]
+    assert "pinned_stats before" in text, text[-4000:]
+    cells = {(r["area"], r["implementation"]): r for r in data["matrix"]}
+    assert cells[("accumulation", "selftest-foreign-engine")]["failed"] == 1
