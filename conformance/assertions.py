@@ -72,7 +72,7 @@ def assert_names_argument(exc: BaseException, name: str, *allowed: str) -> None:
     import re
 
     message = str(exc)
-    assert re.search(rf"(?<![\w]){re.escape(name)}(?![\w])", message), (
+    assert re.search(rf"(?<![\w.]){re.escape(name)}(?![\w])", message), (
         f"{type(exc).__name__} does not name the argument {name!r}: {message!r}"
     )
     missing = [a for a in allowed if a not in message]
