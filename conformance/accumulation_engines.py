@@ -25,6 +25,9 @@ from reference.implementation import Implementation
 
 #: The marker every engine test module carries: the feature and the areas the engine tests need.
 REQUIRES_ENGINE = pytest.mark.requires("distributed_engine", areas=("accumulation", "pinning"))
+#: The engine's code runs in the rank processes of the harness's pool, so a crash there is already one failed
+#: test: crash isolation would only add a pool start per test.
+IN_RANK_PROCESSES = pytest.mark.runs_in_subprocesses
 
 
 def engine_class(impl: Implementation) -> type:

@@ -38,7 +38,12 @@ OPTIONS: tuple[tuple[str, str], ...] = (
     ("conformance_list", "--conformance-list"),
     ("conformance_report", "--conformance-report"),
     ("conformance_profile", "--conformance-profile"),
+    ("conformance_isolation", "--conformance-isolation"),
 )
+
+#: ``--conformance-isolation`` values (conformance.isolation reads the option; it is declared here with the others
+#: because options must exist before the command line is parsed, and conformance.isolation loads only after).
+ISOLATION_MODES = ("auto", "all", "off")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -70,6 +75,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--conformance-profile",
         choices=profiles.PROFILES,
         help=f"hypothesis profile (default: ${profiles.PROFILE_ENV}, else 'ci' when $CI is set, else 'dev')",
+    )
+    group.addoption(
+        "--conformance-isolation",
+        choices=ISOLATION_MODES,
+        default=None,
+        help="run tests of the implementation under test in a child process, so a crash fails one test: auto "
+        "(default: tests marked isolated, and every test of an implementation that does not opt out), all, off",
     )
 
 

@@ -63,3 +63,17 @@ def vm_locked_kib() -> int:
             if line.startswith("VmLck:"):
                 return int(line.split()[1])
     return 0
+
+
+def assert_names_argument(exc: BaseException, name: str, *allowed: str) -> None:
+    """The error message names the argument (or environment variable) ``name`` as a whole word, and each of
+    ``allowed`` (the values the specification lists). The wording around them is the implementation's own: the
+    suite checks the error class and what the message names, never its exact text."""
+    import re
+
+    message = str(exc)
+    assert re.search(rf"(?<![\w.]){re.escape(name)}(?![\w])", message), (
+        f"{type(exc).__name__} does not name the argument {name!r}: {message!r}"
+    )
+    missing = [a for a in allowed if a not in message]
+    assert not missing, f"{type(exc).__name__} for {name!r} does not list the allowed values {missing}: {message!r}"

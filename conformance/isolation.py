@@ -4,11 +4,12 @@ A native ``abort()``, a segfault or an ``exit()`` inside the implementation unde
 never the run: the other tests still run and the report is still written. The child's setup/call/teardown reports
 are sent back and replayed here as if the test had run in this process. Two ways to get the child:
 
-- ``fork()`` (Linux, the fast path, milliseconds): used while this process has not initialised CUDA, so the child
-  initialises CUDA itself, and only there. The child's file descriptors 1 and 2 go to a file (the crash report
+- ``fork()`` (Linux, the fast path, milliseconds): used while this process has not initialised CUDA (so the child
+  initialises CUDA itself, and only there) and runs a single thread (a lock held by another thread at the fork
+  would stay locked in the child forever). The child's file descriptors 1 and 2 go to a file (the crash report
   quotes its tail) and pytest's capture is switched to ``tee-sys`` so Python output reaches both.
-- a fresh ``python -m pytest <file>::<test>`` with the same implementation, accelerator and profile: used once
-  this process holds a CUDA context (a forked child could not use it), and on platforms without ``fork``.
+- a fresh ``python -m pytest <file>::<test>`` with the same implementation, accelerator and profile: used
+  otherwise (this process holds a CUDA context or other threads, or the platform has no ``fork``).
 
 Which tests are isolated (``--conformance-isolation``):
 
@@ -36,22 +37,10 @@ import pytest
 
 #: Set in the child: its reports go to this file, and nothing is isolated again.
 CHILD_REPORTS_ENV = "HOSTOFFLOAD_ISOLATED_REPORTS"
-MODES = ("auto", "all", "off")
 #: How many of the child's last output lines a crash report quotes.
 TAIL_LINES = 30
 #: Seconds an isolated test may run before the child is killed and the test failed.
 CHILD_TIMEOUT_S = 900
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("hostoffload-conformance")
-    group.addoption(
-        "--conformance-isolation",
-        choices=MODES,
-        default="auto",
-        help="run tests of the implementation under test in a child process, so a crash fails one test: auto "
-        "(tests marked isolated, and every test of an implementation that does not opt out), all, off",
-    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -68,7 +57,7 @@ def in_child() -> bool:
 def should_isolate(item: pytest.Item) -> bool:
     if in_child():
         return False
-    mode = item.config.getoption("conformance_isolation", "auto")
+    mode = item.config.getoption("conformance_isolation", None) or "auto"
     if mode == "off":
         return False
     params = getattr(getattr(item, "callspec", None), "params", {})
@@ -118,9 +107,25 @@ def _cuda_initialised() -> bool:
         return True  # cannot tell: do not fork
 
 
+def _os_threads() -> int:
+    """Threads of this process as the kernel counts them (native ones included), from /proc/self/status."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Threads:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 2  # cannot tell: assume threads
+
+
 def run_isolated(item: pytest.Item) -> list[pytest.TestReport]:
-    """Run ``item`` in a child process and return its reports (a synthetic failed report if it crashed)."""
-    if hasattr(os, "fork") and not _cuda_initialised():
+    """Run ``item`` in a child process and return its reports (a synthetic failed report if it crashed).
+
+    ``fork()`` only while this process has a single thread: a lock another thread holds at the fork (an
+    allocator's, torch's thread pool's, an io handle's) stays locked forever in the child, which then hangs.
+    """
+    if hasattr(os, "fork") and not _cuda_initialised() and _os_threads() == 1:
         return _run_forked(item)
     return _run_subprocess(item)
 

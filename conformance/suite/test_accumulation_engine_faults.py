@@ -14,11 +14,17 @@ import time
 import pytest
 import torch
 
-from conformance.accumulation_engines import REQUIRES_ENGINE, engine_api, engine_class, pinned_stats_of
+from conformance.accumulation_engines import (
+    IN_RANK_PROCESSES,
+    REQUIRES_ENGINE,
+    engine_api,
+    engine_class,
+    pinned_stats_of,
+)
 from reference.accumulation import AccumulationConfig, ModelSpec, Scenario, compute_loss, micro_batch
 from reference.errors import ConfigurationError, UnsupportedOperationError
 
-pytestmark = [pytest.mark.conformance_area("accumulation"), REQUIRES_ENGINE]
+pytestmark = [pytest.mark.conformance_area("accumulation"), REQUIRES_ENGINE, IN_RANK_PROCESSES]
 
 FAULT_TIMEOUT_S = 4  # the process-group timeout the fault test runs under (seconds)
 

@@ -16,10 +16,16 @@ import pytest
 import torch
 
 from conformance.accumulation_assertions import assert_traces_match, cross_implementation_tolerance
-from conformance.accumulation_engines import REQUIRES_ENGINE, engine_api, engine_class, pinned_stats_of
+from conformance.accumulation_engines import (
+    IN_RANK_PROCESSES,
+    REQUIRES_ENGINE,
+    engine_api,
+    engine_class,
+    pinned_stats_of,
+)
 from reference.accumulation import AccumulationConfig, ModelSpec, Scenario, compute_loss, micro_batch, scenario_calls
 
-pytestmark = [pytest.mark.conformance_area("accumulation"), REQUIRES_ENGINE]
+pytestmark = [pytest.mark.conformance_area("accumulation"), REQUIRES_ENGINE, IN_RANK_PROCESSES]
 
 
 def _nvme_rank(group, impl, stage: int, nvme_path: str, optimizer: str) -> dict:

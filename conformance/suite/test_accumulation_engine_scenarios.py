@@ -17,11 +17,11 @@ from conformance.accumulation_assertions import (
     assert_traces_match,
     cross_implementation_tolerance,
 )
-from conformance.accumulation_engines import REQUIRES_ENGINE, engine_api
+from conformance.accumulation_engines import IN_RANK_PROCESSES, REQUIRES_ENGINE, engine_api
 from conformance.accumulation_strategies import scenarios
 from reference.accumulation import AccumulationConfig, ModelSpec, Scenario, scenario_calls
 
-pytestmark = [pytest.mark.conformance_area("accumulation"), REQUIRES_ENGINE]
+pytestmark = [pytest.mark.conformance_area("accumulation"), REQUIRES_ENGINE, IN_RANK_PROCESSES]
 
 # Managed: boundary every second step, an override, and a no_sync group on stages 0/1. Unmanaged: 2, 1, 3
 # backwards per step (R6, R22's idiom with loss / N left to the drawn tests).

@@ -44,7 +44,7 @@ LINEAR = Implementation(
 FOREIGN_ENGINE = Implementation(
     name="selftest-foreign-engine",
     version="0.0.0",
-    areas={"pinning": "reference.pinning", "accumulation": f"{_PLUGINS}.foreign_engine"},
+    areas={"pinning": "optimized.pinning", "accumulation": f"{_PLUGINS}.foreign_engine"},
     capabilities=Capabilities(pin_backends=("torch", "native"), distributed_engine=True),
 )
 

@@ -5,11 +5,17 @@ area's API. This example provides pinning and ranges by reusing the reference mo
 starting point for a port: the suite then checks the vendor's accelerator underneath them.
 """
 
+from reference.capabilities import Capabilities
 from reference.implementation import Implementation
 
 IMPLEMENTATION = Implementation(
     name="example",
     version="0.1.0",
     areas={"pinning": "reference.pinning", "ranges": "reference.ranges"},
-    capabilities={"pin_backends": ("torch", "native")},
+    capabilities=Capabilities(
+        pin_backends=("torch", "native"),
+        # Its areas are the reference modules, which the suite runs in-process for hostoffload itself; a port
+        # with native code of its own keeps the default (True) so that a crash fails one test, not the run.
+        crash_isolation=False,
+    ),
 )
