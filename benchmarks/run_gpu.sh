@@ -31,10 +31,26 @@ suite() {  # suite NAME SECONDS PYTEST-TARGETS...
 }
 suite pinning "${T_PIN:-190}" conformance.suite.test_pinning_api conformance.suite.test_pinning_cuda \
   conformance.suite.test_pinning_threads conformance.suite.test_pinning_memlock conformance.suite.test_ranges_state_machine \
-  conformance.suite.test_ranges_agreement conformance.suite.test_accelerators_contract
+  conformance.suite.test_ranges_agreement conformance.suite.test_accelerators_contract conformance.suite.test_pinning_lifetime \
+  conformance.suite.test_ranges_cost_growth conformance.suite.test_readme_usage
 suite offload "${T_OFF:-70}" conformance -k offload
 suite io "${T_IO:-30}" conformance -k "test_io"
 suite accumulation-nccl "${T_ACC:-90}" conformance -k "accumulation and (nccl or nvme or cpu_adam or optimizer)"
+suite accumulation-engine "${T_ACE:-150}" conformance.suite.test_accumulation_engine_resume \
+  conformance.suite.test_accumulation_engine_surface conformance.suite.test_accumulation_engine_examples \
+  conformance.suite.test_accumulation_engine_faults conformance.suite.test_accumulation_engine_scenarios
+# examples/train_zero_resume.py on NCCL, world size 1: 3 steps, save, resume to 6; then 6 uninterrupted steps.
+# The two "final checksum" lines must be equal.
+zero_resume() {
+  local r=(torchrun --standalone --nproc_per_node 1 examples/train_zero_resume.py --backend nccl --stage 3 --bf16
+           --total-steps 6 --save-every 3)
+  rm -rf /tmp/zA /tmp/zB
+  "${r[@]}" --steps 3 --ckpt-dir /tmp/zA && "${r[@]}" --steps 6 --ckpt-dir /tmp/zA --resume \
+    && "${r[@]}" --steps 6 --ckpt-dir /tmp/zB
+}
+export -f zero_resume
+part zero-resume-nccl "${T_ZRN:-120}" bash -c zero_resume
+wanted zero-resume-nccl && grep -i "checksum" "$out/zero-resume-nccl.log"
 part zero-scenarios-nccl "${T_ZSC:-70}" python3 benchmarks/bench_zero.py scenarios --backend nccl --world 1 --out "$out/zero"
 part diag-offload-prefetch "${T_DOP:-60}" python3 benchmarks/diag_offload_prefetch.py --blocks 6 --steps 2
 part bench-pinning "${T_BPIN:-70}" python3 benchmarks/bench_pinning.py --only "${PIN_GROUPS:-alloc,phases,is_pinned,bandwidth}" \
