@@ -117,6 +117,14 @@ def test_unpin_sees_the_memory_the_tensor_holds_now(area_api, pin_backend, backe
     assert area_api.unpin(q) is native
     assert_pinned(area_api, q, False if native else backend_pins, "pinned in place, then unpinned")
     assert torch.equal(q, torch.arange(512, dtype=torch.float32))
+    # Pinned in place, then .data swapped for pageable memory: unpin(r) sees the pageable memory, not its history.
+    r = torch.nn.Parameter(torch.ones(256), requires_grad=False)
+    area_api.pin_memory(r, make_copy=False)
+    held = r.data
+    r.data = torch.zeros(256)
+    assert area_api.unpin(r) is False, "unpin must act on r's current memory, not on the buffer pinned for it"
+    assert_pinned(area_api, held, backend_pins, "the buffer pinned for r, after r.data was replaced")
+    assert area_api.unpin(held) is native
 
 
 @given(shape=shapes, dtype=dtypes)
