@@ -426,6 +426,52 @@ class _HookRecorder:
 
 
 @pytest.mark.requires(pin_backends="native")
+def test_a_buffer_freed_by_the_collector_inside_an_unpin_hook_does_not_deadlock(impl, area_api, accelerator,
+                                                                               monkeypatch, leak_check):
+    """The accelerator's unregister hook is arbitrary code: the garbage collector may run inside it and free another
+    pinned buffer whose last reference sat in a cycle. That nested release must complete (no lock of the
+    implementation may be held non-reentrantly around the hook), and both buffers end up unpinned."""
+    import threading
+
+    monkeypatch.setenv("HOSTOFFLOAD_PIN_BACKEND", "native")
+    hooks = _HookRecorder(monkeypatch, accelerator)
+    recorded_unregister = type(accelerator).unregister_host_memory
+
+    def collecting_unregister(self, ptr):
+        gc.collect()  # frees the cyclic buffer now, from inside the hook
+        return recorded_unregister(self, ptr)
+
+    monkeypatch.setattr(type(accelerator), "unregister_host_memory", collecting_unregister)
+    gc.collect()
+    s0 = area_api.pinned_stats()
+    gc.disable()
+    try:
+        first = area_api.pin_empty(4096, dtype=torch.uint8)
+        cycle: list = [area_api.pin_empty(4096, dtype=torch.uint8)]
+        cycle.append(cycle)  # the second buffer is now reachable only through a cycle
+        del cycle
+        assert len(hooks.registered) == 2
+        done = threading.Event()
+        outcome: list = []
+
+        def unpin_first():
+            try:
+                outcome.append(area_api.unpin(first))
+            except BaseException as exc:  # reported below
+                outcome.append(exc)
+            done.set()
+
+        threading.Thread(target=unpin_first, daemon=True).start()
+        assert done.wait(30), "unpin did not return: a buffer freed by the collector inside its hook deadlocked it"
+    finally:
+        gc.enable()
+    assert outcome == [True], outcome
+    del first
+    gc.collect()
+    assert not hooks.registered and area_api.pinned_stats() == s0
+
+
+@pytest.mark.requires(pin_backends="native")
 def test_unpin_with_failing_unregister_hook_raises_keeps_the_pin_and_can_be_retried(
     impl, area_api, accelerator, monkeypatch, leak_check
 ):
