@@ -54,8 +54,8 @@ def test_R1_zero_md_usage_example_runs_as_written(impl, tmp_path):
     scheduler, save_checkpoint, consolidated state_dict, load_checkpoint into a fresh engine, the flat config)
     run in a fresh single-rank process without an error (R1: one rank's engine)."""
     api = engine_api(impl)
-    code = _usage_blocks().replace(DOCUMENTED_MODULE, api.__name__).replace("/tmp/zero-ckpt", str(tmp_path / "ck"))
-    code += f"\nfrom {api.__name__} import AccumulationConfig\nAccumulationConfig.from_dict(flat)\nprint('doc ok')\n"
+    code = _usage_blocks().replace(DOCUMENTED_MODULE, impl.load('accumulation').__name__).replace("/tmp/zero-ckpt", str(tmp_path / "ck"))
+    code += f"\nfrom {impl.load('accumulation').__name__} import AccumulationConfig\nAccumulationConfig.from_dict(flat)\nprint('doc ok')\n"
     path = tmp_path / "usage.py"
     path.write_text(code)
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
@@ -71,7 +71,7 @@ def test_R1_deepspeed_style_script_saves_on_two_ranks_and_resumes_on_one(impl, t
     if not SCRIPT.exists():
         pytest.skip(f"{SCRIPT} not found: set HOSTOFFLOAD_SOURCE_ROOT to a source checkout")
     ck = str(tmp_path / "ck")
-    common = [str(SCRIPT), "--backend", "gloo", "--save-every", "1", "--ckpt-dir", ck, "--engine-module", api.__name__]
+    common = [str(SCRIPT), "--backend", "gloo", "--save-every", "1", "--ckpt-dir", ck, "--engine-module", impl.load('accumulation').__name__]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)

@@ -41,10 +41,19 @@ def test_pin_memory_copy_preserves_values_and_leaves_input(area_api, pin_backend
     assert_pinned(area_api, out, backend_pins and t.numel() > 0, "pin_memory result")
 
 
+def _is_view_or_window(t: torch.Tensor) -> bool:
+    """Observed here from torch alone: t is a view of another tensor, or does not span its storage from 0."""
+    return (t._base is not None or t.storage_offset() != 0
+            or t.untyped_storage().nbytes() != t.numel() * t.element_size())
+
+
 @given(t=host_tensors(), match_shape=st.booleans())
 def test_pin_memory_in_place_moves_tensor(area_api, pin_backend, backend_pins, t, match_shape):
-    """make_copy=False: t itself is returned, holding its values, now in pinned memory when the backend pins."""
-    t = t.clone() if t.stride() and 0 in t.stride() else t  # an expanded view cannot own new data in place
+    """make_copy=False: t itself is returned, holding its values, now in pinned memory when the backend pins.
+
+    Views and windows are the subject of test_pin_memory_in_place_never_detaches_a_view; here t owns its storage.
+    """
+    t = t.clone() if _is_view_or_window(t) else t
     expected = t.clone()
     out = area_api.pin_memory(t, make_copy=False, match_shape=match_shape)
     assert out is t
@@ -52,6 +61,70 @@ def test_pin_memory_in_place_moves_tensor(area_api, pin_backend, backend_pins, t
     assert_bitwise_equal(t.view(expected.shape) if t.is_contiguous() else t.reshape(expected.shape), expected,
                          "pin_memory(make_copy=False) values")
     assert_pinned(area_api, t, backend_pins and t.numel() > 0, "tensor pinned in place")
+
+
+@given(t=host_tensors(), match_shape=st.booleans())
+def test_pin_memory_in_place_never_detaches_a_view(area_api, pin_backend, backend_pins, leak_check, t, match_shape):
+    """make_copy=False on a view (or a window into a larger storage) whose memory is not pinned yet raises a
+    ConfigurationError naming make_copy and t, pins nothing, and leaves t aliasing its base (docs/usage.md,
+    "Pinning in place")."""
+    base = t._base if t._base is not None else t
+    if not _is_view_or_window(t):
+        base = filled((t.numel() + 1,), t.dtype, 0)
+        t = base[1:].view(t.shape) if t.dim() else base[1]
+    ptr = t.data_ptr()
+    with pytest.raises(ConfigurationError, match=r"(?s)(make_copy.*\bt\b|\bt\b.*make_copy)"):
+        area_api.pin_memory(t, make_copy=False, match_shape=match_shape)
+    assert t.data_ptr() == ptr, "the refused call moved t"
+    assert t.untyped_storage().data_ptr() == base.untyped_storage().data_ptr(), "t no longer aliases its base"
+    assert_pinned(area_api, t, False, "a view refused by pin_memory(make_copy=False)")
+
+
+def test_pin_memory_in_place_of_a_pinned_view_keeps_it(area_api, pin_backend, backend_pins, leak_check):
+    """A view whose memory is already pinned is returned as is by make_copy=False: still the same memory."""
+    base = area_api.pin_empty(4, 256, dtype=torch.float32)
+    view = base[1]
+    if not backend_pins:
+        with pytest.raises(ConfigurationError, match="make_copy"):
+            area_api.pin_memory(view, make_copy=False)
+        return
+    ptr = view.data_ptr()
+    assert area_api.pin_memory(view, make_copy=False) is view
+    assert view.data_ptr() == ptr and view.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+    view.fill_(3.0)
+    assert float(base[1].sum()) == 3.0 * 256
+
+
+def test_unpin_sees_the_memory_the_tensor_holds_now(area_api, pin_backend, backend_pins, leak_check):
+    """unpin(t) unpins the allocation holding t's current byte extent: after t.data is replaced it acts on the
+    new data, never on memory t held before (keep a reference to a buffer to unpin it later)."""
+    first = area_api.pin_empty(1024, dtype=torch.float32)
+    second = area_api.pin_empty(1024, dtype=torch.float32)
+    p = torch.nn.Parameter(torch.zeros(1024), requires_grad=False)
+    p.data = first
+    p.data = torch.zeros(1024)
+    assert area_api.unpin(p) is False, "p now holds pageable memory"
+    assert_pinned(area_api, first, backend_pins, "the buffer p held before")
+    p.data = second
+    native = pin_backend == "native"
+    assert area_api.unpin(p) is native
+    assert_pinned(area_api, second, False if native else backend_pins, "the buffer p holds, after unpin(p)")
+    assert_pinned(area_api, first, backend_pins, "the buffer p held before, after unpin(p)")
+    assert area_api.unpin(first) is native
+    # pin_memory(make_copy=False) then unpin: the buffer pin_memory made is the one unpinned.
+    q = torch.arange(512, dtype=torch.float32)
+    assert area_api.pin_memory(q, make_copy=False) is q
+    assert area_api.unpin(q) is native
+    assert_pinned(area_api, q, False if native else backend_pins, "pinned in place, then unpinned")
+    assert torch.equal(q, torch.arange(512, dtype=torch.float32))
+    # Pinned in place, then .data swapped for pageable memory: unpin(r) sees the pageable memory, not its history.
+    r = torch.nn.Parameter(torch.ones(256), requires_grad=False)
+    area_api.pin_memory(r, make_copy=False)
+    held = r.data
+    r.data = torch.zeros(256)
+    assert area_api.unpin(r) is False, "unpin must act on r's current memory, not on the buffer pinned for it"
+    assert_pinned(area_api, held, backend_pins, "the buffer pinned for r, after r.data was replaced")
+    assert area_api.unpin(held) is native
 
 
 @given(shape=shapes, dtype=dtypes)
@@ -350,6 +423,52 @@ class _HookRecorder:
         monkeypatch.setattr(cls, "supports_host_registration", property(lambda self: True))
         monkeypatch.setattr(cls, "register_host_memory", register)
         monkeypatch.setattr(cls, "unregister_host_memory", unregister)
+
+
+@pytest.mark.requires(pin_backends="native")
+def test_a_buffer_freed_by_the_collector_inside_an_unpin_hook_does_not_deadlock(impl, area_api, accelerator,
+                                                                               monkeypatch, leak_check):
+    """The accelerator's unregister hook is arbitrary code: the garbage collector may run inside it and free another
+    pinned buffer whose last reference sat in a cycle. That nested release must complete (no lock of the
+    implementation may be held non-reentrantly around the hook), and both buffers end up unpinned."""
+    import threading
+
+    monkeypatch.setenv("HOSTOFFLOAD_PIN_BACKEND", "native")
+    hooks = _HookRecorder(monkeypatch, accelerator)
+    recorded_unregister = type(accelerator).unregister_host_memory
+
+    def collecting_unregister(self, ptr):
+        gc.collect()  # frees the cyclic buffer now, from inside the hook
+        return recorded_unregister(self, ptr)
+
+    monkeypatch.setattr(type(accelerator), "unregister_host_memory", collecting_unregister)
+    gc.collect()
+    s0 = area_api.pinned_stats()
+    gc.disable()
+    try:
+        first = area_api.pin_empty(4096, dtype=torch.uint8)
+        cycle: list = [area_api.pin_empty(4096, dtype=torch.uint8)]
+        cycle.append(cycle)  # the second buffer is now reachable only through a cycle
+        del cycle
+        assert len(hooks.registered) == 2
+        done = threading.Event()
+        outcome: list = []
+
+        def unpin_first():
+            try:
+                outcome.append(area_api.unpin(first))
+            except BaseException as exc:  # reported below
+                outcome.append(exc)
+            done.set()
+
+        threading.Thread(target=unpin_first, daemon=True).start()
+        assert done.wait(30), "unpin did not return: a buffer freed by the collector inside its hook deadlocked it"
+    finally:
+        gc.enable()
+    assert outcome == [True], outcome
+    del first
+    gc.collect()
+    assert not hooks.registered and area_api.pinned_stats() == s0
 
 
 @pytest.mark.requires(pin_backends="native")

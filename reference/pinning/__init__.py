@@ -14,6 +14,7 @@ import torch
 
 from reference import envvars
 from reference.accelerators import Accelerator, get_accelerator
+from reference.errors import ConfigurationError
 from reference.pinning import native_backend, torch_backend
 from reference.pinning.native_backend import PinnedStats
 from reference.pinning.tensors import (
@@ -66,7 +67,10 @@ def pin_memory(t: torch.Tensor, *, make_copy: bool = True, match_shape: bool = T
 
     ``make_copy=True`` returns a new tensor and leaves ``t`` alone. ``make_copy=False`` moves ``t`` itself onto
     the pinned storage (``t.data`` is replaced) and returns ``t``: the caller's references all see pinned memory
-    and the pageable storage is freed with its last reference. ``match_shape=False`` returns (and, without a copy,
+    and the pageable storage is freed with its last reference. A view (or a window into a larger storage) whose
+    memory is not pinned yet is refused with a ``ConfigurationError`` naming ``make_copy`` and ``t``: moving it
+    would detach it from its base (docs/usage.md, "Pinning in place").
+    ``match_shape=False`` returns (and, without a copy,
     turns ``t`` into) a flat tensor of ``t.numel()`` elements. The values are copied straight from ``t``'s strided
     layout into the pinned buffer, so no full-size pageable temporary is ever made.
     """
@@ -118,6 +122,15 @@ def move_to_pinned(
         if not match_shape:
             t.data = t.data.view(shape)
         return t
+    if not make_copy and shares_storage(t):
+        # Replacing a view's .data would silently cut it off from its base: writes through one would no longer
+        # reach the other. Refused before anything is allocated, so nothing is left pinned.
+        raise ConfigurationError(
+            "make_copy=False cannot move t onto pinned memory: t is a view of another tensor or a window "
+            f"into a storage it does not span (shape {tuple(t.shape)}, storage offset {t.storage_offset()}), "
+            "and replacing its data would detach it from that storage; pin the base tensor in place, or pass "
+            "make_copy=True"
+        )
     dst = allocate(shape, t.dtype)
     dst.view(t.shape).copy_(t)
     if make_copy:
@@ -127,9 +140,20 @@ def move_to_pinned(
     return t
 
 
-def raise_bool(name: str, value: object) -> None:
-    from reference.errors import ConfigurationError
+def shares_storage(t: torch.Tensor) -> bool:
+    """True if ``t`` is a view of another tensor or a window into a storage larger than its own elements.
 
+    Such a tensor cannot be moved onto new memory in place without detaching it from the storage it shares
+    (docs/usage.md, "Pinning in place"). What torch does not record cannot be seen: a tensor made by
+    ``detach()`` or read from ``.data`` before the call spans the same storage without being a view, and keeps
+    the old memory.
+    """
+    if t._base is not None or t.storage_offset() != 0:
+        return True
+    return t.untyped_storage().nbytes() != t.numel() * t.element_size()
+
+
+def raise_bool(name: str, value: object) -> None:
     raise ConfigurationError(f"{name} must be True or False, got {value!r}")
 
 
@@ -148,6 +172,9 @@ def is_pinned(t: torch.Tensor) -> bool:
 
 def unpin(t: torch.Tensor) -> bool:
     """Unpin the native allocation holding ``t`` now; True if this call unpinned it.
+
+    "Holding ``t``" means holding ``t``'s byte extent at this call: after ``t.data`` was replaced, the new data
+    is what is looked up, never a buffer ``t`` held before (docs/usage.md, "Pinning in place").
 
     The device registration, the page lock and the registry entry go at once; the memory stays valid until the
     last view dies. False for a second call, for torch-backend memory (torch owns and frees it) and for memory

@@ -68,7 +68,10 @@ class _Ledger:
     """Process-wide bookkeeping of native allocations, guarded by one lock."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        # Re-entrant: code run under the lock (the accelerator's unregister hook, a registry call) can trigger the
+        # garbage collector, whose finalisers free *other* allocations through ``free()`` on this same thread; a
+        # plain Lock would deadlock there. Each block's own state is only touched by calls holding the lock.
+        self.lock = threading.RLock()
         self.live: dict[int, NativeAllocation] = {}
         self.ids = itertools.count(1)
         self.warned_registration = False
