@@ -53,9 +53,9 @@ def test_R1_zero_md_usage_example_runs_as_written(impl, tmp_path):
     """The python blocks of docs/zero.md's "Using it" (DeepSpeed-shaped config, bf16 inputs cast as shown,
     scheduler, save_checkpoint, consolidated state_dict, load_checkpoint into a fresh engine, the flat config)
     run in a fresh single-rank process without an error (R1: one rank's engine)."""
-    api = engine_api(impl)
-    code = _usage_blocks().replace(DOCUMENTED_MODULE, impl.load('accumulation').__name__).replace("/tmp/zero-ckpt", str(tmp_path / "ck"))
-    code += f"\nfrom {impl.load('accumulation').__name__} import AccumulationConfig\nAccumulationConfig.from_dict(flat)\nprint('doc ok')\n"
+    module = engine_api(impl).impl.load('accumulation').__name__
+    code = _usage_blocks().replace(DOCUMENTED_MODULE, module).replace("/tmp/zero-ckpt", str(tmp_path / "ck"))
+    code += f"\nfrom {module} import AccumulationConfig\nAccumulationConfig.from_dict(flat)\nprint('doc ok')\n"
     path = tmp_path / "usage.py"
     path.write_text(code)
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
@@ -67,11 +67,11 @@ def test_R1_deepspeed_style_script_saves_on_two_ranks_and_resumes_on_one(impl, t
     """examples/train_zero_resume.py (DeepSpeed config dict, LambdaLR, periodic save_checkpoint, resume)
     trains 2 boundaries on 2 gloo ranks (torchrun's environment) saving each, then resumes from ``latest`` on
     1 rank and trains a third: the resumed run reports the saved world size and step and finishes."""
-    api = engine_api(impl)
+    module = engine_api(impl).impl.load('accumulation').__name__
     if not SCRIPT.exists():
         pytest.skip(f"{SCRIPT} not found: set HOSTOFFLOAD_SOURCE_ROOT to a source checkout")
     ck = str(tmp_path / "ck")
-    common = [str(SCRIPT), "--backend", "gloo", "--save-every", "1", "--ckpt-dir", ck, "--engine-module", impl.load('accumulation').__name__]
+    common = [str(SCRIPT), "--backend", "gloo", "--save-every", "1", "--ckpt-dir", ck, "--engine-module", module]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)

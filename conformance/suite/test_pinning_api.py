@@ -466,7 +466,7 @@ def test_a_buffer_freed_by_the_collector_inside_an_unpin_hook_does_not_deadlock(
     finally:
         gc.enable()
     assert outcome == [True], outcome
-    del first
+    first = None  # the last reference: its pages are released now
     gc.collect()
     assert not hooks.registered and area_api.pinned_stats() == s0
 
