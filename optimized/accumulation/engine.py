@@ -428,7 +428,10 @@ class ZeroEngine(ScheduledEngine):
             raise ConfigurationError(f"scale_wrt_gas={scale_wrt_gas!r} must be a bool; allowed values: True, False")
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
             raise ConfigurationError("loss must be a one-element tensor that requires grad")
-        if not _reaches(loss, self._trainable_ids, self._output_nodes):
+        # The module's parameters as they are now (placement on the device may have replaced the objects seen at
+        # construction), plus those: a loss of this model reaches one of them or one of its recent outputs.
+        current = frozenset(id(p) for p in self._module.parameters() if p.requires_grad)
+        if not _reaches(loss, self._trainable_ids | current, self._output_nodes):
             raise ConfigurationError(
                 "loss was not computed from this engine's module: its autograd graph reaches neither a trainable "
                 "parameter nor an output of engine.module (a loss of another model, or of a detached output, "
