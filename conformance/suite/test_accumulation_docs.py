@@ -3,38 +3,24 @@ citation names a rule that exists (R1-R26)."""
 
 from __future__ import annotations
 
-import ast
-import os
-import re
 from pathlib import Path
 
 import pytest
 
+from conformance.doc_rules import ROOT, citation_pattern, cited_rules, defined_rules
+
 pytestmark = pytest.mark.conformance_area("accumulation")
 
-SUITE = Path(__file__).resolve().parent
-# The source tree: $HOSTOFFLOAD_SOURCE_ROOT (tox sets it; the installed wheel has no docs/), else this checkout.
-_ROOT = Path(os.environ.get("HOSTOFFLOAD_SOURCE_ROOT") or SUITE.parents[1])
-DOC = _ROOT / "docs" / "accumulation.md"
-RULE_DEF = re.compile(r"^\*\*R(\d+) \(", re.MULTILINE)
-CITATION = re.compile(r"(?<![A-Za-z0-9])R(\d+)(?![0-9])")
+DOC = ROOT / "docs" / "accumulation.md"
+CITATION = citation_pattern("R")
 
 
 def _rules() -> set[int]:
-    if not DOC.exists():
-        pytest.skip(f"{DOC} not found: set HOSTOFFLOAD_SOURCE_ROOT to a source checkout (docs/ is not in the wheel)")
-    return {int(n) for n in RULE_DEF.findall(DOC.read_text())}
+    return defined_rules(DOC, "R")
 
 
 def _citations() -> dict[int, list[str]]:
-    cited: dict[int, list[str]] = {}
-    for path in sorted(SUITE.glob("test_accumulation_*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
-                text = node.name.replace("_", " ") + " " + (ast.get_docstring(node) or "")
-                for n in {int(x) for x in CITATION.findall(text)}:
-                    cited.setdefault(n, []).append(f"{path.name}::{node.name}")
-    return cited
+    return cited_rules("R", "test_accumulation_*.py")
 
 
 def test_R26_every_rule_is_cited_by_a_test():
