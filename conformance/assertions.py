@@ -65,15 +65,20 @@ def vm_locked_kib() -> int:
     return 0
 
 
-def assert_names_argument(exc: BaseException, name: str, *allowed: str) -> None:
-    """The error message names the argument (or environment variable) ``name`` as a whole word, and each of
-    ``allowed`` (the values the specification lists). The wording around them is the implementation's own: the
-    suite checks the error class and what the message names, never its exact text."""
+def assert_names_argument(exc: BaseException, name: str, *allowed: str, qualified: bool = False) -> None:
+    """The error message names the argument (or environment variable, or config key) ``name`` as a whole word,
+    and each of ``allowed`` (the values the specification lists) as a whole word too. The wording around them is
+    the implementation's own: the suite checks the error class and what the message names, never its exact text.
+
+    A name preceded by a dot is not a mention (``torch.device`` does not name the argument ``device``), unless
+    ``qualified``: a config key may be named by its full key path (``zero_optimization.contiguous_gradients``).
+    """
     import re
 
     message = str(exc)
-    assert re.search(rf"(?<![\w.]){re.escape(name)}(?![\w])", message), (
+    before = r"(?<![\w])" if qualified else r"(?<![\w.])"
+    assert re.search(rf"{before}{re.escape(name)}(?![\w])", message), (
         f"{type(exc).__name__} does not name the argument {name!r}: {message!r}"
     )
-    missing = [a for a in allowed if a not in message]
+    missing = [a for a in allowed if not re.search(rf"(?<![\w]){re.escape(a)}(?![\w])", message)]
     assert not missing, f"{type(exc).__name__} for {name!r} does not list the allowed values {missing}: {message!r}"

@@ -8,8 +8,16 @@ are sent back and replayed here as if the test had run in this process. Two ways
   initialises CUDA itself, and only there) and runs a single thread (a lock held by another thread at the fork
   would stay locked in the child forever). The child's file descriptors 1 and 2 go to a file (the crash report
   quotes its tail) and pytest's capture is switched to ``tee-sys`` so Python output reaches both.
-- a fresh ``python -m pytest <file>::<test>`` with the same implementation, accelerator and profile: used
-  otherwise (this process holds a CUDA context or other threads, or the platform has no ``fork``).
+- a fork of the *zygote*: a fresh interpreter, started once per session right after collection with the same
+  command line, that imports and collects everything, then waits single-threaded and forks one child per
+  isolated test on request (``OPENBLAS_NUM_THREADS=1`` there, so that loading numpy starts no thread pool). Used
+  once this process holds a CUDA context or other threads (importing torch starts one); the child gets this
+  process's environment and working directory at the time of the test. It costs a fork (tens of milliseconds)
+  where a fresh interpreter per test costs seconds, and its children are as clean as one: nothing of this
+  process's state, no CUDA context, a single thread at the fork.
+- a fresh ``python -m pytest <file>::<test>`` with the same implementation, accelerator and profile: the last
+  resort (no ``fork``, the zygote could not start or is not single-threaded, or the test is not among what it
+  collected).
 
 Which tests are isolated (``--conformance-isolation``):
 
@@ -127,6 +135,11 @@ def run_isolated(item: pytest.Item) -> list[pytest.TestReport]:
     """
     if hasattr(os, "fork") and not _cuda_initialised() and _os_threads() == 1:
         return _run_forked(item)
+    zygote = _ZYGOTE[0] if _ZYGOTE else None
+    if zygote is not None and zygote.usable():
+        reports = zygote.run(item)
+        if reports is not None:
+            return reports
     return _run_subprocess(item)
 
 
@@ -172,7 +185,7 @@ def _run_forked(item: pytest.Item) -> list[pytest.TestReport]:
     finally:
         os.unlink(out_path)
     lines = [json.loads(line) for line in b"".join(chunks).decode().splitlines() if line.strip()]
-    return _reports(item, lines, output, returncode, attach_output=False)
+    return _reports(item, lines, output, returncode, attach_output=False, child="forked child")
 
 
 def _child_redirect(config: pytest.Config, fd: int) -> None:
@@ -215,7 +228,7 @@ def _run_subprocess(item: pytest.Item) -> list[pytest.TestReport]:
             lines = [json.loads(line) for line in f if line.strip()]
     finally:
         os.unlink(report_path)
-    return _reports(item, lines, output, returncode, attach_output=True)
+    return _reports(item, lines, output, returncode, attach_output=True, child="fresh interpreter")
 
 
 def _tail(output: str) -> list[str]:
@@ -229,22 +242,25 @@ def _tail(output: str) -> list[str]:
 
 
 def _reports(
-    item: pytest.Item, lines: list[dict], output: str, returncode: int | None, *, attach_output: bool
+    item: pytest.Item, lines: list[dict], output: str, returncode: int | None, *, attach_output: bool, child: str
 ) -> list[pytest.TestReport]:
+    """The child's reports as this process's, each saying which kind of ``child`` ran it (``user_properties``:
+    ``isolated_in``); a crash becomes a failed report of the phase that was running."""
     tail = _tail(output)
     reports = [item.config.hook.pytest_report_from_serializable(config=item.config, data=d) for d in lines]
     reports = [r for r in reports if isinstance(r, pytest.TestReport)]
     whens = {r.when for r in reports}
     crashed = returncode is None or "teardown" not in whens
     if not crashed:
-        if attach_output and tail:
-            for rep in reports:
+        for rep in reports:
+            rep.user_properties.append(("isolated_in", child))
+            if attach_output and tail:
                 rep.sections.append(("isolated child output", "\n".join(tail)))
         return reports
     how = f"timed out after {CHILD_TIMEOUT_S}s" if returncode is None else describe_exit(returncode)
     phase = "setup" if not whens else ("call" if "call" not in whens else "teardown")
     message = (
-        f"the isolated child running {item.path.name}::{item.name} {how} during {phase}; "
+        f"the isolated child ({child}) running {item.path.name}::{item.name} {how} during {phase}; "
         f"its last output lines:\n"
         + ("\n".join(tail) if tail else "(none)")
     )
@@ -253,15 +269,16 @@ def _reports(
         outcome="failed", longrepr=message, when=phase, sections=[], duration=0.0,
     )
     kept = [r for r in reports if r.when != phase]
-    return [*kept, crash] if phase != "teardown" else [*reports, crash]
+    out = [*kept, crash] if phase != "teardown" else [*reports, crash]
+    for rep in out:
+        rep.user_properties.append(("isolated_in", child))
+    return out
 
 
 def _write_child_report(config: pytest.Config, report: pytest.TestReport) -> None:
     data = config.hook.pytest_report_to_serializable(config=config, report=report)
     with open(os.environ[CHILD_REPORTS_ENV], "a") as f:
-        f.write(json.dumps(data) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+        f.write(json.dumps(data) + "\n")  # in the kernel once written: it survives this process's crash
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -299,3 +316,263 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         item.ihook.pytest_runtest_logreport(report=rep)
     item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
     return True
+
+
+# -- the zygote -----------------------------------------------------------------------------------------------------
+
+#: Set in the zygote: "READ_FD,WRITE_FD" of its request and answer pipes.
+ZYGOTE_ENV = "HOSTOFFLOAD_ISOLATION_ZYGOTE"
+#: Seconds the zygote may take to start and collect before isolated tests fall back to fresh interpreters.
+ZYGOTE_START_TIMEOUT_S = 600
+
+_ZYGOTE: list[Any] = []
+
+
+def in_zygote() -> bool:
+    return bool(os.environ.get(ZYGOTE_ENV))
+
+
+class Zygote:
+    """The parent's side of the zygote: starts it, sends one request per isolated test, reads the answers.
+
+    Requests and answers are JSON lines over two pipes. A request names the test (its node id), the files its
+    child writes its reports and its output to, and this process's environment and working directory; the zygote
+    answers with the child's pid once forked, then with its exit status. Any failure of the zygote itself (it
+    died, answered nonsense, is not single-threaded, did not collect the test) makes :meth:`run` return None and
+    the test runs in a fresh interpreter instead; the zygote is then not asked again.
+    """
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.why_unusable: str | None = None
+        self._ready: bool | None = None
+        req_r, self._req_w = os.pipe()
+        self._ans_r, ans_w = os.pipe()
+        self._pending = b""
+        basetemp = config._tmp_path_factory.getbasetemp() / "isolated"  # type: ignore[attr-defined]
+        args = [*config.invocation_params.args, f"--basetemp={basetemp}"]
+        seed = getattr(config.option, "hypothesis_seed", None)
+        if seed is not None:
+            args.append(f"--hypothesis-seed={seed}")
+        env = {**os.environ, ZYGOTE_ENV: f"{req_r},{ans_w}", "OPENBLAS_NUM_THREADS": "1"}
+        env.pop(CHILD_REPORTS_ENV, None)
+        self._log = tempfile.TemporaryFile(prefix="hostoffload-zygote-")
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "pytest", *args], env=env, cwd=str(config.invocation_params.dir),
+            stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT, pass_fds=(req_r, ans_w),
+        )
+        os.close(req_r)
+        os.close(ans_w)
+
+    def _send(self, message: dict) -> None:
+        os.write(self._req_w, (json.dumps(message) + "\n").encode())
+
+    def _answer(self, timeout: float) -> dict | None:
+        """The zygote's next answer, or None if it sent none within ``timeout`` seconds. Read unbuffered (an
+        answer already read into a buffer would be invisible to ``select``)."""
+        import select
+        import time
+
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._pending:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self._ans_r], [], [], left)[0]:
+                return None
+            chunk = os.read(self._ans_r, 1 << 16)
+            if not chunk:
+                raise EOFError("the zygote exited")
+            self._pending += chunk
+        line, self._pending = self._pending.split(b"\n", 1)
+        return json.loads(line)
+
+    def usable(self) -> bool:
+        if self._ready is None:
+            try:
+                answer = self._answer(ZYGOTE_START_TIMEOUT_S)
+            except (EOFError, OSError, ValueError) as exc:
+                answer = {"ready": False, "why": str(exc)}
+            if answer is None:
+                answer = {"ready": False, "why": f"not ready within {ZYGOTE_START_TIMEOUT_S}s"}
+            self._ready = bool(answer.get("ready"))
+            if not self._ready:
+                self._give_up(str(answer.get("why", "")))
+        return bool(self._ready)
+
+    def _give_up(self, why: str) -> None:
+        self._ready = False
+        if self.why_unusable is None:
+            self.why_unusable = why
+            import warnings
+
+            warnings.warn(
+                pytest.PytestWarning(f"crash isolation: the zygote is unusable ({why}); isolated tests run in "
+                                     f"fresh interpreters (seconds each) instead"),
+                stacklevel=1,
+            )
+
+    def run(self, item: pytest.Item) -> list[pytest.TestReport] | None:
+        fd, report_path = tempfile.mkstemp(prefix="hostoffload-isolated-", suffix=".json")
+        os.close(fd)
+        fd, out_path = tempfile.mkstemp(prefix="hostoffload-isolated-", suffix=".out")
+        os.close(fd)
+        try:
+            try:
+                self._send({"nodeid": item.nodeid, "reports": report_path, "output": out_path,
+                            "env": dict(os.environ), "cwd": os.getcwd()})
+                started = self._answer(60)
+                if started is not None and "skip" in started:  # this test only: the zygote did not collect it
+                    return None
+                if started is None or "pid" not in started:
+                    self._give_up(f"no child for {item.nodeid}: {started}")
+                    return None
+                returncode: int | None
+                done = self._answer(CHILD_TIMEOUT_S)
+                if done is None:  # hung: kill the child (ours: the zygote forked it for us) and collect its status
+                    os.kill(int(started["pid"]), signal.SIGKILL)
+                    self._answer(60)
+                    returncode = None
+                else:
+                    returncode = int(done["status"])
+            except (EOFError, OSError, ValueError, KeyError, TypeError) as exc:
+                self._give_up(f"{type(exc).__name__}: {exc}")
+                return None
+            with open(report_path) as f:
+                lines = [json.loads(line) for line in f if line.strip()]
+            with open(out_path, errors="replace") as f:
+                output = f.read()
+        finally:
+            os.unlink(report_path)
+            os.unlink(out_path)
+        return _reports(item, lines, output, returncode, attach_output=False, child="child of the zygote")
+
+    def close(self) -> None:
+        os.close(self._req_w)  # end of requests: a waiting zygote exits
+        if self._ready is None:  # never used (still collecting, perhaps): nothing to wait for
+            self._proc.kill()
+        try:
+            self._proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        os.close(self._ans_r)
+        self._log.close()
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this process when its parent dies (prctl PR_SET_PDEATHSIG), so that neither the zygote nor
+    a test child outlives the run that started it."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def _serve(session: pytest.Session) -> None:
+    """The zygote's loop: fork one child per request, answer its pid and exit status; exit at end of requests."""
+    req_fd, ans_fd = (int(x) for x in os.environ[ZYGOTE_ENV].split(","))
+    parent = os.getppid()
+    _die_with_parent()
+    answers = os.fdopen(ans_fd, "w")
+    requests = os.fdopen(req_fd, "r")
+
+    def answer(message: dict) -> None:
+        answers.write(json.dumps(message) + "\n")
+        answers.flush()
+
+    items = {item.nodeid: item for item in session.items}
+    session.config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]  # once, shared by the children
+    import gc
+
+    # What exists now is never garbage in a child (it was alive at the fork): frozen out of the collector, a
+    # child's gc.collect() (every leak check makes one) neither walks it nor copies its pages on write.
+    gc.collect()
+    gc.freeze()
+    threads = _os_threads()
+    if threads != 1 or _cuda_initialised():
+        answer({"ready": False, "why": f"the zygote runs {threads} threads after collection"
+                + (" and holds a CUDA context" if _cuda_initialised() else "")})
+        return
+    answer({"ready": True})
+    while os.getppid() == parent:
+        line = requests.readline()
+        if not line:
+            return
+        request = json.loads(line)
+        item = items.get(request["nodeid"])
+        if item is None:
+            answer({"skip": f"not collected here: {request['nodeid']}"})
+            continue
+        if _os_threads() != 1:
+            answer({"error": "the zygote is no longer single-threaded"})
+            continue
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _zygote_child(item, request, (req_fd, ans_fd))
+        answer({"pid": pid})
+        _, status = os.waitpid(pid, 0)
+        answer({"status": os.waitstatus_to_exitcode(status)})
+
+
+def _zygote_child(item: pytest.Item, request: dict, channels: tuple[int, int]) -> None:
+    """In a child of the zygote: the parent's environment and directory, then the test; never returns."""
+    code = 0
+    try:
+        for fd in channels:
+            os.close(fd)
+        _die_with_parent()
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.environ[CHILD_REPORTS_ENV] = request["reports"]
+        os.chdir(request["cwd"])
+        _child_redirect(item.config, os.open(request["output"], os.O_WRONLY | os.O_APPEND))
+        from _pytest.runner import runtestprotocol
+
+        runtestprotocol(item, log=True, nextitem=None)  # each report leaves through pytest_runtest_logreport
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 3
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the zygote once the tests are known, if any of them will run isolated (and this is not a child)."""
+    if in_zygote() or in_child() or _ZYGOTE or not hasattr(os, "fork"):
+        return
+    if session.config.getoption("collectonly", False) or not any(should_isolate(i) for i in session.items):
+        return
+    _ZYGOTE[:] = [Zygote(session.config)]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> bool | None:
+    """In the zygote, serving requests replaces running the tests; it then leaves without any session end (no
+    report, no summary: those are the parent's)."""
+    if not in_zygote():
+        return None
+    code = 0
+    try:
+        _serve(session)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 3
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return True  # pragma: no cover - os._exit above
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _ZYGOTE:
+        _ZYGOTE.pop().close()

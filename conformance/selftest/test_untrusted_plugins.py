@@ -2,8 +2,9 @@
 ``conformance.selftest.plugins`` is flagged by the right test, and the run still completes with its report.
 
 The plugins are registered as an installed package would be: a ``*.dist-info`` directory with an
-``entry_points.txt`` on ``PYTHONPATH`` (nothing is installed into the environment). Each check runs pytest in a
-child process, as a vendor would, and reads the report it wrote.
+``entry_points.txt`` on ``PYTHONPATH`` (nothing is installed into the environment). One pytest run in a child
+process, as a vendor would start it, covers all four plugins (each test of theirs isolated in a child forked from
+the harness's zygote); each check reads its output and the report it wrote.
 """
 
 from __future__ import annotations
@@ -98,6 +99,9 @@ def test_abort_in_pin_empty_fails_the_tests_that_call_it(verdict):
     assert "test_pin_empty_and_like" in failed, text[-4000:]
     assert failed <= {"test_pin_empty_and_like", "test_bad_arguments_name_the_argument"}, failed
     assert "killed by SIGABRT" in text and "native assertion `nbytes >= 0' failed" in text, text[-4000:]
+    # After importing torch the run has threads, so the children are forked from the zygote (milliseconds each),
+    # never fresh interpreters (seconds each): the fast path is what keeps a third party's isolated run usable.
+    assert "isolated child (child of the zygote)" in text and "(fresh interpreter)" not in text, text[-4000:]
 
 
 def test_locked_memory_leaked_outside_pinned_stats_is_caught(verdict):

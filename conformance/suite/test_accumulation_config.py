@@ -10,6 +10,7 @@ import torch
 from hypothesis import given
 
 from conformance.accumulation_strategies import accumulation_configs
+from conformance.assertions import assert_names_argument
 from reference.errors import ConfigurationError
 
 pytestmark = pytest.mark.conformance_area("accumulation")
@@ -46,10 +47,12 @@ def test_R19_replace_validates_the_combination(area_api):
     one
     key of a valid one, and an unknown key is named."""
     cfg = area_api.AccumulationConfig(zero_stage=3, offload_param="cpu")
-    with pytest.raises(ConfigurationError, match="offload_param"):
+    with pytest.raises(ConfigurationError) as info:
         cfg.replace(zero_stage=2)
-    with pytest.raises(ConfigurationError, match="zero_stag"):
+    assert_names_argument(info.value, "offload_param")
+    with pytest.raises(ConfigurationError) as info:
         cfg.replace(zero_stag=2)
+    assert_names_argument(info.value, "zero_stag")
 
 
 def test_R19_nvme_config_round_trips_and_names_its_directory(area_api, tmp_path):
@@ -66,5 +69,6 @@ def test_R19_nvme_config_round_trips_and_names_its_directory(area_api, tmp_path)
     assert area_api.AccumulationConfig.from_dict(cfg.to_dict()) == cfg
     assert pickle.loads(pickle.dumps(cfg)) == cfg
     assert cfg.replace(offload_optimizer="cpu").offload_optimizer == "cpu"
-    with pytest.raises(ConfigurationError, match="nvme_path"):
+    with pytest.raises(ConfigurationError) as info:
         cfg.replace(nvme_path=None)
+    assert_names_argument(info.value, "nvme_path")

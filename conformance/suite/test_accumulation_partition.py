@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance.accumulation_assertions import assert_tensor_equal
+from conformance.assertions import assert_names_argument
 from reference.errors import ConfigurationError
 
 pytestmark = pytest.mark.conformance_area("accumulation")
@@ -70,8 +71,10 @@ def test_R8_flatten_shard_gather_round_trip(reference_api, shapes, world, dtype)
 def test_R8_layout_rejects_bad_arguments(reference_api):
     """R8: a world size or rank outside the allowed range is a ConfigurationError naming it."""
     api = reference_api
-    with pytest.raises(ConfigurationError, match="world_size"):
+    with pytest.raises(ConfigurationError) as info:
         api.build_layout([("a", (2,))], 0)
+    assert_names_argument(info.value, "world_size")
     layout = api.build_layout([("a", (2,))], 2)
-    with pytest.raises(ConfigurationError, match=r"rank=2 .*\[0, 1\]"):
+    with pytest.raises(ConfigurationError) as info:
         layout.partition_range(2)
+    assert_names_argument(info.value, "rank", "2")

@@ -73,8 +73,10 @@ def test_pin_memory_in_place_never_detaches_a_view(area_api, pin_backend, backen
         base = filled((t.numel() + 1,), t.dtype, 0)
         t = base[1:].view(t.shape) if t.dim() else base[1]
     ptr = t.data_ptr()
-    with pytest.raises(ConfigurationError, match=r"(?s)(make_copy.*\bt\b|\bt\b.*make_copy)"):
+    with pytest.raises(ConfigurationError) as info:
         area_api.pin_memory(t, make_copy=False, match_shape=match_shape)
+    assert_names_argument(info.value, "make_copy")
+    assert_names_argument(info.value, "t")
     assert t.data_ptr() == ptr, "the refused call moved t"
     assert t.untyped_storage().data_ptr() == base.untyped_storage().data_ptr(), "t no longer aliases its base"
     assert_pinned(area_api, t, False, "a view refused by pin_memory(make_copy=False)")
@@ -85,8 +87,9 @@ def test_pin_memory_in_place_of_a_pinned_view_keeps_it(area_api, pin_backend, ba
     base = area_api.pin_empty(4, 256, dtype=torch.float32)
     view = base[1]
     if not backend_pins:
-        with pytest.raises(ConfigurationError, match="make_copy"):
+        with pytest.raises(ConfigurationError) as info:
             area_api.pin_memory(view, make_copy=False)
+        assert_names_argument(info.value, "make_copy")
         return
     ptr = view.data_ptr()
     assert area_api.pin_memory(view, make_copy=False) is view
@@ -174,8 +177,9 @@ def test_is_pinned_on_data_less_and_device_tensors(area_api, accelerator):
     assert area_api.is_pinned(fake_cpu) is False
     if accelerator.device_type != "cpu":
         assert area_api.is_pinned(torch.empty(4, device=accelerator.device())) is False
-    with pytest.raises(ConfigurationError, match=r"t must be a torch\.Tensor"):
+    with pytest.raises(ConfigurationError) as info:
         area_api.is_pinned([1, 2, 3])
+    assert_names_argument(info.value, "t")
 
 
 def test_pageable_tensors_are_not_pinned(area_api, pin_backend):
@@ -253,11 +257,11 @@ def test_register_device_flag_off_skips_registration(area_api, pin_backend, acce
 @pytest.mark.parametrize(
     ("variable", "value", "allowed"),
     [
-        ("HOSTOFFLOAD_PIN_BACKEND", "cuda", "torch, native"),
-        ("HOSTOFFLOAD_PIN_BACKEND", "natve", "torch, native"),
-        ("HOSTOFFLOAD_PIN_REGISTER_DEVICE", "maybe", "1, 0, true, false, yes, no, on, off"),
-        ("HOSTOFFLOAD_PIN_REGISTER_DEVICE", "2", "1, 0, true, false, yes, no, on, off"),
-        ("HOSTOFFLOAD_ACCELERATOR", "tpu-v9", "cpu"),
+        ("HOSTOFFLOAD_PIN_BACKEND", "cuda", ("torch", "native")),
+        ("HOSTOFFLOAD_PIN_BACKEND", "natve", ("torch", "native")),
+        ("HOSTOFFLOAD_PIN_REGISTER_DEVICE", "maybe", ("1", "0", "true", "false", "yes", "no", "on", "off")),
+        ("HOSTOFFLOAD_PIN_REGISTER_DEVICE", "2", ("1", "0", "true", "false", "yes", "no", "on", "off")),
+        ("HOSTOFFLOAD_ACCELERATOR", "tpu-v9", ("cpu",)),
     ],
 )
 def test_bad_environment_values_fail_at_first_call(impl, area_api, accelerator, monkeypatch, variable, value, allowed):
@@ -268,8 +272,8 @@ def test_bad_environment_values_fail_at_first_call(impl, area_api, accelerator, 
     before = area_api.pinned_stats()
     with pytest.raises(ValueError) as info:
         area_api.pin_empty(16, dtype=torch.float32)
-    message = str(info.value)
-    assert variable in message and repr(value) in message and allowed in message, message
+    assert_names_argument(info.value, variable, *allowed)
+    assert value in str(info.value), f"the message does not show the bad value {value!r}: {info.value}"
     gc.collect()
     assert area_api.pinned_stats() == before, "a rejected call left pinned memory behind"
 
@@ -352,7 +356,7 @@ def test_bad_register_device_is_an_error_whatever_the_backend(impl, area_api, ac
     for call in (lambda: area_api.pin_empty(4), lambda: area_api.pin_memory(torch.ones(4))):
         with pytest.raises(ConfigurationError) as info:
             call()
-        assert "HOSTOFFLOAD_PIN_REGISTER_DEVICE" in str(info.value), str(info.value)
+        assert_names_argument(info.value, "HOSTOFFLOAD_PIN_REGISTER_DEVICE")
     gc.collect()
     assert area_api.pinned_stats() == before
 
@@ -382,8 +386,9 @@ def test_environment_values_are_case_insensitive(impl, area_api, accelerator, mo
 )
 def test_impossible_sizes_name_the_shape(area_api, pin_backend, leak_check, call):
     """A size no allocator can hold is a ConfigurationError naming the shape, on every backend; nothing pinned."""
-    with pytest.raises(ConfigurationError, match="shape"):
+    with pytest.raises(ConfigurationError) as info:
         call(area_api)
+    assert_names_argument(info.value, "shape")
 
 
 @pytest.mark.parametrize("layout", ["sparse_coo", "sparse_csr"])
@@ -396,7 +401,7 @@ def test_sparse_tensors_are_refused_naming_the_argument(area_api, pin_backend, l
         sparse = dense.to_sparse() if layout == "sparse_coo" else dense.to_sparse_csr()
     with pytest.raises(ConfigurationError) as info:
         getattr(area_api, call)(sparse)
-    assert "t " in str(info.value) or "t=" in str(info.value), str(info.value)
+    assert_names_argument(info.value, "t")
 
 
 class _HookRecorder:
@@ -526,10 +531,10 @@ def test_is_pinned_miss_follows_the_accelerator_variable(area_api, accelerator, 
     for _ in range(3):
         assert area_api.is_pinned(t) is False and area_api.is_pinned(empty) is False
     monkeypatch.setenv("HOSTOFFLOAD_ACCELERATOR", "no-such-accelerator")
-    with pytest.raises(ConfigurationError, match="HOSTOFFLOAD_ACCELERATOR"):
-        area_api.is_pinned(t)
-    with pytest.raises(ConfigurationError, match="HOSTOFFLOAD_ACCELERATOR"):
-        area_api.is_pinned(t)
+    for _ in range(2):
+        with pytest.raises(ConfigurationError) as info:
+            area_api.is_pinned(t)
+        assert_names_argument(info.value, "HOSTOFFLOAD_ACCELERATOR")
     monkeypatch.setenv("HOSTOFFLOAD_ACCELERATOR", accelerator.name.upper())
     assert area_api.is_pinned(t) is False
     monkeypatch.setenv("HOSTOFFLOAD_ACCELERATOR", accelerator.name)
