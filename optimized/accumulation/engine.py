@@ -1069,7 +1069,7 @@ class ZeroEngine(ScheduledEngine):
         """End of a stage-2/3 backward: launch the buckets whose parameters got no gradient (R7: zeros), wait
         for every bucket and add this rank's reduced slice into its partition accumulator (R10)."""
         for b in self._buckets:
-            if b.reduce is None:
+            if b.pending:  # not launched by the hooks: some parameter got no gradient
                 for n in b.names:
                     if n not in self._got_grad:
                         s = self._segments[n]
