@@ -1372,6 +1372,13 @@ class ZeroEngine(ScheduledEngine):
         if update is not None and update.in_flight:
             update.wait_all()
 
+    def offload_timings(self) -> dict[str, float] | None:
+        """Where the streamed offloaded update spent its time since the last call (seconds: ``cpu_adam_s``,
+        ``wait_s`` -- the training thread blocked on it --, ``d2h_s``, ``h2d_s``), or None when the update is
+        not streamed (no cpu offload, stage 0/1, SGD). Synchronizes; meant for benchmarks."""
+        update = self.__dict__.get("_update")
+        return None if update is None else update.take_timings()
+
     def _install_update_waits(self, lo: int, hi: int) -> None:
         """Stage 2, streamed: before each module's forward, wait for the buckets holding its own parameters
         only (``[lo, hi)`` is this rank's partition; other ranks' slices arrive in step())."""

@@ -31,6 +31,7 @@ the arithmetic (the accumulation suite compares the traces bitwise on the host).
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -108,6 +109,9 @@ class StreamedUpdate:
         self._pending: Future | None = None
         self._error: BaseException | None = None
         self._executor: ThreadPoolExecutor | None = None
+        #: seconds spent, since the last :meth:`take_timings`: the CPU Adam (worker), the caller blocked in waits
+        self._times = {"cpu_adam_s": 0.0, "wait_s": 0.0, "d2h_s": 0.0, "h2d_s": 0.0}
+        self._copy_events: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
         self._threads = cpu_adam.default_threads()
         if self.on_device:
             # Leave one core to the thread that launches the next forward's kernels.
@@ -152,9 +156,12 @@ class StreamedUpdate:
             stage.add_(reduced.to(self.accum_dtype))
             if want_sums:
                 self._sum_pieces(b, stage, b.lo)
+            begin = torch.cuda.Event(enable_timing=True)
+            begin.record(stream)
             host.copy_(stage, non_blocking=True)
-            event = torch.cuda.Event()
+            event = torch.cuda.Event(enable_timing=True)
             event.record(stream)
+            self._copy_events.append(("d2h_s", begin, event))
         reduced.record_stream(stream)
         self._d2h_done[index] = event
 
@@ -244,6 +251,7 @@ class StreamedUpdate:
     ) -> None:
         if self.on_device and self._d2h_done[b.index] is not None:
             self._d2h_done[b.index].synchronize()  # this bucket's gradient has landed (the others may not)
+        t0 = time.perf_counter()
         g = grad[b.lo : b.hi]
         if g.dtype != torch.float32:
             g = g.to(torch.float32)
@@ -259,6 +267,7 @@ class StreamedUpdate:
             bf16_out=out,
             threads=self._threads,
         )
+        self._times["cpu_adam_s"] += time.perf_counter() - t0
         src = self.master[b.lo : b.hi] if out is None else out
         dst = self.weights[b.lo : b.hi]
         if dst.data_ptr() == src.data_ptr():
@@ -266,9 +275,12 @@ class StreamedUpdate:
         if self.on_device and dst.device.type != "cpu":
             with torch.cuda.device(self.device), torch.cuda.stream(self._h2d_stream):
                 self._h2d_stream.wait_event(self._fence)
+                begin = torch.cuda.Event(enable_timing=True)
+                begin.record(self._h2d_stream)
                 dst.copy_(src, non_blocking=True)
-                event = torch.cuda.Event()
+                event = torch.cuda.Event(enable_timing=True)
                 event.record(self._h2d_stream)
+            self._copy_events.append(("h2d_s", begin, event))
             self._h2d_done[b.index] = event
         else:
             dst.copy_(src)
@@ -282,7 +294,10 @@ class StreamedUpdate:
         """Bucket ``index``'s weights are in place for work queued on the current stream from now on."""
         if self._pending is None:
             return
-        self._done[index].wait()
+        if not self._done[index].is_set():
+            t0 = time.perf_counter()
+            self._done[index].wait()
+            self._times["wait_s"] += time.perf_counter() - t0
         self._raise_error()
         if self.on_device:
             event = self._h2d_done[index]
@@ -315,6 +330,19 @@ class StreamedUpdate:
             error, self._error = self._error, None
             self._pending = None
             raise error
+
+    def take_timings(self) -> dict[str, float]:
+        """Seconds since the last call: ``cpu_adam_s`` (worker, in the kernel), ``wait_s`` (the training thread
+        blocked on an update), ``d2h_s`` / ``h2d_s`` (the copies on their streams, summed per bucket; they
+        overlap other work). Waits for the update in flight. For benchmarks (bench_zero_offload.py)."""
+        self.wait_all()
+        if self._copy_events:
+            torch.cuda.synchronize(self.device)
+            for key, begin, end in self._copy_events:
+                self._times[key] += begin.elapsed_time(end) / 1e3
+            self._copy_events.clear()
+        out, self._times = self._times, dict.fromkeys(self._times, 0.0)
+        return out
 
     def reset(self) -> None:
         """Drop the accumulated gradient (``zero_grad``)."""
