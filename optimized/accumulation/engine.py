@@ -22,7 +22,10 @@ What happens where, per stage (R9-R12):
   before it) and by any checkpoint recompute (R21), and all released when ``backward()`` returns.
 - Offload (R17): the fp32 master and optimizer state live in pinned host buffers from the project's pinning
   API; gradients are copied device-to-host asynchronously, the native CPU Adam runs the step (writing the bf16
-  weights in the same pass), the weights go back asynchronously. ``offload_param`` keeps stage-3 partitions in
+  weights in the same pass), the weights go back asynchronously. At stages 2/3 with Adam this is streamed per
+  bucket (:mod:`optimized.accumulation.streamed_update`): the D2H overlaps backward, the fp32 accumulator stays
+  on the host, and the CPU Adam overlaps the next forward, whose modules wait only for their own buckets.
+  ``offload_param`` keeps stage-3 partitions in
   pinned host memory. ``offload_optimizer: nvme`` is ``cpu`` with the optimizer state in files between steps:
   read back (asynchronously, from the start of the boundary) before the CPU Adam, written after it
   (:mod:`optimized.accumulation.swap`).
