@@ -112,6 +112,8 @@ class StreamedUpdate:
         #: seconds spent, since the last :meth:`take_timings`: the CPU Adam (worker), the caller blocked in waits
         self._times = {"cpu_adam_s": 0.0, "wait_s": 0.0, "d2h_s": 0.0, "h2d_s": 0.0}
         self._copy_events: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
+        #: copy timing events are recorded only once someone asked for timings (they pile up until read)
+        self._timing = False
         self._threads = cpu_adam.default_threads()
         if self.on_device:
             # Leave one core to the thread that launches the next forward's kernels.
@@ -161,7 +163,8 @@ class StreamedUpdate:
             host.copy_(stage, non_blocking=True)
             event = torch.cuda.Event(enable_timing=True)
             event.record(stream)
-            self._copy_events.append(("d2h_s", begin, event))
+            if self._timing:
+                self._copy_events.append(("d2h_s", begin, event))
         reduced.record_stream(stream)
         self._d2h_done[index] = event
 
@@ -280,7 +283,8 @@ class StreamedUpdate:
                 dst.copy_(src, non_blocking=True)
                 event = torch.cuda.Event(enable_timing=True)
                 event.record(self._h2d_stream)
-            self._copy_events.append(("h2d_s", begin, event))
+            if self._timing:
+                self._copy_events.append(("h2d_s", begin, event))
             self._h2d_done[b.index] = event
         else:
             dst.copy_(src)
@@ -334,7 +338,9 @@ class StreamedUpdate:
     def take_timings(self) -> dict[str, float]:
         """Seconds since the last call: ``cpu_adam_s`` (worker, in the kernel), ``wait_s`` (the training thread
         blocked on an update), ``d2h_s`` / ``h2d_s`` (the copies on their streams, summed per bucket; they
-        overlap other work). Waits for the update in flight. For benchmarks (bench_zero_offload.py)."""
+        overlap other work; measured from the first call on). Waits for the update in flight. For benchmarks
+        (bench_zero_offload.py)."""
+        self._timing = True
         self.wait_all()
         if self._copy_events:
             torch.cuda.synchronize(self.device)
