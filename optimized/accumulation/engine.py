@@ -161,6 +161,9 @@ class _Bucket:
     pending: int = 0
     reduce: PendingReduce | None = None
     keep_alive: torch.Tensor | None = None
+    #: streamed offload: this backward's gradients of the bucket (comm dtype, zeros where none arrived), allocated
+    #: at its first gradient and dropped once reduced, instead of a view of a model-sized flat buffer
+    grads: torch.Tensor | None = None
 
 
 @dataclass
@@ -393,7 +396,10 @@ class ZeroEngine(ScheduledEngine):
                 self._grad_accumulator.zero_()
             else:
                 self._grad_accumulator = torch.zeros(P, dtype=cfg.accum_dtype, device=self.device)
-            self._comm_grads = torch.zeros(total, dtype=cfg.comm_dtype, device=self.device)
+            #: the flat communication-dtype gradient of one backward (not streamed; streamed: per bucket)
+            self._comm_grads = (
+                None if streamed else torch.zeros(total, dtype=cfg.comm_dtype, device=self.device)
+            )
             self._buckets = self._plan_buckets()
             self._bucket_of = {n: b for b in self._buckets for n in b.names}
             self._got_grad: set[str] = set()
@@ -495,6 +501,7 @@ class ZeroEngine(ScheduledEngine):
                 b.pending = len(b.names)
                 b.reduce = None
                 b.keep_alive = None
+                b.grads = None
         self._in_backward = True
         finished = False
         try:
@@ -511,6 +518,7 @@ class ZeroEngine(ScheduledEngine):
                 self._release_all()
             if not finished and self.stage >= 2:
                 for b in self._buckets:  # abandoned: the failing rank does not wait on its peers
+                    b.grads = None
                     b.reduce = None
                     b.keep_alive = None
         self._output_nodes.clear()
@@ -1047,9 +1055,9 @@ class ZeroEngine(ScheduledEngine):
                 self._grad_accumulator[seg.offset : seg.end].add_(g.to(self.config.accum_dtype))
             else:
                 # R10: this backward's gradient in the communication dtype, reduced per bucket.
-                self._comm_grads[seg.offset : seg.end].copy_(g)
-                self._got_grad.add(name)
                 bucket = self._bucket_of[name]
+                self._bucket_grads(bucket)[seg.offset - bucket.start : seg.end - bucket.start].copy_(g)
+                self._got_grad.add(name)
                 bucket.pending -= 1
                 if bucket.pending == 0:
                     self._launch(bucket)
@@ -1063,9 +1071,18 @@ class ZeroEngine(ScheduledEngine):
 
         return hook
 
+    def _bucket_grads(self, bucket: _Bucket) -> torch.Tensor:
+        """Where this backward's gradients of ``bucket`` go (R10, comm dtype; padding zero)."""
+        if self._comm_grads is not None:
+            return self._comm_grads[bucket.start : bucket.end]
+        if bucket.grads is None:
+            bucket.grads = torch.zeros(bucket.end - bucket.start, dtype=self.config.comm_dtype, device=self.device)
+        return bucket.grads
+
     def _launch(self, bucket: _Bucket) -> None:
-        contribution = torch.div(self._comm_grads[bucket.start : bucket.end], self.world_size)
+        contribution = torch.div(self._bucket_grads(bucket), self.world_size)
         bucket.keep_alive = contribution
+        bucket.grads = None
         bucket.reduce = self._comm.start_reduce_scatter(contribution, bucket.splits, "bucket reduce-scatter")
 
     def _finish_reductions(self) -> None:
@@ -1076,7 +1093,7 @@ class ZeroEngine(ScheduledEngine):
                 for n in b.names:
                     if n not in self._got_grad:
                         s = self._segments[n]
-                        self._comm_grads[s.offset : s.end].zero_()
+                        self._bucket_grads(b)[s.offset - b.start : s.end - b.start].zero_()
                 self._launch(b)
                 if self._update is not None:
                     self._launched.append(b)
