@@ -112,7 +112,18 @@ def _child(arm: str, model_name: str, device_name: str, steps: int, warmup: int,
     dist.init_process_group("nccl" if cuda else "gloo")
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     torch.manual_seed(0)
-    model = _llama(model_name)
+    if arm.startswith("ds-"):
+        # The wheel built without ops records the build host's accelerator; pick CUDA explicitly.
+        os.environ.setdefault("DS_ACCELERATOR", "cuda")
+    # The engines keep bf16 weights (fp32 masters are built from them): build in bf16, which also halves the host
+    # memory of model construction; FSDP2's recipe keeps fp32 parameters (bf16 compute via its policy).
+    default_dtype = torch.get_default_dtype()
+    if not arm.startswith("fsdp2"):
+        torch.set_default_dtype(torch.bfloat16)
+    try:
+        model = _llama(model_name)
+    finally:
+        torch.set_default_dtype(default_dtype)
     row["parameters"] = sum(p.numel() for p in model.parameters())
     gen = torch.Generator().manual_seed(1)
     batches = [torch.randint(0, vocab, (batch, seq), generator=gen) for _ in range(gas)]
@@ -338,6 +349,8 @@ def main() -> None:
         (out / "bench_zero_offload.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
         if _plot(rows, out / "bench_zero_offload.png"):
             print(f"plot: {out / 'bench_zero_offload.png'}")
+        else:
+            print("no plot: no arm reported GPU memory (a cpu run), or matplotlib is missing")
 
 
 if __name__ == "__main__":
