@@ -12,7 +12,8 @@ peak memory and host RSS are the arm's own; a crash or OOM of one arm is reporte
   policy, so FSDP2 keeps fp32 parameters and computes in bf16 -- the usual FSDP2 recipe), with and without
   ``CPUOffloadPolicy``.
 
-Reported per arm: step time (median of the timed steps; a step = gas forward/backward + step), tokens/s, peak
+Reported per arm: step time (mean over ``--steps`` steps run back to back after ``--warmup``; a step = gas
+forward/backward + step), tokens/s, peak
 GPU memory (``max_memory_allocated``), peak host RSS (``ru_maxrss``) and, for our offloaded arms, the breakdown
 of the streamed update (CPU Adam, D2H, H2D on their streams, and the time the training thread waited for the
 update). An arm whose package is missing is reported as ``not installed``; one that cannot run on the device as
@@ -38,7 +39,6 @@ import json
 import os
 import platform
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -146,12 +146,12 @@ def _child(arm: str, model_name: str, device_name: str, steps: int, warmup: int,
             "optimizer": {"type": "AdamW", "params": {"lr": 1e-5, "weight_decay": 0.01}},
         }, device=device)
 
-        def step() -> float:
+        def step() -> torch.Tensor:
             for ids in batches:
                 loss = engine(input_ids=ids, labels=ids).loss
                 engine.backward(loss)
                 engine.step()
-            return float(loss)
+            return loss.detach()
 
         def finish() -> None:
             engine.synchronize()
@@ -164,12 +164,12 @@ def _child(arm: str, model_name: str, device_name: str, steps: int, warmup: int,
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                           config=_ds_config(stage, gas, batch))
 
-        def step() -> float:
+        def step() -> torch.Tensor:
             for ids in batches:
                 loss = engine(input_ids=ids, labels=ids).loss
                 engine.backward(loss)
                 engine.step()
-            return float(loss)
+            return loss.detach()
 
         def finish() -> None:
             pass
@@ -188,41 +188,41 @@ def _child(arm: str, model_name: str, device_name: str, steps: int, warmup: int,
         fully_shard(model, **kw)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.01, fused=not arm.endswith("offload"))
 
-        def step() -> float:
+        def step() -> torch.Tensor:
             for ids in batches:
                 loss = model(input_ids=ids, labels=ids).loss / gas
                 loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             opt.zero_grad(set_to_none=True)
-            return float(loss)
+            return loss.detach()
 
         def finish() -> None:
             pass
 
-    times = []
-    breakdown: dict[str, float] = {}
-    for i in range(warmup + steps):
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
+    # Steps run back to back, as in training (our offloaded update overlaps the next step's forward), and are timed
+    # as one window: synchronizing after each step would expose the overlapped tail in every step.
+    for _ in range(warmup):
         step()
-        finish()
-        if cuda:
-            torch.cuda.synchronize()
-        dt = time.perf_counter() - t0
-        t = timings() if timings is not None else None
-        if i >= warmup:
-            times.append(dt)
-            for k, v in (t or {}).items():
-                breakdown[k] = breakdown.get(k, 0.0) + v / steps
-        if i == warmup - 1 and cuda:
-            torch.cuda.reset_peak_memory_stats()
-    step_s = statistics.median(times)
+    finish()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    if timings is not None:
+        timings()  # drop the warm-up's share
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        last = step()
+    finish()
+    if cuda:
+        torch.cuda.synchronize()
+    step_s = (time.perf_counter() - t0) / steps
+    breakdown = {k: v / steps for k, v in ((timings() if timings is not None else None) or {}).items()}
     row.update(status="ok", step_ms=step_s * 1e3, tokens_per_s=batch * seq * gas / step_s,
                peak_gpu_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
                peak_gpu_reserved_gib=torch.cuda.max_memory_reserved() / 2**30 if cuda else None,
-               host_rss_peak_gib=_rss_peak_gib(), steps=steps, warmup=warmup, seq=seq, batch=batch, gas=gas)
+               host_rss_peak_gib=_rss_peak_gib(), steps=steps, warmup=warmup, seq=seq, batch=batch, gas=gas,
+               last_loss=float(last))
     if breakdown:
         row["breakdown_ms"] = {k.removesuffix("_s"): v * 1e3 for k, v in breakdown.items()}
     Path(out_file).write_text(json.dumps(row))
@@ -333,6 +333,9 @@ def main() -> None:
             print(f"  largest model that trained with {arm}: {ok[-1]['model'] if ok else 'none'}"
                   + (f" (host RSS {ok[-1]['host_rss_peak_gib']:.1f} GiB)" if ok else ""))
     print(_table(rows))
+    for r in rows:
+        if r.get("error"):
+            print(f"  {r['arm']} ({r['model']}): {r['error']}")
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

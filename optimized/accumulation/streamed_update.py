@@ -181,8 +181,11 @@ class StreamedUpdate:
 
     # ---- the boundary --------------------------------------------------------------------------------------
     def wait_transfers_out(self) -> None:
-        """The host accumulator holds the final gradient (every D2H has landed)."""
+        """The host accumulator holds the final gradient (every D2H has landed), and every kernel or copy queued
+        so far has run: the update may now write host buffers those copies read (stage-3 gathers from pinned
+        partitions) and device buffers those kernels read. The norm needs all of backward anyway."""
         if self.on_device:
+            self._d2h_stream.wait_stream(torch.cuda.current_stream(self.device))
             self._d2h_stream.synchronize()
 
     def grad_for_boundary(self) -> torch.Tensor:
