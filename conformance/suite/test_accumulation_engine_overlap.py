@@ -22,7 +22,7 @@ from conformance.accumulation_engines import REQUIRES_ENGINE, engine_api
 
 pytestmark = [pytest.mark.conformance_area("accumulation"), REQUIRES_ENGINE, pytest.mark.runs_in_subprocesses]
 
-LAYERS, WIDTH, STEPS = 8, 192, 6
+LAYERS, WIDTH, STEPS = 6, 160, 4
 
 
 def _model() -> nn.Module:
