@@ -33,7 +33,9 @@ def _model() -> nn.Module:
     return nn.Sequential(*layers, nn.Linear(WIDTH, 4))
 
 
-def _train(group, engine_cls, stage: int, offload: bool) -> dict:
+def _train(group, engine_cls, stage: int, offload: bool, drain: bool = False) -> dict:
+    """``drain``: read ``state_dict()`` after every step (a read that must see the whole update) before the next
+    forward, so that forward cannot overtake an update still in flight."""
     # A slow update (one thread) widens the window in which a forward could overtake it.
     os.environ["HOSTOFFLOAD_CPU_ADAM_THREADS"] = "1"
     model = _model()
@@ -44,19 +46,22 @@ def _train(group, engine_cls, stage: int, offload: bool) -> dict:
         "offload_param": "cpu" if offload and stage == 3 else "none",
     }
     engine = engine_cls(model, config, process_group=group, bucket_elements=WIDTH * WIDTH)
+    device = next(model.parameters()).device  # the engine placed the model (cuda with NCCL)
     gen = torch.Generator().manual_seed(7)
     losses, norms = [], []
     try:
         for _ in range(2 * STEPS):
-            x = torch.randn(16, WIDTH, generator=gen).to(torch.bfloat16)
-            y = torch.randn(16, 4, generator=gen)
+            x = torch.randn(16, WIDTH, generator=gen).to(device=device, dtype=torch.bfloat16)
+            y = torch.randn(16, 4, generator=gen).to(device)
             loss = nn.functional.mse_loss(model(x).float(), y)  # the user's module, right after step()
-            losses.append(loss.detach().clone())
+            losses.append(loss.detach().to("cpu", copy=True))
             engine.backward(loss)
             out = engine.step()
             if out.boundary:
                 norms.append(out.grad_norm)
-        params = engine.state_dict()
+            if drain:
+                engine.state_dict()
+        params = {k: v.to("cpu", copy=True) for k, v in engine.state_dict().items()}
     finally:
         engine.destroy()
     return {"losses": losses, "norms": norms, "params": params}
@@ -75,3 +80,22 @@ def test_R15_R17_forward_right_after_step_sees_the_whole_update(impl, stage):
         assert torch.equal(a, b), f"micro-step {i}: loss {a.item()!r} with offload != {b.item()!r} without"
     for name, p in plain["params"].items():
         assert torch.equal(offloaded["params"][name], p), f"{name}: offloaded run != run without offload"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("stage", [2, 3])
+def test_R17_forward_right_after_step_on_nccl_equals_a_drained_run(impl, accelerator, stage):
+    """R17 on the GPU (NCCL, world size 1): where the update streams weights back to the device while the next
+    forward runs, a forward issued right after ``step()`` computes bitwise what it computes once
+    ``state_dict()`` (a read that must see the whole update) was called in between -- same kernels, so any
+    difference is a forward that read a parameter before its update landed."""
+    api = engine_api(impl)
+    if accelerator.device_type != "cuda":
+        pytest.skip("needs the cuda accelerator (NCCL); the host runs are the test above")
+    eager = api.run_on_ranks(_train, 1, api.ZeroEngine, stage, True, False, backend="nccl")[0]
+    drained = api.run_on_ranks(_train, 1, api.ZeroEngine, stage, True, True, backend="nccl")[0]
+    assert eager["norms"] == drained["norms"], f"grad norms {eager['norms']} != {drained['norms']}"
+    for i, (a, b) in enumerate(zip(eager["losses"], drained["losses"], strict=True)):
+        assert torch.equal(a, b), f"micro-step {i}: loss {a.item()!r} right after step() != {b.item()!r} drained"
+    for name, p in drained["params"].items():
+        assert torch.equal(eager["params"][name], p), f"{name}: run without draining != drained run"
