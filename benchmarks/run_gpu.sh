@@ -38,7 +38,8 @@ suite io "${T_IO:-30}" conformance -k "test_io"
 suite accumulation-nccl "${T_ACC:-90}" conformance -k "accumulation and (nccl or nvme or cpu_adam or optimizer)"
 suite accumulation-engine "${T_ACE:-150}" conformance.suite.test_accumulation_engine_resume \
   conformance.suite.test_accumulation_engine_surface conformance.suite.test_accumulation_engine_examples \
-  conformance.suite.test_accumulation_engine_faults conformance.suite.test_accumulation_engine_scenarios
+  conformance.suite.test_accumulation_engine_faults conformance.suite.test_accumulation_engine_scenarios \
+  conformance.suite.test_accumulation_engine_overlap
 # examples/train_zero_resume.py on NCCL, world size 1: 3 steps, save, resume to 6; then 6 uninterrupted steps.
 # The two "final checksum" lines must be equal.
 zero_resume() {
@@ -60,6 +61,10 @@ part bench-offload "${T_BOFF:-140}" python3 benchmarks/bench_offload.py \
 part bench-zero-adam "${T_BZA:-150}" python3 benchmarks/bench_zero.py cpu-adam --sizes "${ADAM_SIZES:-1e7,1e8,1e9}" --iters 5 --out "$out/zero"
 part bench-zero-engine "${T_BZE:-50}" python3 benchmarks/bench_zero.py engine --device cuda --dtype bf16 --layers 12 \
   --hidden 1024 --heads 16 --seq 1024 --vocab 32000 --batch 8 --gas 4 --iters 5 --out "$out/zero"
+# Issue 16: ours vs DeepSpeed ZeRO-Offload vs FSDP2 on the 886M Llama. DeepSpeed arms need its wheels carried in
+# .whl/ and installed into /tmp/site first (see the issue-16 report); without them they print "not installed".
+part bench-zero-offload "${T_BZO:-900}" python3 benchmarks/bench_zero_offload.py --device cuda --model 886m \
+  --steps 5 --warmup 2 --out "$out/zero_offload"
 mkdir -p /tmp/hostoffload-io
 part bench-io "${T_BIO:-240}" python3 benchmarks/bench_io.py --sizes 64M,256M,1G,4G --repeats 2 --dir /tmp/hostoffload-io \
   --out "$out/bench_io.json"

@@ -22,7 +22,10 @@ What happens where, per stage (R9-R12):
   before it) and by any checkpoint recompute (R21), and all released when ``backward()`` returns.
 - Offload (R17): the fp32 master and optimizer state live in pinned host buffers from the project's pinning
   API; gradients are copied device-to-host asynchronously, the native CPU Adam runs the step (writing the bf16
-  weights in the same pass), the weights go back asynchronously. ``offload_param`` keeps stage-3 partitions in
+  weights in the same pass), the weights go back asynchronously. At stages 2/3 with Adam this is streamed per
+  bucket (:mod:`optimized.accumulation.streamed_update`): the D2H overlaps backward, the fp32 accumulator stays
+  on the host, and the CPU Adam overlaps the next forward, whose modules wait only for their own buckets.
+  ``offload_param`` keeps stage-3 partitions in
   pinned host memory. ``offload_optimizer: nvme`` is ``cpu`` with the optimizer state in files between steps:
   read back (asynchronously, from the start of the boundary) before the CPU Adam, written after it
   (:mod:`optimized.accumulation.swap`).
@@ -63,6 +66,7 @@ from optimized.accumulation.collectives import Collectives, PendingReduce
 from optimized.accumulation.lr import EngineOptimizer
 from optimized.accumulation.optimizers import step_master, uses_native
 from optimized.accumulation.partition import FlatLayout, build_layout, owners, unflatten
+from optimized.accumulation.streamed_update import StreamedUpdate
 from optimized.accumulation.swap import StateSwapper
 from optimized.pinning import pin_empty, unpin
 from reference.accumulation.config import AccumulationConfig
@@ -153,9 +157,13 @@ class _Bucket:
     end: int
     names: tuple[str, ...]
     splits: list[int]
+    index: int = 0
     pending: int = 0
     reduce: PendingReduce | None = None
     keep_alive: torch.Tensor | None = None
+    #: streamed offload: this backward's gradients of the bucket (comm dtype, zeros where none arrived), allocated
+    #: at its first gradient and dropped once reduced, instead of a view of a model-sized flat buffer
+    grads: torch.Tensor | None = None
 
 
 @dataclass
@@ -237,8 +245,8 @@ class ZeroEngine(ScheduledEngine):
         self._params: dict[str, nn.Parameter] = dict(named)
         self.layout: FlatLayout = build_layout([(n, p.shape) for n, p in trainable], self.world_size)
         self.frozen_layout: FlatLayout = build_layout([(n, p.shape) for n, p in frozen], self.world_size)
-        self._seg = {s.name: s for s in self.layout.segments}
-        self._fseg = {s.name: s for s in self.frozen_layout.segments}
+        self._segments = {s.name: s for s in self.layout.segments}
+        self._frozen_segments = {s.name: s for s in self.frozen_layout.segments}
         self.master_device = torch.device("cpu") if cfg.masters_on_host else self.device
         self.param_device = torch.device("cpu") if cfg.offload_param == "cpu" else self.device
 
@@ -295,15 +303,15 @@ class ZeroEngine(ScheduledEngine):
         cfg = self.config
         P, total = self.layout.partition_size, self.layout.total
         lo, hi = self.rank * P, (self.rank + 1) * P
-        mdt = cfg.model_dtype
+        model_dtype = cfg.model_dtype
         # R1: every rank starts from rank 0's parameters (the same model built from the same seed already is).
-        flat = torch.zeros(total, dtype=mdt, device=self.device)
+        flat = torch.zeros(total, dtype=model_dtype, device=self.device)
         for n, p in trainable:
-            s = self._seg[n]
+            s = self._segments[n]
             flat[s.offset : s.end].copy_(p.detach().reshape(-1))
-        fflat = torch.zeros(self.frozen_layout.total, dtype=mdt, device=self.device)
+        fflat = torch.zeros(self.frozen_layout.total, dtype=model_dtype, device=self.device)
         for n, p in frozen:
-            s = self._fseg[n]
+            s = self._frozen_segments[n]
             fflat[s.offset : s.end].copy_(p.detach().reshape(-1))
         self._comm.broadcast_pieces([(0, flat), (0, fflat)], "initial parameter broadcast")
 
@@ -332,9 +340,14 @@ class ZeroEngine(ScheduledEngine):
                 b = torch.empty(mnumel, dtype=torch.float32, device=self.master_device)
             buffers[name] = b.zero_()
         self._opt_state = OptimizerState(0, buffers)
+        #: Stages 2/3 with cpu offload and the native Adam stream the update per bucket (streamed_update.py):
+        #: the fp32 gradient accumulator lives on the host, no partition-sized gradient or weight copy on the
+        #: device.
+        self._update: StreamedUpdate | None = None
+        streamed = self.stage >= 2 and cfg.offload_optimizer == "cpu" and uses_native(cfg.optimizer, self._master)
         # Device -> host gradient staging for the offloaded step (not needed when everything is on the host).
         self._grad_host: torch.Tensor | None = None
-        if self.master_device.type == "cpu" and self.device.type != "cpu":
+        if self.master_device.type == "cpu" and self.device.type != "cpu" and not streamed:
             self._grad_host = self._host_buffer(mnumel, torch.float32, pinned=True)
 
         # Parameters (R12): stages 0-2 keep the full model-dtype parameters as views of one flat buffer, so the
@@ -345,41 +358,75 @@ class ZeroEngine(ScheduledEngine):
         if self.stage < 3:
             self._flat_params = flat
             for n, p in trainable:
-                s = self._seg[n]
+                s = self._segments[n]
                 p.data = flat[s.offset : s.end].view(s.shape)
             for n, p in frozen:
-                s = self._fseg[n]
+                s = self._frozen_segments[n]
                 p.data = fflat[s.offset : s.end].view(s.shape).clone()
         else:
-            fP = self.frozen_layout.partition_size
-            self._param_part = self._param_buffer(P, mdt)
+            frozen_partition_size = self.frozen_layout.partition_size
+            self._param_part = self._param_buffer(P, model_dtype)
             self._param_part.copy_(flat[lo:hi])
-            self._frozen_part = self._param_buffer(fP, mdt)
-            self._frozen_part.copy_(fflat[self.rank * fP : (self.rank + 1) * fP])
+            self._frozen_part = self._param_buffer(frozen_partition_size, model_dtype)
+            self._frozen_part.copy_(fflat[self.rank * frozen_partition_size : (self.rank + 1) * frozen_partition_size])
         del flat, fflat
 
         # Where the cast master goes (R13 step 5), and whether the native kernel can write it directly.
-        self._lp_out: torch.Tensor | None = None
-        if mdt == torch.bfloat16 and uses_native(cfg.optimizer, self._master):
+        self._cast_master: torch.Tensor | None = None
+        if model_dtype == torch.bfloat16 and uses_native(cfg.optimizer, self._master):
             if self.stage == 0 and self.device.type == "cpu":
-                self._lp_out = self._flat_params
+                self._cast_master = self._flat_params
             elif self.stage == 3 and self.param_device.type == "cpu":
-                self._lp_out = self._param_part
+                self._cast_master = self._param_part
+            elif self.stage == 2 and self.device.type == "cpu" and streamed:
+                self._cast_master = self._flat_params[lo:hi]
             else:
-                self._lp_out = self._host_buffer(mnumel, mdt, pinned=self.device.type != "cpu")
-        self._lp_part: torch.Tensor | None = None
-        if self.stage in (1, 2):
-            self._lp_part = torch.empty(P, dtype=mdt, device=self.device)
+                self._cast_master = self._host_buffer(mnumel, model_dtype, pinned=self.device.type != "cpu")
+        #: Device copy of this rank's cast partition, the all-gather's input (stages 1/2, not streamed).
+        self._gather_source: torch.Tensor | None = None
+        if self.stage in (1, 2) and not streamed:
+            self._gather_source = torch.empty(P, dtype=model_dtype, device=self.device)
 
         # Gradient state (R9/R10).
         if self.stage <= 1:
-            self._acc = torch.zeros(total, dtype=cfg.accum_dtype, device=self.device)
+            self._grad_accumulator = torch.zeros(total, dtype=cfg.accum_dtype, device=self.device)
         else:
-            self._acc = torch.zeros(P, dtype=cfg.accum_dtype, device=self.device)
-            self._gbuf = torch.zeros(total, dtype=cfg.comm_dtype, device=self.device)
+            if streamed:
+                self._grad_accumulator = self._host_buffer(P, cfg.accum_dtype, pinned=self.device.type != "cpu")
+                self._grad_accumulator.zero_()
+            else:
+                self._grad_accumulator = torch.zeros(P, dtype=cfg.accum_dtype, device=self.device)
+            #: the flat communication-dtype gradient of one backward (not streamed; streamed: per bucket)
+            self._comm_grads = (
+                None if streamed else torch.zeros(total, dtype=cfg.comm_dtype, device=self.device)
+            )
             self._buckets = self._plan_buckets()
             self._bucket_of = {n: b for b in self._buckets for n in b.names}
             self._got_grad: set[str] = set()
+            #: Buckets whose reduce-scatter was launched and whose result is not yet accumulated (streamed).
+            self._launched: deque[_Bucket] = deque()
+            self._want_norm_pieces = False
+        if streamed:
+            ranges = []
+            for b in self._buckets:
+                mine = owners(self.layout, b.start, b.end)[self.rank]
+                ranges.append((mine.start - lo, mine.end - lo) if mine.length else (0, 0))
+            weights = self._flat_params[lo:hi] if self.stage == 2 else self._param_part
+            self._update = StreamedUpdate(
+                device=self.device,
+                layout=self.layout,
+                rank=self.rank,
+                ranges=ranges,
+                accum_dtype=cfg.accum_dtype,
+                accumulator=self._grad_accumulator,
+                master=self._master,
+                exp_avg=self._opt_state.buffers["exp_avg"],
+                exp_avg_sq=self._opt_state.buffers["exp_avg_sq"],
+                cast_out=self._cast_master,
+                weights=weights,
+            )
+            if self.stage == 2:
+                self._install_update_waits(lo, hi)
         for n in self.trainable_names:
             self._hooks.append(self._params[n].register_post_accumulate_grad_hook(self._make_grad_hook(n)))
         if self.stage == 3:
@@ -403,13 +450,13 @@ class ZeroEngine(ScheduledEngine):
                 current, size = [], 0
         if current:
             groups.append(current)
-        groups.sort(key=lambda g: min(self._seg[n].offset for n in g))
-        starts = [0] + [min(self._seg[n].offset for n in g) for g in groups[1:]]
+        groups.sort(key=lambda g: min(self._segments[n].offset for n in g))
+        starts = [0] + [min(self._segments[n].offset for n in g) for g in groups[1:]]
         ends = [*starts[1:], self.layout.total]
         buckets = []
         for g, a, b in zip(groups, starts, ends, strict=True):
             splits = [o.length for o in owners(self.layout, a, b)]
-            buckets.append(_Bucket(a, b, tuple(g), splits))
+            buckets.append(_Bucket(a, b, tuple(g), splits, index=len(buckets)))
         return buckets
 
     # ---- public surface ------------------------------------------------------------------------------------
@@ -439,12 +486,22 @@ class ZeroEngine(ScheduledEngine):
             )
         if self._swap is not None:
             self._swap.release()  # the last step's state writes ran during this micro-step's forward
+        if self._update is not None:
+            self.synchronize()  # the last update's tail ran during this micro-step's forward
+            managed = self.config.managed_gradient_accumulation
+            # The R14 piece sums are taken on the device as buckets stream out when this backward is (predicted to
+            # be) the boundary's; otherwise step() sums the host accumulator.
+            predicted = managed and self.is_gradient_accumulation_boundary()
+            self._want_norm_pieces = predicted or (not managed and self.device.type != "cpu")
+            self._update.begin_backward()
+            self._launched.clear()
         if self.stage >= 2:
             self._got_grad.clear()
             for b in self._buckets:
                 b.pending = len(b.names)
                 b.reduce = None
                 b.keep_alive = None
+                b.grads = None
         self._in_backward = True
         finished = False
         try:
@@ -461,6 +518,7 @@ class ZeroEngine(ScheduledEngine):
                 self._release_all()
             if not finished and self.stage >= 2:
                 for b in self._buckets:  # abandoned: the failing rank does not wait on its peers
+                    b.grads = None
                     b.reduce = None
                     b.keep_alive = None
         self._output_nodes.clear()
@@ -471,6 +529,7 @@ class ZeroEngine(ScheduledEngine):
         """R2-R4 / R6 and, at a boundary, the epilogue R13 with the hyper-parameters of ``optimizer``'s group;
         then an attached ``lr_scheduler`` steps (boundaries only, as DeepSpeed steps it)."""
         self._check_alive()
+        self.synchronize()
         with self._schedule.step() as boundary:
             outcome = self._boundary_epilogue() if boundary else StepOutcome(boundary=False)
         if boundary:
@@ -501,10 +560,13 @@ class ZeroEngine(ScheduledEngine):
         return self._module.training
 
     def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]:
-        """The module's parameters (at stage 3 between forwards they hold no data: shape ``[0]``)."""
+        """The module's parameters (at stage 3 between forwards they hold no data: shape ``[0]``); waits for
+        an update still streaming in (:meth:`synchronize`)."""
+        self.synchronize()
         return self._module.parameters(recurse)
 
     def named_parameters(self, *args: Any, **kwargs: Any) -> Iterator[tuple[str, nn.Parameter]]:
+        self.synchronize()
         return self._module.named_parameters(*args, **kwargs)
 
     def zero_grad(self) -> None:
@@ -514,7 +576,9 @@ class ZeroEngine(ScheduledEngine):
         self._check_alive()
         if self._in_backward:
             raise UnsupportedOperationError("zero_grad() was called during backward(); allowed: call it between calls")
-        self._acc.zero_()
+        if self._update is not None:
+            self._update.reset()
+        self._grad_accumulator.zero_()
         for p in self._params.values():
             p.grad = None
         self._grads_pending = False
@@ -582,6 +646,7 @@ class ZeroEngine(ScheduledEngine):
         with one rename after every rank's file and the manifest are on disk; a save that dies half-way leaves
         nothing :meth:`load_checkpoint` would load. Returns the checkpoint's path."""
         self._check_alive()
+        self.synchronize()
         if self._in_backward or self._schedule._in_no_sync:
             raise UnsupportedOperationError(
                 "save_checkpoint() inside backward() or no_sync(); allowed: call it between steps"
@@ -661,12 +726,12 @@ class ZeroEngine(ScheduledEngine):
             master, state = self._master[lo:hi], {k: v[lo:hi] for k, v in opt_state.buffers.items()}
         else:
             master, state = self._master, opt_state.buffers
-        fP = self.frozen_layout.partition_size
-        flo, fhi = self.rank * fP, (self.rank + 1) * fP
+        frozen_partition_size = self.frozen_layout.partition_size
+        flo, fhi = self.rank * frozen_partition_size, (self.rank + 1) * frozen_partition_size
         if self.stage == 3:
             frozen = self._frozen_part.to("cpu", copy=True)
         else:
-            frozen = torch.zeros(fP, dtype=self.config.model_dtype)
+            frozen = torch.zeros(frozen_partition_size, dtype=self.config.model_dtype)
             for name, pstart, local, length in ckpt.pieces_of_range(self.frozen_layout.segments, flo, fhi):
                 frozen[local : local + length].copy_(self._params[name].detach().reshape(-1)[pstart : pstart + length])
         rng = {"cpu": torch.get_rng_state()}
@@ -702,6 +767,7 @@ class ZeroEngine(ScheduledEngine):
         foreign checkpoint) leaves it as it was. ``load_module_only``: weights only (DeepSpeed's flag). RNG
         states are restored on ranks that existed in the saved run. Returns ``(path, client_state)``."""
         self._check_alive()
+        self.synchronize()
         if self._in_backward or self._schedule._in_no_sync:
             raise UnsupportedOperationError("load_checkpoint() inside backward() or no_sync(); allowed: between steps")
         for name, v in (("load_optimizer_states", load_optimizer_states),
@@ -782,7 +848,7 @@ class ZeroEngine(ScheduledEngine):
                 p[0] in fwanted for p in entry["frozen"]
             ):
                 files[r] = ckpt.read_rank_file(path, entry)
-        mdt = self.config.model_dtype
+        model_dtype = self.config.model_dtype
         master = torch.zeros(hi - lo, dtype=torch.float32)
         ckpt.assemble(needed, master, [(manifest["ranks"][r]["trainable"], f["master"]) for r, f in files.items()])
         state = None
@@ -793,7 +859,7 @@ class ZeroEngine(ScheduledEngine):
                 ckpt.assemble(
                     needed, state[k], [(manifest["ranks"][r]["trainable"], f["state"][k]) for r, f in files.items()]
                 )
-        frozen = torch.zeros(fhi - flo, dtype=mdt)
+        frozen = torch.zeros(fhi - flo, dtype=model_dtype)
         ckpt.assemble(fneeded, frozen, [(manifest["ranks"][r]["frozen"], f["frozen"]) for r, f in files.items()])
         own = files[own_rank]
         return path, manifest, master, state, frozen, own
@@ -803,6 +869,7 @@ class ZeroEngine(ScheduledEngine):
         """``module.state_dict()`` with every parameter at full shape in the model dtype (stage 3: gathered, a
         collective every rank calls) and this rank's buffers: what a plain ``nn.Module`` loads."""
         self._check_alive()
+        self.synchronize()
         full = self.full_parameters()
         out = {}
         for k, v in self._module.state_dict(keep_vars=True).items():
@@ -815,6 +882,7 @@ class ZeroEngine(ScheduledEngine):
         rank passes the same state_dict; no communication. Checked before anything changes: with ``strict``
         the keys must be the module's exactly; shapes must always match."""
         self._check_alive()
+        self.synchronize()
         if self._in_backward:
             raise UnsupportedOperationError("load_state_dict() during backward(); allowed: call it between calls")
         if not isinstance(state_dict, Mapping):
@@ -839,14 +907,16 @@ class ZeroEngine(ScheduledEngine):
         for name, _, local, length in ckpt.pieces_of_range(self.layout.segments, lo, hi):
             if name in state_dict:
                 flat = state_dict[name].detach().reshape(-1).to(torch.float32)
-                seg = self._seg[name]
+                seg = self._segments[name]
                 master[local : local + length].copy_(flat[lo + local - seg.offset : lo + local - seg.offset + length])
         frozen = {k: state_dict[k] for k in self.frozen_names if k in state_dict}
         self._install_state(master, None, frozen, {k: v for k, v in state_dict.items() if k in buffers})
 
     def _frozen_range(self) -> tuple[int, int]:
-        fP = self.frozen_layout.partition_size
-        return (self.rank * fP, (self.rank + 1) * fP) if self.stage == 3 else (0, self.frozen_layout.total)
+        if self.stage != 3:
+            return (0, self.frozen_layout.total)
+        frozen_partition_size = self.frozen_layout.partition_size
+        return (self.rank * frozen_partition_size, (self.rank + 1) * frozen_partition_size)
 
     def _install_state(
         self,
@@ -858,7 +928,7 @@ class ZeroEngine(ScheduledEngine):
         """Make ``master`` (this rank's master range) the engine's weights: the model-dtype parameters become
         its cast (R13 step 5: the invariant a boundary leaves), all-gathered at stages 1/2; ``frozen`` is a
         name -> full tensor mapping or this rank's flat frozen range. Gradients accumulated so far are dropped."""
-        mdt = self.config.model_dtype
+        model_dtype = self.config.model_dtype
         self._master.copy_(master)
         if opt_buffers is not None:
             if self._swap is not None:
@@ -866,12 +936,12 @@ class ZeroEngine(ScheduledEngine):
             else:
                 for k, v in opt_buffers.items():
                     self._opt_state.buffers[k].copy_(v)
-        lp = master.to(mdt)
+        lp = master.to(model_dtype)
         if self.stage == 0:
             self._flat_params.copy_(lp)
         elif self.stage in (1, 2):
-            self._lp_part.copy_(lp)
-            self._comm.all_gather_into(self._flat_params, self._lp_part, "checkpoint parameter all-gather")
+            source = lp.to(self.device) if self._gather_source is None else self._gather_source.copy_(lp)
+            self._comm.all_gather_into(self._flat_params, source, "checkpoint parameter all-gather")
         else:
             self._param_part.copy_(lp)
         flo, fhi = self._frozen_range()
@@ -880,26 +950,29 @@ class ZeroEngine(ScheduledEngine):
                 self._frozen_part.copy_(frozen)
             else:
                 for n in self.frozen_names:
-                    s = self._fseg[n]
+                    s = self._frozen_segments[n]
                     self._params[n].data.copy_(frozen[s.offset : s.end].view(s.shape))
         else:
             for n, v in frozen.items():
-                s = self._fseg[n]
+                s = self._frozen_segments[n]
                 if self.stage == 3:
                     for _, pstart, local, length in ckpt.pieces_of_range([s], flo, fhi):
                         src = v.detach().reshape(-1)[pstart : pstart + length]
                         self._frozen_part[local : local + length].copy_(src)
                 else:
-                    self._params[n].data.copy_(v.detach().to(mdt))
+                    self._params[n].data.copy_(v.detach().to(model_dtype))
         own = dict(self._module.named_buffers())
         for k, v in buffers.items():
             own[k].copy_(v)
-        self._acc.zero_()
+        if self._update is not None:
+            self._update.reset()
+        self._grad_accumulator.zero_()
         self._grads_pending = False
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """Copies of every parameter at full shape in the model dtype (stage 3: a collective, all ranks call)."""
         self._check_alive()
+        self.synchronize()
         if self.stage < 3:
             return {n: p.detach().clone() for n, p in self._params.items()}
         out = dict(unflatten(self.layout, self._gather_all(self.layout, self._param_part)))
@@ -909,11 +982,13 @@ class ZeroEngine(ScheduledEngine):
     def master_partition(self) -> torch.Tensor:
         """This rank's fp32 master (whole at stage 0), a copy."""
         self._check_alive()
+        self.synchronize()
         return self._master.clone()
 
     def optimizer_state(self) -> OptimizerState:
         """A copy of this rank's optimizer state (with ``nvme`` offload: read back from its files)."""
         self._check_alive()
+        self.synchronize()
         if self._swap is None:
             return OptimizerState(self._opt_state.step, {k: v.clone() for k, v in self._opt_state.buffers.items()})
         self._swap.begin_swap_in()
@@ -950,13 +1025,16 @@ class ZeroEngine(ScheduledEngine):
                 del _OWNERS[m]
         if self.stage == 3 and "_module" in self.__dict__:
             _RELEASED.add(self._module)
+        update, self._update = self.__dict__.get("_update"), None
+        if update is not None:
+            update.close()  # never raises: lets the worker finish (it writes into buffers unpinned below)
         swap, self._swap = self.__dict__.get("_swap"), None
         if swap is not None:
             swap.close()  # never raises: finishes the requests, closes the handle, deletes the files, unpins
         pinned, self._pinned = self._pinned, []
         for attr in (
-            "_master", "_opt_state", "_grad_host", "_flat_params", "_param_part", "_frozen_part", "_lp_out",
-            "_lp_part", "_acc", "_gbuf", "_buckets", "_bucket_of", "_units",
+            "_master", "_opt_state", "_grad_host", "_flat_params", "_param_part", "_frozen_part", "_cast_master",
+            "_gather_source", "_grad_accumulator", "_comm_grads", "_buckets", "_bucket_of", "_units",
         ):
             self.__dict__.pop(attr, None)
         for t in pinned:
@@ -966,7 +1044,7 @@ class ZeroEngine(ScheduledEngine):
 
     # ---- gradients -----------------------------------------------------------------------------------------
     def _make_grad_hook(self, name: str) -> Callable[[torch.Tensor], None]:
-        seg = self._seg[name]
+        seg = self._segments[name]
 
         def hook(p: torch.Tensor) -> None:
             if not self._in_backward or p.grad is None:
@@ -974,34 +1052,56 @@ class ZeroEngine(ScheduledEngine):
             g = p.grad.reshape(-1)
             if self.stage <= 1:
                 # R9: acc = acc + g.to(accum_dtype), per backward, locally.
-                self._acc[seg.offset : seg.end].add_(g.to(self.config.accum_dtype))
+                self._grad_accumulator[seg.offset : seg.end].add_(g.to(self.config.accum_dtype))
             else:
                 # R10: this backward's gradient in the communication dtype, reduced per bucket.
-                self._gbuf[seg.offset : seg.end].copy_(g)
-                self._got_grad.add(name)
                 bucket = self._bucket_of[name]
+                self._bucket_grads(bucket)[seg.offset - bucket.start : seg.end - bucket.start].copy_(g)
+                self._got_grad.add(name)
                 bucket.pending -= 1
                 if bucket.pending == 0:
                     self._launch(bucket)
+                    if self._update is not None:
+                        # Accumulate and stream out the bucket launched before this one while this one's
+                        # reduce-scatter runs (one behind, so the hook does not wait on its own collective).
+                        self._launched.append(bucket)
+                        while len(self._launched) > 1:
+                            self._absorb(self._launched.popleft())
             p.grad = None
 
         return hook
 
+    def _bucket_grads(self, bucket: _Bucket) -> torch.Tensor:
+        """Where this backward's gradients of ``bucket`` go (R10, comm dtype; padding zero)."""
+        if self._comm_grads is not None:
+            return self._comm_grads[bucket.start : bucket.end]
+        if bucket.grads is None:
+            bucket.grads = torch.zeros(bucket.end - bucket.start, dtype=self.config.comm_dtype, device=self.device)
+        return bucket.grads
+
     def _launch(self, bucket: _Bucket) -> None:
-        contribution = torch.div(self._gbuf[bucket.start : bucket.end], self.world_size)
+        contribution = torch.div(self._bucket_grads(bucket), self.world_size)
         bucket.keep_alive = contribution
+        bucket.grads = None
         bucket.reduce = self._comm.start_reduce_scatter(contribution, bucket.splits, "bucket reduce-scatter")
 
     def _finish_reductions(self) -> None:
         """End of a stage-2/3 backward: launch the buckets whose parameters got no gradient (R7: zeros), wait
         for every bucket and add this rank's reduced slice into its partition accumulator (R10)."""
         for b in self._buckets:
-            if b.reduce is None:
+            if b.pending:  # not launched by the hooks: some parameter got no gradient
                 for n in b.names:
                     if n not in self._got_grad:
-                        s = self._seg[n]
-                        self._gbuf[s.offset : s.end].zero_()
+                        s = self._segments[n]
+                        self._bucket_grads(b)[s.offset - b.start : s.end - b.start].zero_()
                 self._launch(b)
+                if self._update is not None:
+                    self._launched.append(b)
+        if self._update is not None:
+            while self._launched:
+                self._absorb(self._launched.popleft())
+            self._update.end_backward(self._want_norm_pieces)
+            return
         P = self.layout.partition_size
         base = self.rank * P
         accum = self.config.accum_dtype
@@ -1009,13 +1109,59 @@ class ZeroEngine(ScheduledEngine):
             mine = owners(self.layout, b.start, b.end)[self.rank]
             reduced = b.reduce.result()
             if mine.length:
-                dst = self._acc[mine.start - base : mine.end - base]
+                dst = self._grad_accumulator[mine.start - base : mine.end - base]
                 dst.add_(reduced.to(accum))
             b.reduce = None
             b.keep_alive = None
 
+    def _absorb(self, bucket: _Bucket) -> None:
+        """R10 for one bucket on the streamed path: its reduced slice into the host accumulator."""
+        reduced = bucket.reduce.result()
+        self._update.absorb(bucket.index, reduced, self._want_norm_pieces)
+        bucket.reduce = None
+        bucket.keep_alive = None
+
+    def _streamed_epilogue(self) -> StepOutcome:
+        """R13 on the streamed path (streamed_update.py): the reduction finished in backward; the norm from the
+        per-piece sums; the update runs per bucket on the worker and this returns while it does (stages 1/2 at
+        W > 1: after the per-bucket all-gather, which overlaps the update of the next bucket)."""
+        cfg = self.config
+        comm = self._comm
+        update = self._update
+        gradients = None
+        if self.record_gradients:
+            part = update.grad_for_boundary().to(self.device)
+            full = torch.empty(self.layout.total, dtype=cfg.accum_dtype, device=self.device)
+            comm.all_gather_into(full, part, "gradient record all-gather")
+            gradients = {n: t.clone() for n, t in unflatten(self.layout, full.to(torch.float32)).items()}
+        # R14: per-piece fp64 sums in flat order (taken on the device as the buckets streamed out), rank order.
+        local = 0.0
+        for v in update.piece_sums():
+            local += v
+        norm = math.sqrt(comm.sum_floats_in_rank_order(local, self.device, "gradient norm all-gather"))
+        clip_coef: float | None = None
+        if cfg.gradient_clipping > 0:
+            coef = cfg.gradient_clipping / (norm + CLIP_EPSILON)
+            if coef < 1.0:
+                clip_coef = coef
+        self._opt_state.step += 1
+        update.start(self.optimizer.current(), self._opt_state.step, clip_coef)
+        if self.stage == 2 and self.world_size > 1:
+            # R12 (stage 2): every rank needs every bucket's new weights; broadcast each owner's slice as soon as
+            # its bucket is updated, while the worker updates the next one.
+            works = []
+            for b in self._buckets:
+                update.wait_bucket(b.index)
+                pieces = [(o.rank, self._flat_params[o.start : o.end]) for o in owners(self.layout, b.start, b.end)]
+                works.extend(comm.start_broadcasts(pieces, "parameter all-gather (per bucket)"))
+            comm.wait_all(works, "parameter all-gather (per bucket)")
+            update.wait_all()
+        return StepOutcome(boundary=True, grad_norm=norm, clip_coef=clip_coef, gradients=gradients)
+
     def _boundary_epilogue(self) -> StepOutcome:
         """R13: finish reduction; norm; clip; optimizer; cast back and all-gather; clear gradient state."""
+        if self._update is not None:
+            return self._streamed_epilogue()
         cfg = self.config
         W, P = self.world_size, self.layout.partition_size
         comm = self._comm
@@ -1024,7 +1170,7 @@ class ZeroEngine(ScheduledEngine):
             self._swap.begin_swap_in()
         # 1. Finish the reduction: this rank's partition of the reduced gradient, accumulation dtype.
         if self.stage <= 1:
-            contribution = torch.div(self._acc.to(cfg.comm_dtype), W)
+            contribution = torch.div(self._grad_accumulator.to(cfg.comm_dtype), W)
             part = comm.start_reduce_scatter(contribution, [P] * W, "boundary reduce-scatter").result()
             part = part.to(cfg.accum_dtype)
             if self.stage == 0:
@@ -1033,7 +1179,7 @@ class ZeroEngine(ScheduledEngine):
             else:
                 owned = part
         else:
-            part = owned = self._acc
+            part = owned = self._grad_accumulator
         gradients = None
         if self.record_gradients:
             if self.stage == 0:
@@ -1069,24 +1215,25 @@ class ZeroEngine(ScheduledEngine):
         if self._swap is not None:
             self._opt_state.buffers = self._swap.finish_swap_in()
         wrote_lp = step_master(
-            self.optimizer.current(), self._master, g32, self._opt_state, clip_coef=clip_coef, bf16_out=self._lp_out
+            self.optimizer.current(), self._master, g32, self._opt_state, clip_coef=clip_coef,
+            bf16_out=self._cast_master,
         )
         if self._swap is not None:
             # The writes run while the weights are cast and all-gathered; the next backward() waits for them.
             self._opt_state.buffers = {}
             self._swap.begin_swap_out()
         # 5. Cast back to the model dtype and all-gather (R12).
-        lp = self._lp_out if wrote_lp else self._master.to(cfg.model_dtype)
+        lp = self._cast_master if wrote_lp else self._master.to(cfg.model_dtype)
         if self.stage == 0:
             if lp is not self._flat_params:
                 self._flat_params.copy_(lp, non_blocking=True)
         elif self.stage in (1, 2):
-            self._lp_part.copy_(lp, non_blocking=True)
-            comm.all_gather_into(self._flat_params, self._lp_part, "parameter all-gather")
+            self._gather_source.copy_(lp, non_blocking=True)
+            comm.all_gather_into(self._flat_params, self._gather_source, "parameter all-gather")
         elif lp is not self._param_part:
             self._param_part.copy_(lp, non_blocking=True)
         # 6. Clear the gradient state.
-        self._acc.zero_()
+        self._grad_accumulator.zero_()
         return StepOutcome(boundary=True, grad_norm=norm, clip_coef=clip_coef, gradients=gradients)
 
     # ---- stage 3 parameter lifecycle (R12, R21) ------------------------------------------------------------
@@ -1102,7 +1249,7 @@ class ZeroEngine(ScheduledEngine):
             if not direct:
                 continue
             unit = _Unit(
-                tuple(n for n in direct if n in self._seg), tuple(n for n in direct if n in self._fseg)
+                tuple(n for n in direct if n in self._segments), tuple(n for n in direct if n in self._frozen_segments)
             )
             self._units[id(mod)] = unit
             self._hooks.append(mod.register_forward_pre_hook(self._make_pre_forward(id(mod))))
@@ -1116,12 +1263,17 @@ class ZeroEngine(ScheduledEngine):
         plans = []
         pieces = []
         for names, layout, segs, part in (
-            (unit.trainable, self.layout, self._seg, self._param_part),
-            (unit.frozen, self.frozen_layout, self._fseg, self._frozen_part),
+            (unit.trainable, self.layout, self._segments, self._param_part),
+            (unit.frozen, self.frozen_layout, self._frozen_segments, self._frozen_part),
         ):
             if not names:
                 continue
             a, b = self._range_of(names, segs)
+            update = self._update
+            if update is not None and update.in_flight and part is self._param_part:
+                # Streamed update (stage 3): wait for this rank's buckets of the unit only.
+                base = self.rank * layout.partition_size
+                update.wait_range(max(a, base) - base, min(b, base + layout.partition_size) - base)
             if self.world_size == 1 and part.device == self.device:
                 # One rank owns everything and it is already on the device: view it, copy nothing.
                 plans.append((names, segs, a, part[a:b]))
@@ -1226,6 +1378,44 @@ class ZeroEngine(ScheduledEngine):
                     t.register_hook(regather)
 
         return post_forward
+
+    def synchronize(self) -> None:
+        """Wait until the last boundary's update is complete and visible to the current stream.
+
+        With ``offload_optimizer: cpu`` at stages 2/3 (world size 1, or stage 3) ``step()`` returns while the
+        CPU Adam of later buckets still runs and their weights are still being copied to the device; each
+        module's forward waits for its own parameters, and every engine method that reads weights or optimizer
+        state calls this first. Call it yourself before reading a parameter tensor some other way (a reference
+        to ``p.data`` kept from before ``step()``, a hook of your own) between ``step()`` and the next forward.
+        A no-op when nothing is in flight; re-raises an error of the update."""
+        update = self.__dict__.get("_update")
+        if update is not None and update.in_flight:
+            update.wait_all()
+
+    def offload_timings(self) -> dict[str, float] | None:
+        """Where the streamed offloaded update spent its time since the last call (seconds: ``cpu_adam_s``,
+        ``wait_s`` -- the training thread blocked on it --, ``d2h_s``, ``h2d_s``), or None when the update is
+        not streamed (no cpu offload, stage 0/1, SGD). Synchronizes; meant for benchmarks."""
+        update = self.__dict__.get("_update")
+        return None if update is None else update.take_timings()
+
+    def _install_update_waits(self, lo: int, hi: int) -> None:
+        """Stage 2, streamed: before each module's forward, wait for the buckets holding its own parameters
+        only (``[lo, hi)`` is this rank's partition; other ranks' slices arrive in step())."""
+        names_of = {id(p): n for n, p in self._params.items() if n in self._segments}
+        for mod in self._module.modules():
+            segs = [self._segments[names_of[id(p)]] for p in mod.parameters(recurse=False) if id(p) in names_of]
+            a = max(lo, min((s.offset for s in segs), default=hi))
+            b = min(hi, max((s.end for s in segs), default=lo))
+            if a >= b:
+                continue
+
+            def wait_own(module: nn.Module, args: Any, a: int = a - lo, b: int = b - lo) -> None:
+                update = self._update
+                if update is not None and update.in_flight:
+                    update.wait_range(a, b)
+
+            self._hooks.append(mod.register_forward_pre_hook(wait_own))
 
     def _check_alive(self) -> None:
         if self._destroyed:

@@ -1,0 +1,379 @@
+"""The offloaded stage-2/3 update, streamed bucket by bucket (issue 16; rules R10, R13-R17 of docs/accumulation.md).
+
+With ``offload_optimizer: cpu`` the boundary work is three transfers and one host computation per bucket:
+the reduced gradient goes device -> host, the CPU Adam updates the bucket's fp32 master (writing the model-dtype
+weights in the same pass), the weights go host -> device. Run one after the other for the whole partition they
+add up to more than the GPU's own step; streamed per bucket they overlap:
+
+- **D2H overlaps backward.** Each backward, as soon as a bucket's rank-ordered reduce-scatter has a result, an
+  offload stream adds it into the bucket's accumulator (R10) and copies the result into the pinned host
+  accumulator. The fp32 accumulator never lives on the device: the stream brings the bucket's running sum up
+  from the host (``0 + g`` on the first backward of a boundary, so the arithmetic is R10's ``acc + red`` in
+  the same order), adds, and sends it back. On the backward that a managed schedule says is the boundary's, the
+  same stream also sums the squares of every R14 piece of the bucket on the device (fp64, ``torch.sum(x * x)``
+  per piece), so the global norm is known the moment backward ends.
+- **The CPU Adam overlaps the H2D and the next forward.** R15 needs the global norm before any update, so the
+  update starts in ``step()``, with that step's hyper-parameters, on a worker thread: buckets in flat order
+  (the order the next forward needs them), each waiting only for its own D2H. After each bucket its weights
+  are copied to the device on a second stream and an event is recorded; ``step()`` returns at once (world size
+  1, or stage 3), and the next forward of a module waits for the buckets holding its parameters only
+  (:meth:`StreamedUpdate.wait_range`). Everything else that reads weights or optimizer state waits for all
+  (:meth:`StreamedUpdate.wait_all`). At stages 1/2 with several ranks the owners' slices are all-gathered per
+  bucket in ``step()`` while the worker updates the next bucket.
+
+On the cpu accelerator there is nothing to copy: the accumulator is the host buffer itself, the norm is
+summed there, and the asynchrony is the worker thread's (the next forward waits per module the same way).
+
+Every operation is the reference's, elementwise, on the same values: streaming changes when and where, never
+the arithmetic (the accumulation suite compares the traces bitwise on the host).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+
+from optimized import cpu_adam
+from reference.accumulation.config import OptimizerConfig
+from reference.accumulation.partition import FlatLayout
+
+__all__ = ["BucketRange", "StreamedUpdate"]
+
+
+@dataclass
+class BucketRange:
+    """The part of one gradient bucket this rank owns, in partition coordinates, with the R14 pieces in it."""
+
+    index: int
+    lo: int
+    hi: int
+    #: (position of the piece in flat order, start in the partition, length)
+    pieces: list[tuple[int, int, int]] = field(default_factory=list)
+
+    @property
+    def length(self) -> int:
+        return self.hi - self.lo
+
+
+class StreamedUpdate:
+    """The host accumulator, the per-bucket norm pieces and the pipelined CPU update of one rank.
+
+    ``ranges``: this rank's slice of every bucket (partition coordinates, ascending, tiling ``[0, P)``).
+    ``master`` / ``state``: the fp32 master and the Adam moments (host, pinned on a device run).
+    ``cast_out``: host buffer the kernel writes the model-dtype weights into (bf16 model), or None (fp32 model:
+    the master is the weights). ``weights``: where the model-dtype weights of the partition must end up (a
+    device view, or ``cast_out`` itself when the parameters stay on the host).
+    """
+
+    def __init__(
+        self,
+        *,
+        device: torch.device,
+        layout: FlatLayout,
+        rank: int,
+        ranges: list[tuple[int, int]],
+        accum_dtype: torch.dtype,
+        accumulator: torch.Tensor,
+        master: torch.Tensor,
+        exp_avg: torch.Tensor,
+        exp_avg_sq: torch.Tensor,
+        cast_out: torch.Tensor | None,
+        weights: torch.Tensor,
+    ) -> None:
+        self.device = device
+        self.on_device = device.type != "cpu"
+        self.accum_dtype = accum_dtype
+        self.accumulator = accumulator
+        self.master = master
+        self.exp_avg = exp_avg
+        self.exp_avg_sq = exp_avg_sq
+        self.cast_out = cast_out
+        self.weights = weights
+        self.ranges = [BucketRange(i, lo, hi) for i, (lo, hi) in enumerate(ranges)]
+        self.pieces = layout.pieces(rank)
+        for position, piece in enumerate(self.pieces):
+            owner = next(b for b in self.ranges if b.lo <= piece.local_start < b.hi)
+            owner.pieces.append((position, piece.local_start, piece.length))
+        #: per piece, its fp64 sum of squares (a device scalar on a device run, else a float) or None
+        self._sums: list[torch.Tensor | float | None] = [None] * len(self.pieces)
+        #: whether every piece sum is of the accumulator as it is now (invalidated by each backward)
+        self._sums_fresh = False
+        self._first = True  # no backward since the last boundary: the accumulator is logically zero
+        self._done: list[threading.Event] = [threading.Event() for _ in self.ranges]
+        for e in self._done:
+            e.set()
+        self._pending: Future | None = None
+        self._error: BaseException | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        #: seconds spent, since the last :meth:`take_timings`: the CPU Adam (worker), the caller blocked in waits
+        self._times = {"cpu_adam_s": 0.0, "wait_s": 0.0, "d2h_s": 0.0, "h2d_s": 0.0}
+        self._copy_events: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
+        #: copy timing events are recorded only once someone asked for timings (they pile up until read)
+        self._timing = False
+        self._threads = cpu_adam.default_threads()
+        if self.on_device:
+            # Leave one core to the thread that launches the next forward's kernels.
+            self._threads = max(1, self._threads - 1)
+            longest = max((b.length for b in self.ranges), default=0)
+            # Two staging buffers: the stream adds into one while the other's D2H drains.
+            self._staging = [torch.empty(longest, dtype=accum_dtype, device=device) for _ in range(2)]
+            self._turn = 0
+            self._d2h_stream = torch.cuda.Stream(device)
+            self._h2d_stream = torch.cuda.Stream(device)
+            self._d2h_done: list[torch.cuda.Event | None] = [None] * len(self.ranges)
+            self._h2d_done: list[torch.cuda.Event | None] = [None] * len(self.ranges)
+
+    # ---- backward: accumulate (R10) and stream out ----------------------------------------------------------
+    def begin_backward(self) -> None:
+        self._sums_fresh = False
+
+    def absorb(self, index: int, reduced: torch.Tensor, want_sums: bool) -> None:
+        """Add this rank's reduced slice of bucket ``index`` (comm dtype, on the device) into its accumulator
+        (R10: ``acc + red.to(accum_dtype)``, acc from zeros after a boundary); with ``want_sums`` also the
+        R14 piece sums of the result."""
+        b = self.ranges[index]
+        if not b.length:
+            return
+        host = self.accumulator[b.lo : b.hi]
+        if not self.on_device:
+            if self._first:
+                host.zero_()
+            host.add_(reduced.to(self.accum_dtype))
+            if want_sums:
+                self._sum_pieces(b, host, b.lo)
+            return
+        stream = self._d2h_stream
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            stage = self._staging[self._turn][: b.length]
+            self._turn ^= 1
+            if self._first:
+                stage.zero_()
+            else:
+                stage.copy_(host, non_blocking=True)
+            stage.add_(reduced.to(self.accum_dtype))
+            if want_sums:
+                self._sum_pieces(b, stage, b.lo)
+            begin = torch.cuda.Event(enable_timing=True)
+            begin.record(stream)
+            host.copy_(stage, non_blocking=True)
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(stream)
+            if self._timing:
+                self._copy_events.append(("d2h_s", begin, event))
+        reduced.record_stream(stream)
+        self._d2h_done[index] = event
+
+    def _sum_pieces(self, b: BucketRange, values: torch.Tensor, origin: int) -> None:
+        for position, start, length in b.pieces:
+            seg = values[start - origin : start - origin + length].to(torch.float64)
+            total = torch.sum(torch.mul(seg, seg))
+            self._sums[position] = total if self.on_device else total.item()
+
+    def end_backward(self, summed: bool) -> None:
+        """Every bucket was absorbed; ``summed``: the piece sums were taken in this backward."""
+        self._first = False
+        self._sums_fresh = summed
+
+    # ---- the boundary --------------------------------------------------------------------------------------
+    def wait_transfers_out(self) -> None:
+        """The host accumulator holds the final gradient (every D2H has landed), and every kernel or copy queued
+        so far has run: the update may now write host buffers those copies read (stage-3 gathers from pinned
+        partitions) and device buffers those kernels read. The norm needs all of backward anyway."""
+        if self.on_device:
+            self._d2h_stream.wait_stream(torch.cuda.current_stream(self.device))
+            self._d2h_stream.synchronize()
+
+    def grad_for_boundary(self) -> torch.Tensor:
+        """The accumulated partition gradient, on the host, complete (zeros if no backward since the boundary)."""
+        if self._first:
+            self.accumulator.zero_()
+        self.wait_transfers_out()
+        return self.accumulator
+
+    def piece_sums(self) -> list[float]:
+        """R14's per-piece fp64 sums of squares of the accumulated gradient, in flat order."""
+        if not self._sums_fresh:
+            grad = self.grad_for_boundary()
+            for b in self.ranges:
+                if b.pieces:
+                    if self.on_device:
+                        # Not predicted (unmanaged step, or the boundary override changed after backward): sum
+                        # on the host copy; the value agrees with the device's within R25's tolerance.
+                        for position, start, length in b.pieces:
+                            seg = grad[start : start + length].to(torch.float64)
+                            self._sums[position] = torch.sum(torch.mul(seg, seg)).item()
+                    else:
+                        self._sums_pieces_host(b, grad)
+        device_sums = [s for s in self._sums if isinstance(s, torch.Tensor)]
+        if device_sums:
+            torch.cuda.current_stream(self.device).wait_stream(self._d2h_stream)
+        values = torch.stack(device_sums).cpu().tolist() if device_sums else []
+        it = iter(values)
+        return [next(it) if isinstance(s, torch.Tensor) else float(s) for s in self._sums]
+
+    def _sums_pieces_host(self, b: BucketRange, grad: torch.Tensor) -> None:
+        for position, start, length in b.pieces:
+            seg = grad[start : start + length].to(torch.float64)
+            self._sums[position] = torch.sum(torch.mul(seg, seg)).item()
+
+    def start(self, config: OptimizerConfig, step: int, clip_coef: float | None) -> None:
+        """Update every bucket on the worker, in flat order, with these hyper-parameters (R15 + R16, step ``t``).
+        Returns at once; :meth:`wait_range` / :meth:`wait_all` wait."""
+        self.wait_all()
+        grad = self.grad_for_boundary()
+        if self.on_device:
+            # The H2D of the new weights must not overtake the kernels already queued that still read the old
+            # ones (the end of backward; stage-3 gathers): each copy waits for this point of the current stream.
+            self._fence = torch.cuda.Event()
+            self._fence.record(torch.cuda.current_stream(self.device))
+        for e in self._done:
+            e.clear()
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hostoffload-zero-update")
+        self._pending = self._executor.submit(self._run, config, step, clip_coef, grad)
+
+    def _run(self, config: OptimizerConfig, step: int, clip_coef: float | None, grad: torch.Tensor) -> None:
+        try:
+            for b in self.ranges:
+                if b.length:
+                    self._update_bucket(b, config, step, clip_coef, grad)
+                self._done[b.index].set()
+        except BaseException as exc:  # reported by the next wait, on the caller's thread
+            self._error = exc
+        finally:
+            for e in self._done:
+                e.set()
+            # R13 step 6: the next backward starts a new accumulation.
+            self._first = True
+            self._sums_fresh = False
+
+    def _update_bucket(
+        self, b: BucketRange, config: OptimizerConfig, step: int, clip_coef: float | None, grad: torch.Tensor
+    ) -> None:
+        if self.on_device and self._d2h_done[b.index] is not None:
+            self._d2h_done[b.index].synchronize()  # this bucket's gradient has landed (the others may not)
+        t0 = time.perf_counter()
+        g = grad[b.lo : b.hi]
+        if g.dtype != torch.float32:
+            g = g.to(torch.float32)
+        out = None if self.cast_out is None else self.cast_out[b.lo : b.hi]
+        cpu_adam.adam_step(
+            config,
+            self.master[b.lo : b.hi],
+            g,
+            self.exp_avg[b.lo : b.hi],
+            self.exp_avg_sq[b.lo : b.hi],
+            step,
+            grad_scale=clip_coef,
+            bf16_out=out,
+            threads=self._threads,
+        )
+        self._times["cpu_adam_s"] += time.perf_counter() - t0
+        src = self.master[b.lo : b.hi] if out is None else out
+        dst = self.weights[b.lo : b.hi]
+        if dst.data_ptr() == src.data_ptr():
+            return
+        if self.on_device and dst.device.type != "cpu":
+            with torch.cuda.device(self.device), torch.cuda.stream(self._h2d_stream):
+                self._h2d_stream.wait_event(self._fence)
+                begin = torch.cuda.Event(enable_timing=True)
+                begin.record(self._h2d_stream)
+                dst.copy_(src, non_blocking=True)
+                event = torch.cuda.Event(enable_timing=True)
+                event.record(self._h2d_stream)
+            if self._timing:
+                self._copy_events.append(("h2d_s", begin, event))
+            self._h2d_done[b.index] = event
+        else:
+            dst.copy_(src)
+
+    # ---- waiting -------------------------------------------------------------------------------------------
+    @property
+    def in_flight(self) -> bool:
+        return self._pending is not None
+
+    def wait_bucket(self, index: int) -> None:
+        """Bucket ``index``'s weights are in place for work queued on the current stream from now on."""
+        if self._pending is None:
+            return
+        if not self._done[index].is_set():
+            t0 = time.perf_counter()
+            self._done[index].wait()
+            self._times["wait_s"] += time.perf_counter() - t0
+        self._raise_error()
+        if self.on_device:
+            event = self._h2d_done[index]
+            if event is not None:
+                torch.cuda.current_stream(self.device).wait_event(event)
+                self._h2d_done[index] = None
+
+    def wait_range(self, lo: int, hi: int) -> None:
+        """Wait for the buckets overlapping ``[lo, hi)`` (partition coordinates) only."""
+        if self._pending is None:
+            return
+        for b in self.ranges:
+            if b.lo < hi and lo < b.hi:
+                self.wait_bucket(b.index)
+
+    def wait_all(self) -> None:
+        """The whole update is done and visible to the current stream; re-raises the worker's error."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        pending.result()
+        self._pending = pending  # so wait_bucket still orders the H2D events
+        for b in self.ranges:
+            self.wait_bucket(b.index)
+        self._pending = None
+        self._raise_error()
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            self._pending = None
+            raise error
+
+    def take_timings(self) -> dict[str, float]:
+        """Seconds since the last call: ``cpu_adam_s`` (worker, in the kernel), ``wait_s`` (the training thread
+        blocked on an update), ``d2h_s`` / ``h2d_s`` (the copies on their streams, summed per bucket; they
+        overlap other work; measured from the first call on). Waits for the update in flight. For benchmarks
+        (bench_zero_offload.py)."""
+        self._timing = True
+        self.wait_all()
+        if self._copy_events:
+            torch.cuda.synchronize(self.device)
+            for key, begin, end in self._copy_events:
+                self._times[key] += begin.elapsed_time(end) / 1e3
+            self._copy_events.clear()
+        out, self._times = self._times, dict.fromkeys(self._times, 0.0)
+        return out
+
+    def reset(self) -> None:
+        """Drop the accumulated gradient (``zero_grad``)."""
+        self.wait_all()
+        self.wait_transfers_out()
+        self._first = True
+        self._sums_fresh = False
+
+    def close(self) -> None:
+        """Finish the worker (errors dropped: called from destroy) and stop its thread."""
+        try:
+            if self._pending is not None:
+                self._pending.result()
+        except BaseException:  # destroy() must not raise
+            pass
+        self._pending = None
+        if self.on_device:
+            try:
+                self._d2h_stream.synchronize()
+                self._h2d_stream.synchronize()
+            except BaseException:
+                pass
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
