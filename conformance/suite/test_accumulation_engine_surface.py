@@ -224,6 +224,64 @@ def test_R20_misuse_is_rejected_at_the_call_and_leaves_the_engine_usable(impl, s
         assert out["usable"], f"rank {r}: the engine's next step differs after the rejected calls"
 
 
+class _Routed(torch.nn.Module):
+    """A trainable expert and a frozen path: a forward routed to the frozen path touches no trainable parameter,
+    yet its loss is this module's (a legitimate zero-gradient micro-step, as for an expert no token chose)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(SEED)
+        self.expert = torch.nn.Linear(4, 3)
+        self.frozen = torch.nn.Linear(4, 3).requires_grad_(False)
+        self.route_to_expert = True
+
+    def forward(self, x):
+        return self.expert(x) if self.route_to_expert else self.frozen(x)
+
+
+def _own_losses(group, engine_cls) -> dict:
+    import torch.distributed as dist
+
+    rank = dist.get_rank(group)
+    out: dict = {}
+    for stage in (1, 3):
+        model = _Routed()
+        engine = engine_cls(model, {"zero_stage": stage}, process_group=group)
+        dtype = engine.config.model_dtype
+        device = next(engine.module.parameters()).device
+        x, y = (t.to(device=device, dtype=dtype) for t in _batch(rank, rank))
+        # The input requires grad (it comes from upstream layers): the routed-away output has a graph that
+        # reaches no parameter of the engine, only the module's output.
+        model.route_to_expert = False
+        routed = ((engine(x.clone().requires_grad_()) - y) ** 2).mean()
+        # Many forwards between this micro-batch's forward and its backward (an evaluation with grad enabled).
+        model.route_to_expert = True
+        for _ in range(100):
+            engine(x)
+        accepted = []
+        for name, loss in (("routed_away", routed), ("after_100_forwards", ((engine(x) - y) ** 2).mean())):
+            try:
+                engine.backward(loss)
+                engine.step()
+                accepted.append(name)
+            except ConfigurationError as exc:
+                out[f"stage{stage}_{name}_error"] = str(exc)
+        out[f"stage{stage}"] = (accepted, engine.micro_steps)
+        engine.destroy()
+    return out
+
+
+def test_R20_every_loss_of_this_module_is_accepted(impl):
+    """The other side of the loss-origin check: a loss computed from the engine's module is accepted however it
+    was reached -- through the module's output when the forward touched no trainable parameter (the input
+    requires grad, the trainable expert was routed away), and after 100 other forwards since its own; at
+    stages 1 and 3 (where the parameters are gathered and released around each forward)."""
+    api = engine_api(impl)
+    for r, out in enumerate(api.run_on_ranks(_own_losses, 2, api.ZeroEngine)):
+        for stage in (1, 3):
+            assert out[f"stage{stage}"] == (["routed_away", "after_100_forwards"], 2), (r, stage, out)
+
+
 def _nvme(group, engine_cls, path: str) -> dict:
     cfg = {"zero_stage": 1, "offload_optimizer": "nvme", "nvme_path": path}
     try:

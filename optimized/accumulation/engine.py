@@ -49,7 +49,6 @@ import os
 import shutil
 import tempfile
 import weakref
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,11 +61,12 @@ from optimized.accumulation import checkpoint as ckpt
 from optimized.accumulation.collectives import Collectives, PendingReduce
 from optimized.accumulation.lr import EngineOptimizer
 from optimized.accumulation.optimizers import step_master, uses_native
+from optimized.accumulation.origin import LossOrigin, tensors_in
 from optimized.accumulation.partition import FlatLayout, build_layout, owners, unflatten
 from optimized.accumulation.swap import StateSwapper
 from optimized.pinning import pin_empty, unpin
 from reference.accumulation.config import AccumulationConfig
-from reference.accumulation.engine import CLIP_EPSILON, StepOutcome, tensors_in
+from reference.accumulation.engine import CLIP_EPSILON, StepOutcome
 from reference.accumulation.optimizers import OptimizerState
 from reference.accumulation.schedule import AccumulationSchedule, ScheduledEngine
 from reference.errors import CheckpointError, ConfigurationError, UnsupportedOperationError
@@ -76,10 +76,6 @@ __all__ = ["DEFAULT_BUCKET_ELEMENTS", "StepOutcome", "ZeroEngine"]
 #: Elements per gradient bucket at stages 2/3 (25M, as DeepSpeed's default reduce_bucket_size).
 DEFAULT_BUCKET_ELEMENTS = 25_000_000
 
-
-#: How many recent model outputs' autograd nodes the foreign-loss check remembers (several forwards may precede
-#: one backward, e.g. a loss summed over micro-batches).
-_OUTPUT_NODES_KEPT = 64
 
 #: module -> weak reference to the live engine that wraps it (a module is owned by at most one engine).
 _OWNERS: weakref.WeakKeyDictionary[nn.Module, weakref.ref] = weakref.WeakKeyDictionary()
@@ -119,30 +115,6 @@ def _probe_nvme_path(path: str) -> None:
         ) from exc
     os.close(fd)
     os.unlink(probe)
-
-
-def _reaches(loss: torch.Tensor, params: frozenset[int], outputs: Iterator[int] | deque) -> bool:
-    """Whether ``loss``'s autograd graph reaches one of this engine's trainable parameters or one of the recent
-    outputs of its model (breadth first, so the usual loss -- a few nodes from the model's output -- is found
-    at once)."""
-    targets = set(outputs)
-    start = loss.grad_fn
-    if start is None:
-        return False
-    seen = {id(start)}
-    queue = deque([start])
-    while queue:
-        node = queue.popleft()
-        if id(node) in targets:
-            return True
-        var = getattr(node, "variable", None)
-        if var is not None and id(var) in params:
-            return True
-        for nxt, _ in node.next_functions:
-            if nxt is not None and id(nxt) not in seen:
-                seen.add(id(nxt))
-                queue.append(nxt)
-    return False
 
 
 @dataclass
@@ -250,16 +222,14 @@ class ZeroEngine(ScheduledEngine):
         self._schedule = AccumulationSchedule(self.config, self.world_size, self.stage)
         #: Whether gradients were accumulated since the last boundary (save_checkpoint refuses to drop them).
         self._grads_pending = False
-        #: ids of the autograd nodes of the model's recent outputs: a loss must reach one of them or a trainable
-        #: parameter to be this engine's (a foreign loss is rejected before anything is accumulated).
-        self._output_nodes: deque[int] = deque(maxlen=_OUTPUT_NODES_KEPT)
-        self._trainable_ids = frozenset(id(p) for _, p in trainable)
+        #: What makes a loss this engine's (R20: a foreign loss is rejected before anything is accumulated).
+        self._origin = LossOrigin(p for _, p in trainable)
         self._lr_scheduler: Any = None
         self._pending_scheduler_state: dict[str, Any] | None = None
         self._owned_modules = list(self._module.modules())
         try:
             self._build_buffers(trainable, frozen)
-            self._hooks.append(self._module.register_forward_hook(self._note_outputs))
+            self._hooks.append(self._module.register_forward_hook(self._mark_outputs))
             #: The torch.optim.Optimizer facade LR schedules are built on (docs/zero.md, "LR schedules").
             self.optimizer = EngineOptimizer([p for _, p in trainable], cfg.optimizer)
         except BaseException:
@@ -428,9 +398,7 @@ class ZeroEngine(ScheduledEngine):
             raise ConfigurationError(f"scale_wrt_gas={scale_wrt_gas!r} must be a bool; allowed values: True, False")
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
             raise ConfigurationError("loss must be a one-element tensor that requires grad")
-        # Known limit: on CUDA (H200, torch 2.11, 2026-12-03) this graph walk rejected the engine's own losses, for
-        # a reason not found yet, so the origin check is enforced on host engines only until it is (docs/zero.md).
-        if self.device.type == "cpu" and not _reaches(loss, self._trainable_ids, self._output_nodes):
+        if not self._origin.produced(loss):
             raise ConfigurationError(
                 "loss was not computed from this engine's module: its autograd graph reaches neither a trainable "
                 "parameter nor an output of engine.module (a loss of another model, or of a detached output, "
@@ -463,7 +431,6 @@ class ZeroEngine(ScheduledEngine):
                 for b in self._buckets:  # abandoned: the failing rank does not wait on its peers
                     b.reduce = None
                     b.keep_alive = None
-        self._output_nodes.clear()
         self._grads_pending = True
         self._schedule.backward_done()
 
@@ -480,10 +447,8 @@ class ZeroEngine(ScheduledEngine):
                 self._lr_scheduler.step()
         return outcome
 
-    def _note_outputs(self, module: nn.Module, args: Any, output: Any) -> None:
-        for t in tensors_in(output):
-            if t.grad_fn is not None:
-                self._output_nodes.append(id(t.grad_fn))
+    def _mark_outputs(self, module: nn.Module, args: Any, output: Any) -> None:
+        self._origin.mark_outputs(output)
 
     # ---- the usual module surface ----------------------------------------------------------------------------
     def train(self, mode: bool = True) -> ZeroEngine:
