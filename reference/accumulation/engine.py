@@ -19,7 +19,6 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,27 +30,10 @@ from reference.accumulation.optimizers import OptimizerState, init_state, optimi
 from reference.accumulation.partition import FlatLayout, build_layout, flatten, gather, shard, unflatten
 from reference.accumulation.schedule import AccumulationSchedule, ScheduledEngine
 from reference.accumulation.swap import OptimizerStateSwap
+from reference.contract.accumulation_step import CLIP_EPSILON, StepOutcome
 from reference.errors import ConfigurationError, UnsupportedOperationError
 
-#: Added to the norm in the clipping coefficient (R15) so a zero gradient never divides by zero.
-CLIP_EPSILON = 1e-6
-
 _HOST = torch.device("cpu")
-
-
-@dataclass(frozen=True)
-class StepOutcome:
-    """What one ``step()`` did. Everything but ``boundary`` is ``None`` on a non-boundary step (R4).
-
-    ``gradients``: the reduced, averaged, accumulated gradient of every trainable parameter as fp32 (an exact
-    widening of the accumulation dtype), *before* clipping. ``clip_coef``: the factor the gradients were
-    multiplied by, or ``None`` when clipping was off or not triggered.
-    """
-
-    boundary: bool
-    grad_norm: float | None = None
-    clip_coef: float | None = None
-    gradients: dict[str, torch.Tensor] | None = None
 
 
 def global_grad_norm(layout: FlatLayout, partitions: Sequence[torch.Tensor]) -> float:
