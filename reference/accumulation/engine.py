@@ -32,6 +32,7 @@ from reference.accumulation.schedule import AccumulationSchedule, ScheduledEngin
 from reference.accumulation.swap import OptimizerStateSwap
 from reference.contract.accumulation_step import CLIP_EPSILON, StepOutcome
 from reference.errors import ConfigurationError, UnsupportedOperationError
+from reference.io import SwapStats
 
 _HOST = torch.device("cpu")
 
@@ -164,9 +165,12 @@ class AccumulationEngine(ScheduledEngine):
     # ---- public surface ------------------------------------------------------------------------------------
     def module(self, rank: int) -> nn.Module:
         """Rank ``rank``'s replica: call it to run that rank's forward."""
+        self._check_rank(rank)
+        return self.replicas[rank]
+
+    def _check_rank(self, rank: object) -> None:
         if type(rank) is not int or not 0 <= rank < self.world_size:
             raise ConfigurationError(f"rank={rank!r} must be an int in [0, {self.world_size - 1}]")
-        return self.replicas[rank]
 
     def backward(self, losses: Sequence[torch.Tensor], scale_wrt_gas: bool = True) -> None:
         """Back-propagate one loss per rank and accumulate the gradients (R5, R7, R9, R10)."""
@@ -215,25 +219,39 @@ class AccumulationEngine(ScheduledEngine):
             return {n: out[n].clone() for n in self.parameter_names}
         return {n: p.detach().clone() for n, p in self._params[rank].items()}
 
+    def master_partition(self, rank: int) -> torch.Tensor:
+        """Rank ``rank``'s fp32 master buffer (whole at stage 0, its partition from stage 1), a copy: what a
+        distributed engine's ``master_partition()`` returns on that rank."""
+        self._check_rank(rank)
+        return self._masters[rank].clone()
+
     def master_partitions(self) -> list[torch.Tensor]:
-        """The fp32 master buffers per rank (full at stage 0, one partition from stage 1), for inspection."""
-        return [m.clone() for m in self._masters]
+        """:meth:`master_partition` of every rank, in rank order."""
+        return [self.master_partition(r) for r in range(self.world_size)]
+
+    def optimizer_state(self, rank: int) -> OptimizerState:
+        """A copy of rank ``rank``'s optimizer state (read back from its swap files with ``nvme`` offload): what
+        a distributed engine's ``optimizer_state()`` returns on that rank."""
+        self._check_rank(rank)
+        state = self._opt_states[rank]
+        if self._swap is None:
+            return OptimizerState(state.step, {k: v.clone() for k, v in state.buffers.items()})
+        copy_ = OptimizerState(state.step, {})
+        self._swap.swap_in(rank, copy_)
+        return copy_
 
     def optimizer_states(self) -> list[OptimizerState]:
-        """Copies of every rank's optimizer state (read back from the swap files with ``nvme`` offload)."""
-        if self._swap is None:
-            return [OptimizerState(s.step, {k: v.clone() for k, v in s.buffers.items()}) for s in self._opt_states]
-        out = []
-        for r in range(self.world_size):
-            copy_ = OptimizerState(self._opt_states[r].step, {})
-            self._swap.swap_in(r, copy_)
-            out.append(copy_)
-        return out
+        """:meth:`optimizer_state` of every rank, in rank order."""
+        return [self.optimizer_state(r) for r in range(self.world_size)]
 
     @property
     def swap_directory(self) -> str | None:
         """The directory this engine swaps optimizer state into (``nvme`` offload), else None."""
         return None if self._swap is None else self._swap.directory
+
+    def swap_stats(self) -> SwapStats | None:
+        """The swap handle's counters (``nvme`` offload), else None."""
+        return None if self._swap is None else self._swap.handle.stats()
 
     def destroy(self) -> None:
         """Remove the stage-3 hooks, delete the swap files and drop every buffer; the engine cannot be used
