@@ -224,6 +224,64 @@ def test_R20_misuse_is_rejected_at_the_call_and_leaves_the_engine_usable(impl, s
         assert out["usable"], f"rank {r}: the engine's next step differs after the rejected calls"
 
 
+class _Routed(torch.nn.Module):
+    """A trainable expert and a frozen path: a forward routed to the frozen path touches no trainable parameter,
+    yet its loss is this module's (a legitimate zero-gradient micro-step, as for an expert no token chose)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(SEED)
+        self.expert = torch.nn.Linear(4, 3)
+        self.frozen = torch.nn.Linear(4, 3).requires_grad_(False)
+        self.route_to_expert = True
+
+    def forward(self, x):
+        return self.expert(x) if self.route_to_expert else self.frozen(x)
+
+
+def _own_losses(group, engine_cls) -> dict:
+    import torch.distributed as dist
+
+    rank = dist.get_rank(group)
+    out: dict = {}
+    for stage in (1, 3):
+        model = _Routed()
+        engine = engine_cls(model, {"zero_stage": stage}, process_group=group)
+        dtype = engine.config.model_dtype
+        device = next(engine.module.parameters()).device
+        x, y = (t.to(device=device, dtype=dtype) for t in _batch(rank, rank))
+        # The input requires grad (it comes from upstream layers): the routed-away output has a graph that
+        # reaches no parameter of the engine, only the module's output.
+        model.route_to_expert = False
+        routed = ((engine(x.clone().requires_grad_()) - y) ** 2).mean()
+        # Many forwards between this micro-batch's forward and its backward (an evaluation with grad enabled).
+        model.route_to_expert = True
+        for _ in range(100):
+            engine(x)
+        accepted = []
+        for name, loss in (("routed_away", routed), ("after_100_forwards", ((engine(x) - y) ** 2).mean())):
+            try:
+                engine.backward(loss)
+                engine.step()
+                accepted.append(name)
+            except ConfigurationError as exc:
+                out[f"stage{stage}_{name}_error"] = str(exc)
+        out[f"stage{stage}"] = (accepted, engine.micro_steps)
+        engine.destroy()
+    return out
+
+
+def test_R20_every_loss_of_this_module_is_accepted(impl):
+    """The other side of the loss-origin check: a loss computed from the engine's module is accepted however it
+    was reached -- through the module's output when the forward touched no trainable parameter (the input
+    requires grad, the trainable expert was routed away), and after 100 other forwards since its own; at
+    stages 1 and 3 (where the parameters are gathered and released around each forward)."""
+    api = engine_api(impl)
+    for r, out in enumerate(api.run_on_ranks(_own_losses, 2, api.ZeroEngine)):
+        for stage in (1, 3):
+            assert out[f"stage{stage}"] == (["routed_away", "after_100_forwards"], 2), (r, stage, out)
+
+
 def _nvme(group, engine_cls, path: str) -> dict:
     cfg = {"zero_stage": 1, "offload_optimizer": "nvme", "nvme_path": path}
     try:
@@ -246,3 +304,49 @@ def test_R19_unwritable_nvme_path_is_rejected_at_construction(impl, tmp_path):
     assert out["error"] is not None and "nvme_path" in out["error"] and "not usable" in out["error"], out
     if target != "/proc/self":
         assert os.listdir(target) == []
+
+
+def _rank_state(group, engine_cls, config: dict) -> dict:
+    import torch.distributed as dist
+
+    from reference.accumulation import AccumulationConfig, Scenario, micro_batch
+
+    rank = dist.get_rank(group)
+    sc = Scenario(AccumulationConfig.from_dict(config), dist.get_world_size(group), ())
+    engine = engine_cls(sc.model.build(sc.seed), sc.config, process_group=group)
+    for k in range(4):
+        engine.backward(compute_loss(engine.module, *micro_batch(sc, k, rank), sc.config.model_dtype))
+        engine.step()
+    out = {"master": engine.master_partition(), "state": engine.optimizer_state()}
+    engine.destroy()
+    return out
+
+
+@pytest.mark.parametrize("stage", [0, 2])
+def test_R8_R16_per_rank_state_accessors_agree_with_the_reference(impl, reference_api, stage):
+    """The accessors both engine kinds share by name (docs/zero.md, "Differences from the reference engine"):
+    on every rank r, the distributed engine's ``master_partition()`` and ``optimizer_state()`` equal the
+    reference engine's ``master_partition(r)`` and ``optimizer_state(r)`` after the same micro-steps (R8: the same
+    partition of the fp32 masters; R16: the same state, buffer names included), bitwise on the host."""
+    api = engine_api(impl)
+    config = {
+        "zero_stage": stage, "gradient_accumulation_steps": 2, "dtype": "fp32",
+        "optimizer": {"type": "adamw", "lr": 0.01, "weight_decay": 0.1},
+    }
+    per_rank = api.run_on_ranks(_rank_state, 2, api.ZeroEngine, config)
+    sc = reference_api.Scenario(reference_api.AccumulationConfig.from_dict(config), 2, ())
+    ref = reference_api.build_engine(sc)
+    for k in range(4):
+        losses = [
+            compute_loss(ref.module(r), *reference_api.micro_batch(sc, k, r), sc.config.model_dtype) for r in range(2)
+        ]
+        ref.backward(losses)
+        ref.step()
+    for r, out in enumerate(per_rank):
+        want_master, want_state = ref.master_partition(r), ref.optimizer_state(r)
+        assert torch.equal(out["master"], want_master), f"rank {r}: master_partition() != reference's ({stage=})"
+        assert out["state"].step == want_state.step == 2, (out["state"].step, want_state.step)
+        assert sorted(out["state"].buffers) == sorted(want_state.buffers) == ["exp_avg", "exp_avg_sq"]
+        for name, b in want_state.buffers.items():
+            assert torch.equal(out["state"].buffers[name], b), f"rank {r}: optimizer_state().{name} differs"
+    ref.destroy()

@@ -489,6 +489,11 @@ def test_R17_nvme_state_lives_in_files_between_steps(reference_api, tmp_path):
     assert sorted(os.listdir(directory)) == sorted(
         f"rank{r}.{n}.swp" for r in range(2) for n in ("exp_avg", "exp_avg_sq")
     )
+    # swap_stats(): the initial zero state written once, then every boundary reads and writes all of it.
+    per_round = 2 * 2 * nvme.layout.partition_size * 4  # ranks x buffers x fp32 bytes
+    stats = nvme.swap_stats()
+    assert cpu.swap_stats() is None
+    assert (stats.bytes_written, stats.bytes_read, stats.failed_requests) == (3 * per_round, 2 * per_round, 0), stats
     for a, b in zip(nvme.optimizer_states(), cpu.optimizer_states(), strict=True):
         assert a.step == b.step == 2
         assert_named_tensors(a.buffers, b.buffers, "optimizer state read back from the swap files")

@@ -3,18 +3,29 @@
 :class:`ZeroEngine` is what training scripts use (one per rank, like DeepSpeed's engine). :func:`run_scenario`
 is the area's uniform entry point (R26): it runs a shared :class:`Scenario` on W rank processes and returns the
 shared :class:`Trace`, which the conformance suite compares with the reference's. The config, scenario and
-trace types are the reference's own (shared contracts).
+trace types are the area's contract (``reference.accumulation.config``, ``reference.contract.accumulation_*``),
+re-exported here unchanged so that the engine accepts exactly what the reference accepts; everything else in
+this package is the optimized implementation's own code.
 """
 
 from __future__ import annotations
 
 from optimized import cpu_adam as native_cpu_adam
 from optimized.accumulation.collectives import CollectiveError, Collectives, fold_in_rank_order
-from optimized.accumulation.config import CONFIG_KEYS, DTYPES, AccumulationConfig, OptimizerConfig
 from optimized.accumulation.engine import DEFAULT_BUCKET_ELEMENTS, StepOutcome, ZeroEngine
 from optimized.accumulation.lr import EngineOptimizer
 from optimized.accumulation.optimizers import step_master, torch_step, uses_native
-from reference.accumulation.scenario import (
+from reference.accumulation.config import (
+    CONFIG_KEYS,
+    DTYPES,
+    OFFLOAD_DEVICES,
+    OFFLOAD_OPTIMIZER_DEVICES,
+    OPTIMIZERS,
+    ZERO_STAGES,
+    AccumulationConfig,
+    OptimizerConfig,
+)
+from reference.contract.accumulation_scenario import (
     Backward,
     BackwardRecord,
     ControlRecord,
@@ -69,8 +80,12 @@ __all__ = [
     "CONFIG_KEYS",
     "DEFAULT_BUCKET_ELEMENTS",
     "DTYPES",
+    "OFFLOAD_DEVICES",
+    "OFFLOAD_OPTIMIZER_DEVICES",
+    "OPTIMIZERS",
     "POOL_SIZE_ENV",
     "TIMEOUT_ENV",
+    "ZERO_STAGES",
     "AccumulationConfig",
     "Backward",
     "BackwardRecord",

@@ -47,12 +47,12 @@ new engine.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
 import tempfile
 import weakref
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,14 +65,14 @@ from optimized.accumulation import checkpoint as ckpt
 from optimized.accumulation.collectives import Collectives, PendingReduce
 from optimized.accumulation.lr import EngineOptimizer
 from optimized.accumulation.optimizers import step_master, uses_native
+from optimized.accumulation.origin import LossOrigin, tensors_in
 from optimized.accumulation.partition import FlatLayout, build_layout, owners, unflatten
 from optimized.accumulation.streamed_update import StreamedUpdate
 from optimized.accumulation.swap import StateSwapper
 from optimized.pinning import pin_empty, unpin
 from reference.accumulation.config import AccumulationConfig
-from reference.accumulation.engine import CLIP_EPSILON, StepOutcome, tensors_in
-from reference.accumulation.optimizers import OptimizerState
-from reference.accumulation.schedule import AccumulationSchedule, ScheduledEngine
+from reference.contract.accumulation_schedule import AccumulationSchedule
+from reference.contract.accumulation_step import CLIP_EPSILON, OptimizerState, StepOutcome
 from reference.errors import CheckpointError, ConfigurationError, UnsupportedOperationError
 
 __all__ = ["DEFAULT_BUCKET_ELEMENTS", "StepOutcome", "ZeroEngine"]
@@ -80,10 +80,6 @@ __all__ = ["DEFAULT_BUCKET_ELEMENTS", "StepOutcome", "ZeroEngine"]
 #: Elements per gradient bucket at stages 2/3 (25M, as DeepSpeed's default reduce_bucket_size).
 DEFAULT_BUCKET_ELEMENTS = 25_000_000
 
-
-#: How many recent model outputs' autograd nodes the foreign-loss check remembers (several forwards may precede
-#: one backward, e.g. a loss summed over micro-batches).
-_OUTPUT_NODES_KEPT = 64
 
 #: module -> weak reference to the live engine that wraps it (a module is owned by at most one engine).
 _OWNERS: weakref.WeakKeyDictionary[nn.Module, weakref.ref] = weakref.WeakKeyDictionary()
@@ -125,30 +121,6 @@ def _probe_nvme_path(path: str) -> None:
     os.unlink(probe)
 
 
-def _reaches(loss: torch.Tensor, params: frozenset[int], outputs: Iterator[int] | deque) -> bool:
-    """Whether ``loss``'s autograd graph reaches one of this engine's trainable parameters or one of the recent
-    outputs of its model (breadth first, so the usual loss -- a few nodes from the model's output -- is found
-    at once)."""
-    targets = set(outputs)
-    start = loss.grad_fn
-    if start is None:
-        return False
-    seen = {id(start)}
-    queue = deque([start])
-    while queue:
-        node = queue.popleft()
-        if id(node) in targets:
-            return True
-        var = getattr(node, "variable", None)
-        if var is not None and id(var) in params:
-            return True
-        for nxt, _ in node.next_functions:
-            if nxt is not None and id(nxt) not in seen:
-                seen.add(id(nxt))
-                queue.append(nxt)
-    return False
-
-
 @dataclass
 class _Bucket:
     """A contiguous range of the flat gradient buffer reduced by one collective (stages 2/3)."""
@@ -176,7 +148,7 @@ class _Unit:
     prefetched: list[Any] = field(default_factory=list)
 
 
-class ZeroEngine(ScheduledEngine):
+class ZeroEngine:
     """One rank of a ZeRO data-parallel run of ``model`` under ``config`` (docs/accumulation.md, docs/zero.md).
 
     ``model``: an ``nn.Module`` (used in place, cast to the model dtype and moved to ``device``) or a factory.
@@ -258,16 +230,14 @@ class ZeroEngine(ScheduledEngine):
         self._schedule = AccumulationSchedule(self.config, self.world_size, self.stage)
         #: Whether gradients were accumulated since the last boundary (save_checkpoint refuses to drop them).
         self._grads_pending = False
-        #: ids of the autograd nodes of the model's recent outputs: a loss must reach one of them or a trainable
-        #: parameter to be this engine's (a foreign loss is rejected before anything is accumulated).
-        self._output_nodes: deque[int] = deque(maxlen=_OUTPUT_NODES_KEPT)
-        self._trainable_ids = frozenset(id(p) for _, p in trainable)
+        #: What makes a loss this engine's (R20: a foreign loss is rejected before anything is accumulated).
+        self._origin = LossOrigin(p for _, p in trainable)
         self._lr_scheduler: Any = None
         self._pending_scheduler_state: dict[str, Any] | None = None
         self._owned_modules = list(self._module.modules())
         try:
             self._build_buffers(trainable, frozen)
-            self._hooks.append(self._module.register_forward_hook(self._note_outputs))
+            self._hooks.append(self._module.register_forward_hook(self._mark_outputs))
             #: The torch.optim.Optimizer facade LR schedules are built on (docs/zero.md, "LR schedules").
             self.optimizer = EngineOptimizer([p for _, p in trainable], cfg.optimizer)
         except BaseException:
@@ -475,9 +445,7 @@ class ZeroEngine(ScheduledEngine):
             raise ConfigurationError(f"scale_wrt_gas={scale_wrt_gas!r} must be a bool; allowed values: True, False")
         if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
             raise ConfigurationError("loss must be a one-element tensor that requires grad")
-        # Known limit: on CUDA (H200, torch 2.11, 2026-12-03) this graph walk rejected the engine's own losses, for
-        # a reason not found yet, so the origin check is enforced on host engines only until it is (docs/zero.md).
-        if self.device.type == "cpu" and not _reaches(loss, self._trainable_ids, self._output_nodes):
+        if not self._origin.produced(loss):
             raise ConfigurationError(
                 "loss was not computed from this engine's module: its autograd graph reaches neither a trainable "
                 "parameter nor an output of engine.module (a loss of another model, or of a detached output, "
@@ -521,7 +489,6 @@ class ZeroEngine(ScheduledEngine):
                     b.grads = None
                     b.reduce = None
                     b.keep_alive = None
-        self._output_nodes.clear()
         self._grads_pending = True
         self._schedule.backward_done()
 
@@ -539,10 +506,36 @@ class ZeroEngine(ScheduledEngine):
                 self._lr_scheduler.step()
         return outcome
 
-    def _note_outputs(self, module: nn.Module, args: Any, output: Any) -> None:
-        for t in tensors_in(output):
-            if t.grad_fn is not None:
-                self._output_nodes.append(id(t.grad_fn))
+    def _mark_outputs(self, module: nn.Module, args: Any, output: Any) -> None:
+        self._origin.mark_outputs(output)
+
+    # ---- counters and the boundary (R2-R6, R18, R20: the contract's schedule answers) -------------------------
+    @property
+    def micro_steps(self) -> int:
+        return self._schedule.micro_steps
+
+    @property
+    def global_steps(self) -> int:
+        return self._schedule.global_steps
+
+    @property
+    def global_samples(self) -> int:
+        return self._schedule.global_samples
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        """R2 (managed) / R6 (unmanaged)."""
+        return self._schedule.is_boundary()
+
+    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
+        """R2: override the counter-driven boundary until called again. Rejected in unmanaged mode (R20)."""
+        self._schedule.set_boundary(is_boundary)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """R18: a region of backwards that must not communicate. Stages 0/1 only, not nested, no step() inside."""
+        self._check_alive()
+        with self._schedule.no_sync():
+            yield
 
     # ---- the usual module surface ----------------------------------------------------------------------------
     def train(self, mode: bool = True) -> ZeroEngine:

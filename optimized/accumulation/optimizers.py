@@ -20,9 +20,23 @@ import torch
 
 from optimized import cpu_adam
 from reference.accumulation.config import OptimizerConfig
-from reference.accumulation.optimizers import OptimizerState, correctly_rounded_sqrt, init_state
+from reference.contract.accumulation_step import OptimizerState, state_buffer_names
 
 __all__ = ["CHUNK_ELEMENTS", "OptimizerState", "init_state", "step_master", "torch_step", "uses_native"]
+
+def init_state(config: OptimizerConfig, master: torch.Tensor) -> OptimizerState:
+    """Zeroed state buffers (the contract's names) for ``master``, on its device, fp32."""
+    return OptimizerState(0, {n: torch.zeros_like(master, dtype=torch.float32) for n in state_buffer_names(config)})
+
+
+def _sqrt_rounded_once(x: torch.Tensor) -> torch.Tensor:
+    """The fp32 square root of ``x`` with one rounding to nearest, as R16 requires of every operation.
+
+    torch's fp32 CPU ``sqrt`` is one ulp off for some inputs on some builds; the fp64 root is correctly rounded
+    and carries more than 2 * 24 + 2 significand bits, so rounding it to fp32 is the correctly rounded fp32 root
+    (the double rounding cannot change it). A chunk of ``x`` costs one fp64 temporary (hence the chunking)."""
+    return torch.sqrt(x.to(torch.float64)).to(torch.float32)
+
 
 #: Elements per chunk of the torch path (16M: 64 MB of fp32, 128 MB for the fp64 square root).
 CHUNK_ELEMENTS = 1 << 24
@@ -82,7 +96,7 @@ def torch_step(
         m.mul_(beta1).add_(torch.mul(g, 1.0 - beta1))
         gg = torch.mul(g, g)
         v.mul_(beta2).add_(gg.mul_(1.0 - beta2))
-        denom = correctly_rounded_sqrt(v)
+        denom = _sqrt_rounded_once(v)
         denom.mul_(1.0 / math.sqrt(1.0 - beta2**t)).add_(config.eps)
         p.sub_(torch.div(m, denom).mul_(lr / (1.0 - beta1**t)))
 

@@ -1,6 +1,7 @@
-"""The R8 flat layout (shared with the reference) plus the range arithmetic the distributed engine needs.
+"""The R8 flat layout (the area's contract) plus the range arithmetic the distributed engine needs.
 
-The layout itself is specification (the norm of R14 is grouped by it), so it is the reference's. What is
+The layout itself is specification (the norm of R14 is grouped by it), so it comes from
+:mod:`reference.contract.accumulation_partition`, the module every implementation cuts its buffers by. What is
 added here is where a flat range ``[start, end)`` meets the per-rank partitions: a bucketed reduce-scatter
 sends each rank the part of the bucket it owns, and a ZeRO-3 gather fetches each piece of a module's range
 from the rank that owns it.
@@ -10,15 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reference.accumulation.partition import (
+from reference.contract.accumulation_partition import (
     FLAT_ALIGNMENT,
     FlatLayout,
     Piece,
     Segment,
     build_layout,
-    flatten,
-    gather,
-    shard,
     unflatten,
 )
 
@@ -29,10 +27,7 @@ __all__ = [
     "Piece",
     "Segment",
     "build_layout",
-    "flatten",
-    "gather",
     "owners",
-    "shard",
     "unflatten",
 ]
 

@@ -22,12 +22,14 @@ buffer; it is what lets host memory hold the state only while it is used.
 from __future__ import annotations
 
 import contextlib
+import shutil
+import weakref
 
 import torch
 
 from optimized.io import SwapHandle, SwapRequest
 from optimized.pinning import pin_empty, unpin
-from reference.accumulation.swap import open_swap_directory, state_file
+from reference.contract.accumulation_swap_files import make_state_directory, state_file
 from reference.io import SwapConfig, SwapStats
 
 __all__ = ["StateSwapper"]
@@ -37,7 +39,16 @@ class StateSwapper:
     """The swap cycle of one rank's optimizer-state buffers ``names``, each ``numel`` fp32 elements."""
 
     def __init__(self, nvme_path: str, swap_config: SwapConfig, rank: int, names: tuple[str, ...], numel: int):
-        self.directory, self._cleanup, self.handle = open_swap_directory(self, nvme_path, swap_config, SwapHandle)
+        # The directory (named by the contract) goes with this object even without close(): the finalizer runs
+        # when the swapper is garbage collected, and close() runs it now.
+        self.directory = make_state_directory(nvme_path)
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self.directory, True)
+        c = swap_config
+        try:
+            self.handle = SwapHandle(c.queue_depth, c.block_size, c.num_threads, c.use_o_direct)
+        except BaseException:
+            self._cleanup()
+            raise
         self.names = names
         self.numel = numel
         self.paths = {n: state_file(self.directory, rank, n) for n in names}

@@ -19,7 +19,6 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,27 +30,11 @@ from reference.accumulation.optimizers import OptimizerState, init_state, optimi
 from reference.accumulation.partition import FlatLayout, build_layout, flatten, gather, shard, unflatten
 from reference.accumulation.schedule import AccumulationSchedule, ScheduledEngine
 from reference.accumulation.swap import OptimizerStateSwap
+from reference.contract.accumulation_step import CLIP_EPSILON, StepOutcome
 from reference.errors import ConfigurationError, UnsupportedOperationError
-
-#: Added to the norm in the clipping coefficient (R15) so a zero gradient never divides by zero.
-CLIP_EPSILON = 1e-6
+from reference.io import SwapStats
 
 _HOST = torch.device("cpu")
-
-
-@dataclass(frozen=True)
-class StepOutcome:
-    """What one ``step()`` did. Everything but ``boundary`` is ``None`` on a non-boundary step (R4).
-
-    ``gradients``: the reduced, averaged, accumulated gradient of every trainable parameter as fp32 (an exact
-    widening of the accumulation dtype), *before* clipping. ``clip_coef``: the factor the gradients were
-    multiplied by, or ``None`` when clipping was off or not triggered.
-    """
-
-    boundary: bool
-    grad_norm: float | None = None
-    clip_coef: float | None = None
-    gradients: dict[str, torch.Tensor] | None = None
 
 
 def global_grad_norm(layout: FlatLayout, partitions: Sequence[torch.Tensor]) -> float:
@@ -182,9 +165,12 @@ class AccumulationEngine(ScheduledEngine):
     # ---- public surface ------------------------------------------------------------------------------------
     def module(self, rank: int) -> nn.Module:
         """Rank ``rank``'s replica: call it to run that rank's forward."""
+        self._check_rank(rank)
+        return self.replicas[rank]
+
+    def _check_rank(self, rank: object) -> None:
         if type(rank) is not int or not 0 <= rank < self.world_size:
             raise ConfigurationError(f"rank={rank!r} must be an int in [0, {self.world_size - 1}]")
-        return self.replicas[rank]
 
     def backward(self, losses: Sequence[torch.Tensor], scale_wrt_gas: bool = True) -> None:
         """Back-propagate one loss per rank and accumulate the gradients (R5, R7, R9, R10)."""
@@ -233,25 +219,39 @@ class AccumulationEngine(ScheduledEngine):
             return {n: out[n].clone() for n in self.parameter_names}
         return {n: p.detach().clone() for n, p in self._params[rank].items()}
 
+    def master_partition(self, rank: int) -> torch.Tensor:
+        """Rank ``rank``'s fp32 master buffer (whole at stage 0, its partition from stage 1), a copy: what a
+        distributed engine's ``master_partition()`` returns on that rank."""
+        self._check_rank(rank)
+        return self._masters[rank].clone()
+
     def master_partitions(self) -> list[torch.Tensor]:
-        """The fp32 master buffers per rank (full at stage 0, one partition from stage 1), for inspection."""
-        return [m.clone() for m in self._masters]
+        """:meth:`master_partition` of every rank, in rank order."""
+        return [self.master_partition(r) for r in range(self.world_size)]
+
+    def optimizer_state(self, rank: int) -> OptimizerState:
+        """A copy of rank ``rank``'s optimizer state (read back from its swap files with ``nvme`` offload): what
+        a distributed engine's ``optimizer_state()`` returns on that rank."""
+        self._check_rank(rank)
+        state = self._opt_states[rank]
+        if self._swap is None:
+            return OptimizerState(state.step, {k: v.clone() for k, v in state.buffers.items()})
+        copy_ = OptimizerState(state.step, {})
+        self._swap.swap_in(rank, copy_)
+        return copy_
 
     def optimizer_states(self) -> list[OptimizerState]:
-        """Copies of every rank's optimizer state (read back from the swap files with ``nvme`` offload)."""
-        if self._swap is None:
-            return [OptimizerState(s.step, {k: v.clone() for k, v in s.buffers.items()}) for s in self._opt_states]
-        out = []
-        for r in range(self.world_size):
-            copy_ = OptimizerState(self._opt_states[r].step, {})
-            self._swap.swap_in(r, copy_)
-            out.append(copy_)
-        return out
+        """:meth:`optimizer_state` of every rank, in rank order."""
+        return [self.optimizer_state(r) for r in range(self.world_size)]
 
     @property
     def swap_directory(self) -> str | None:
         """The directory this engine swaps optimizer state into (``nvme`` offload), else None."""
         return None if self._swap is None else self._swap.directory
+
+    def swap_stats(self) -> SwapStats | None:
+        """The swap handle's counters (``nvme`` offload), else None."""
+        return None if self._swap is None else self._swap.handle.stats()
 
     def destroy(self) -> None:
         """Remove the stage-3 hooks, delete the swap files and drop every buffer; the engine cannot be used

@@ -36,22 +36,11 @@ AdamW (decoupled weight decay, applied before the moment update)::
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import torch
 
 from reference.accumulation.config import OptimizerConfig
-
-
-@dataclass
-class OptimizerState:
-    """Per-rank state for one master shard: step count and the moment buffers the optimizer needs."""
-
-    step: int = 0
-    buffers: dict[str, torch.Tensor] = field(default_factory=dict)
-
-    def to(self, device: torch.device | str) -> OptimizerState:
-        return OptimizerState(self.step, {k: v.to(device) for k, v in self.buffers.items()})
+from reference.contract.accumulation_step import OptimizerState, state_buffer_names
 
 
 def correctly_rounded_sqrt(x: torch.Tensor) -> torch.Tensor:
@@ -67,11 +56,7 @@ def correctly_rounded_sqrt(x: torch.Tensor) -> torch.Tensor:
 
 def init_state(config: OptimizerConfig, master: torch.Tensor) -> OptimizerState:
     """Zeroed state for ``master`` on ``master``'s device (the host when ``offload_optimizer='cpu'``, R17)."""
-    if config.type == "sgd":
-        names: tuple[str, ...] = ("momentum_buffer",) if config.momentum > 0 else ()
-    else:
-        names = ("exp_avg", "exp_avg_sq")
-    return OptimizerState(0, {n: torch.zeros_like(master, dtype=torch.float32) for n in names})
+    return OptimizerState(0, {n: torch.zeros_like(master, dtype=torch.float32) for n in state_buffer_names(config)})
 
 
 def optimizer_step(config: OptimizerConfig, master: torch.Tensor, grad: torch.Tensor, state: OptimizerState) -> None:

@@ -13,23 +13,22 @@ one file per (rank, buffer), and removes it in :meth:`OptimizerStateSwap.close`.
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
 import weakref
 
 import torch
 
 from reference.accumulation.optimizers import OptimizerState
+from reference.contract.accumulation_swap_files import make_state_directory, state_file
 from reference.io import SwapConfig, SwapHandle
 
 
 def open_swap_directory(owner: object, nvme_path: str, swap_config: SwapConfig, handle_type: type) -> tuple:
-    """What every implementation's state swapper starts with: a fresh private directory under ``nvme_path`` (one
-    per engine, or per rank process in a multi-process run), a finalizer that deletes it when ``owner`` is
-    dropped or when called, and a ``handle_type`` swap handle built from ``swap_config``. Returns
+    """What the reference's state swapper starts with: a fresh private directory under ``nvme_path`` (named by
+    :mod:`reference.contract.accumulation_swap_files`), a finalizer that deletes it when ``owner`` is dropped
+    or when called, and a ``handle_type`` swap handle built from ``swap_config``. Returns
     ``(directory, cleanup, handle)``; if the handle cannot be built the directory is already gone."""
-    directory = tempfile.mkdtemp(prefix="hostoffload-optstate-", dir=nvme_path)
+    directory = make_state_directory(nvme_path)
     cleanup = weakref.finalize(owner, shutil.rmtree, directory, True)
     c = swap_config
     try:
@@ -38,11 +37,6 @@ def open_swap_directory(owner: object, nvme_path: str, swap_config: SwapConfig, 
         cleanup()
         raise
     return directory, cleanup, handle
-
-
-def state_file(directory: str, rank: int, name: str) -> str:
-    """The file holding buffer ``name`` of ``rank``'s partition."""
-    return os.path.join(directory, f"rank{rank}.{name}.swp")
 
 
 class OptimizerStateSwap:
