@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import abc
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reference.accelerators import Accelerator, get_accelerator
 from reference.errors import ConfigurationError
-from reference.offload.config import OffloadConfig
+
+if TYPE_CHECKING:  # importing the config here would import reference.offload, which imports this module
+    from reference.offload.config import OffloadConfig
 
 
 class OffloadManager(abc.ABC):
