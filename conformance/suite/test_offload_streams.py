@@ -74,6 +74,9 @@ def test_O1_copies_are_really_deferred(streamed_api):
             out = _forward(layers, leaf, [])
         out.sum().backward()
     assert chaos.copies_deferred >= 4, chaos.memory_stats()
+    # Copies timed on the streams are accounted once each, in the direction they went (OffloadStats).
+    s = manager.stats
+    assert 0 < s.d2h_timed_bytes <= s.bytes_offloaded and 0 < s.h2d_timed_bytes <= s.bytes_restored, s
     manager.close()
 
 
