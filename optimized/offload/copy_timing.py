@@ -15,8 +15,9 @@ Rules that keep this correct on every accelerator:
   no second event per copy;
 - an accelerator without timing events (``new_timing_event`` returns None) still gets completion events from
   ``new_event``; its copies are simply not timed (the stats then report no rate rather than a wrong one);
-- the list of pending pairs has its own lock: copies are timed from the forward thread and from autograd's
-  device threads, and a stats read may resolve them from yet another thread.
+- the list of pending pairs has its own lock, held while pairs are folded in: copies are timed from the forward
+  thread and from autograd's device threads, and a stats read may resolve them from yet another thread. The lock
+  never waits for the engine's lock, so the two cannot deadlock.
 """
 
 from __future__ import annotations
@@ -67,26 +68,27 @@ class CopyTimer:
         event.record(stream)
         with self._lock:
             self._pending.append((kind, start, event, nbytes))
-            backlog = len(self._pending) > _BACKLOG
-        if backlog:
-            self.resolve(block=False)
+            if len(self._pending) > _BACKLOG:
+                self._resolve_locked(block=False)
         return event
 
     def resolve(self, block: bool) -> None:
         """Fold finished pairs into the stats; with ``block``, wait for every pending one first."""
         with self._lock:
-            pending, self._pending = self._pending, []
+            self._resolve_locked(block)
+
+    def _resolve_locked(self, block: bool) -> None:
+        # The lock is held throughout, so a blocking resolve (a stats read) never returns while another thread is
+        # still folding in pairs it took from the list.
         unfinished = []
-        for kind, start, end, nbytes in pending:
+        for kind, start, end, nbytes in self._pending:
             if not block and not end.query():
                 unfinished.append((kind, start, end, nbytes))
                 continue
             end.synchronize()
             # start was recorded before end on the same stream, so it has completed too.
             self._account(kind, start.elapsed_time(end) / 1000.0, nbytes)
-        if unfinished:
-            with self._lock:
-                self._pending[:0] = unfinished
+        self._pending = unfinished
 
     def _account(self, kind: str, seconds: float, nbytes: int) -> None:
         if kind == D2H:
