@@ -37,13 +37,14 @@ def main(argv: list[str] | None = None) -> int:
 
     import optimized.offload as offload
     from optimized.offload import engine as engine_mod
+    from optimized.offload import prefetch as prefetch_mod
 
     log: list[str] = []
     mem = lambda: torch.cuda.memory_allocated() / MiB
 
-    original_attach = engine_mod._DeferredPrefetch.attach
-    original_done = engine_mod._DeferredPrefetch._on_node_done
-    original_issue = engine_mod.StreamedEngine._issue_deferred
+    original_attach = prefetch_mod.DeferredPrefetch.attach
+    original_done = prefetch_mod.DeferredPrefetch._on_node_done
+    original_issue = engine_mod.StreamedOffloadEngine.issue_planned_prefetch
 
     def attach(self, node):
         log.append(f"restore in {type(node).__name__:<24} allocated {mem():9.1f} MiB")
@@ -59,9 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         log.append(f"  -> prefetch issued ({candidate.nbytes / MiB:.0f} MiB) at allocated {mem():9.1f} MiB")
         return original_issue(self, candidate, epoch)
 
-    engine_mod._DeferredPrefetch.attach = attach
-    engine_mod._DeferredPrefetch._on_node_done = on_node_done
-    engine_mod.StreamedEngine._issue_deferred = issue
+    prefetch_mod.DeferredPrefetch.attach = attach
+    prefetch_mod.DeferredPrefetch._on_node_done = on_node_done
+    engine_mod.StreamedOffloadEngine.issue_planned_prefetch = issue
 
     torch.manual_seed(0)
     blocks = torch.nn.ModuleList(Block(args.hidden, args.inner) for _ in range(args.blocks))

@@ -358,7 +358,27 @@ class ChaosAccelerator(Accelerator):
                 )
             w.dst.copy_(w.src)
             w.src = w.snapshot = None
+            self._resnapshot_readers_of(w.dst)
         w.done = True
+
+    def _resnapshot_readers_of(self, written: torch.Tensor) -> None:
+        """A copy just wrote ``written``: queued copies reading those bytes take their source snapshot again.
+
+        Such a reader is ordered after this copy (an unordered pair raised in the happens-before check when the later
+        of the two was queued, and a reader ordered before it would have run first), so its source changed
+        legitimately: an H2D prefetch queued behind the D2H copy that fills its host block, with that copy's event
+        as the only order. Only writes after this point, which the happens-before check orders too, may fail the
+        snapshot comparison."""
+        wrng = _extent(written)
+        if wrng is None:
+            return
+        for q in self._streams:
+            for other in q.queue:
+                if other.kind != "copy" or other.src is None:
+                    continue
+                rng = _extent(other.src)
+                if rng is not None and _overlaps(wrng, rng):
+                    other.snapshot = other.src.clone()
 
     def _run_until(self, token: _Work) -> None:
         """Run queued work (waits first satisfied in stream order) until ``token`` ran."""

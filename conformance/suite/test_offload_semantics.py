@@ -166,6 +166,29 @@ def test_exception_in_forward_cleans_up(area_api, accelerator):
         _chain(torch.randn(8, device=device, requires_grad=True) * 1).backward()
 
 
+@pytest.mark.parametrize("why_kept", ["pool_cap", "keep_window"])
+@pytest.mark.parametrize("backward", [True, False], ids=["backward", "graph_dropped"])
+def test_every_candidate_counted_once(area_api, accelerator, why_kept, backward):
+    """Each candidate is counted exactly once, as offloaded or as kept (OffloadStats), whether a backward used it
+    or autograd dropped the graph unused: kept for the pool cap, kept in the window, never both or twice."""
+    device = accelerator.device()
+    knobs = {"pool_bytes": 1} if why_kept == "pool_cap" else {"keep_last_count": 2}
+    manager = _manager(area_api, accelerator, **knobs)
+    n = 4  # _chain saves each sin's input: n candidates
+    with manager:
+        x = torch.randn(64, device=device, requires_grad=True)
+        loss = _chain(x * 1, n)
+    if backward:
+        loss.backward()
+    del loss
+    gc.collect()
+    s = manager.stats
+    assert s.tensors_offloaded + s.tensors_kept == n, s
+    expected_kept = n if why_kept == "pool_cap" else 2
+    assert s.tensors_kept == expected_kept and s.bytes_kept == expected_kept * 64 * 4, s
+    assert_nothing_held(manager, f"{why_kept}, backward={backward}")
+
+
 def test_inplace_after_save_raises_like_autograd(area_api, accelerator):
     device = accelerator.device()
 

@@ -75,6 +75,37 @@ def test_O1_copies_are_really_deferred(streamed_api):
             out = _forward(layers, leaf, [])
         out.sum().backward()
     assert chaos.copies_deferred >= 4, chaos.memory_stats()
+    # Copies timed on the streams are accounted once each, in the direction they went (OffloadStats).
+    s = manager.stats
+    assert 0 < s.d2h_timed_bytes <= s.bytes_offloaded and 0 < s.h2d_timed_bytes <= s.bytes_restored, s
+    manager.close()
+
+
+@pytest.mark.requires("offload_streams")
+@pytest.mark.parametrize("keep_last_count", [1, 2])
+@pytest.mark.parametrize("stall", [None, 0, 1])
+def test_O1_prefetch_waits_for_the_offload_copy(streamed_api, keep_last_count, stall):
+    """O1: with the newest activations kept on the device, backward starts without waiting for any D2H copy, so only
+    an event orders a prefetch's H2D copy after the D2H copy that filled its host block (else the chaos accelerator
+    raises: the prefetch would read bytes the offload copy is still writing)."""
+    chaos = ChaosAccelerator(ChaosSchedule(seed=5, eagerness=0.0, stall=stall))
+    layers, leaf = _chain([4096] * 5)
+    _forward(layers, leaf, []).sum().backward()
+    expected = [leaf.grad.clone()] + [layer.w.grad.clone() for layer in layers]
+    leaf.grad = None
+    for layer in layers:
+        layer.w.grad = None
+    manager = streamed_api.ActivationOffload(
+        accelerator=chaos, mode="all", min_offload_bytes=0, keep_last_count=keep_last_count, prefetch_count=2,
+    )
+    with chaos.activate():
+        with manager:
+            out = _forward(layers, leaf, [])
+        out.sum().backward()
+    got = [leaf.grad] + [layer.w.grad for layer in layers]
+    for a, b in zip(got, expected, strict=True):
+        assert torch.equal(a, b), "gradients differ from plain autograd (O1)"
+    assert manager.stats.tensors_prefetched > 0, manager.stats
     manager.close()
 
 

@@ -1,22 +1,33 @@
 """Activation offload, optimized implementation (area ``offload``).
 
-Same public API as :mod:`reference.offload` (same names, same config object, same errors); the engine uses a
-pinned pool reused across steps, D2H/H2D copy streams synchronised with events, prefetch in backward order
-and early release of restored buffers. See :mod:`optimized.offload.engine`.
+Same public API as :mod:`reference.offload` (same names, same config object, same errors). Read top-down:
+
+- :mod:`optimized.offload.manager`: :class:`ActivationOffload`, the context manager and its hooks;
+- :mod:`optimized.offload.engine`: what happens to one saved tensor (pool, D2H/H2D streams and events, early
+  release of restored buffers);
+- :mod:`optimized.offload.prefetch`: when a planned look-ahead copy is issued;
+- :mod:`optimized.offload.pool`: the pinned host blocks offloaded data lives in;
+- :mod:`optimized.offload.copy_timing`: copy durations measured on the device.
+
+The shared rules (config, stats, selection, storage-span layout, version check, HF patch, ``build_checkpoint``,
+the stack of active managers) come from the contract and are re-exported here unchanged.
 """
 
 from __future__ import annotations
 
-from optimized.offload.checkpoint import checkpoint
-from optimized.offload.config import MODE_ALL, MODE_CHECKPOINT_INPUTS, MODES, OffloadConfig
-from optimized.offload.hf import MissingDependencyError
-from optimized.offload.hooks import ActivationOffload, active_managers, current_manager
-from optimized.offload.stats import OffloadStats
+from optimized.offload.manager import ActivationOffload
+from reference.contract.offload_checkpoint import build_checkpoint
+from reference.contract.offload_hf import MissingDependencyError
+from reference.contract.offload_manager import active_managers, current_manager
+from reference.contract.offload_selection import mark_checkpoint_input
 from reference.errors import ConfigurationError, UnsupportedOperationError
-from reference.offload.checkpoint import build_checkpoint
-from reference.offload.selection import mark_checkpoint_input
+from reference.offload.config import MODE_ALL, MODE_CHECKPOINT_INPUTS, MODES, OffloadConfig
+from reference.offload.stats import OffloadStats
 
 IMPLEMENTATION_NAME = "optimized"
+
+#: ``checkpoint`` on the optimized manager (see :data:`reference.contract.offload_checkpoint.CHECKPOINT_DOC`).
+checkpoint = build_checkpoint(ActivationOffload)
 
 __all__ = [
     "MODES",

@@ -1,10 +1,10 @@
 """The optimized offload engine: pooled pinned memory, copy streams, events, prefetch, early release.
 
-Same contract as :class:`reference.offload.engine.ReferenceEngine` (selection, keep window, version checks
-and
-stats live in the shared :class:`~reference.offload.engine.EngineBase`); what differs is how bytes move:
+It keeps the contract every implementation keeps (which tensors are candidates, the ``keep_last_count`` window, the
+in-place modification check, the stats; the shared rules come from ``reference.contract.offload_*``) and moves
+the bytes its own way:
 
-- host memory comes from a :class:`~optimized.offload.pool.PinnedPool` owned by the engine, so after the
+- host memory comes from a :class:`~optimized.offload.pool.PinnedBlockPool` owned by the engine, so after the
   first step no pinned allocation happens;
 - device-to-host copies run on a dedicated D2H stream after an event recorded on the stream that produced
   the tensor; the source's memory is handed back to the allocator with ``record_stream`` so it is reused
@@ -13,16 +13,24 @@ stats live in the shared :class:`~reference.offload.engine.EngineBase`); what di
   backward op on a different stream than the forward op;
 - restore buffers are allocated while the consumer's stream is current, so the caching allocator ties them
   to the stream that uses and frees them;
-- every restore starts host-to-device copies, on a dedicated H2D stream, of the next ``prefetch_count``
+- every restore plans host-to-device copies, on a dedicated H2D stream, of the next ``prefetch_count``
   offloaded tensors in backward order (reverse offload order), bounded by ``max_inflight_bytes``;
+  :mod:`optimized.offload.prefetch` decides when they are issued;
 - the engine drops its reference to a restored buffer at the moment it hands it to autograd, so the buffer
   is freed as soon as the backward op that used it is done. Keeping restored tensors until the context exits
-  would make peak memory the same as without offload.
+  would make peak memory the same as without offload;
+- copies are timed on the device (:mod:`optimized.offload.copy_timing`).
+
+Life cycle of a :class:`SavedActivation`: on the device (keep window) -> on the host (D2H copy issued, pool block
+held) -> possibly prefetched (a device buffer with its H2D copy in flight) -> released when autograd drops it (its
+pool block goes back with the events of the copies that read it, so the next writer waits for them).
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
+import threading
 import time
 import weakref
 from collections import deque
@@ -30,200 +38,265 @@ from typing import Any
 
 import torch
 
-from optimized.offload.pool import PinnedPool
+from optimized.offload.copy_timing import CONSUMER_WAIT, D2H, H2D_ON_DEMAND, H2D_PREFETCH, CopyTimer
+from optimized.offload.pool import PinnedBlock, PinnedBlockPool
+from optimized.offload.prefetch import DeferredPrefetch, current_autograd_node
 from reference.accelerators import Accelerator
-from reference.offload.config import OffloadConfig
-from reference.offload.engine import ON_HOST, RELEASED, EngineBase, Record
-from reference.offload.layout import flat_source, rebuild
-from reference.offload.stats import OffloadStats
+from reference.contract.offload_layout import StorageSpan, flat_source, rebuild, span_of
+from reference.contract.offload_selection import (
+    is_marked_checkpoint_input,
+    never_offload_reason,
+    saved_by_torch_checkpoint,
+)
+from reference.contract.offload_version_check import SavedVersion, version_probe
+from reference.offload.config import MODE_CHECKPOINT_INPUTS, OffloadConfig
+from reference.offload.stats import OffloadStats, StatsRecorder
 
-# Per record, how many "last read" events to keep for pool reuse (one per restore; more only with
+#: Where a saved activation's bytes are.
+ON_DEVICE = "device"
+ON_HOST = "host"
+RELEASED = "released"
+
+# Per saved activation, how many "last read" events to keep for pool reuse (one per restore; more only with
 # retain_graph).
 _MAX_READ_EVENTS = 4
-# Resolve copy timings once this many are pending, so the list stays short between stats reads.
-_TIMING_BACKLOG = 256
-# How many autograd nodes after a restore get a one-shot post-hook that may issue the planned prefetch.
-_PREFETCH_HOOK_NODES = 8
-# After this many of those hooks ran without a safe moment, the planned prefetch is issued anyway: a late
-# prefetch still beats a copy on demand. Six covers one MLP block (the post-peak frees show up at the fifth).
-_PREFETCH_DEADLINE_NODES = 6
 
 
-def _current_autograd_node() -> Any:
-    getter = getattr(torch._C, "_current_autograd_node", None)
-    return getter() if getter is not None else None
+class SavedInPlace:
+    """The packed form of a tensor that is not a candidate: the tensor itself, still version-checked."""
+
+    __slots__ = ("saved_version", "tensor")
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.tensor = t.detach()
+        self.saved_version = SavedVersion(t, self.tensor)
 
 
-class _DeferredPrefetch:
-    """Prefetch planned at a restore, issued right after the region's memory peak has been released.
+class Prefetched:
+    """A restore buffer whose H2D copy was issued ahead of its unpack."""
 
-    Allocating the look-ahead buffers at the moment a tensor is restored would add them on top of the peak of
-    the backward ops that follow (the restored tensor's consumers allocate their gradients right after). So
-    the buffers are allocated from one-shot post-hooks on the next autograd nodes, at the first node boundary
-    where memory has just fallen: ``allocated + buffer`` is at most the previous boundary's sample (at least a
-    buffer's worth was freed since: the tensors of a peak) and at most the highest sample since the restore.
-    Issued there, the buffer fills room that a peak already used, and its copy overlaps the rest of the
-    region's backward (in a transformer MLP block: the first linear layer's two matmuls).
+    __slots__ = ("alloc_stream", "buffer", "ready")
 
-    Two tempting signals are wrong. The allocator's global peak (``max_memory_allocated``) includes the peaks
-    of earlier regions of the same shape, so it reports headroom before this region's own peak has happened;
-    issuing on it raised the H200 benchmark's peak by most of a buffer. And a node's post-hook runs before
-    autograd frees that node's inputs and saved tensors, so the hook of the node that makes the peak still
-    sees the peak: the fall shows up one boundary later, which is what the "fallen since the previous sample"
-    test waits for. After ``_PREFETCH_DEADLINE_NODES`` hooks without such a moment the prefetch is issued
-    anyway (bounded lateness).
-    """
-
-    def __init__(self, engine: StreamedEngine, candidates: list[Record], epoch: int, start: int) -> None:
-        self._engine = weakref.ref(engine)
-        self._pending = [weakref.ref(c) for c in candidates]
-        self._epoch = epoch
-        self._high = start
-        self._previous = start
-        self._calls = 0
-
-    def attach(self, node: Any) -> None:
-        queue = [node]
-        # Keyed by id() but holding the node objects: the Python wrappers next_functions hands out can be
-        # temporary, and a freed wrapper's id is reused by the next one, which would then be skipped as "seen"
-        # (on the H200 run that cut the walk off after three nodes, before the block's memory peak).
-        seen: dict[int, Any] = {}
-        attached = 0
-        while queue and attached < _PREFETCH_HOOK_NODES:
-            current = queue.pop(0)
-            if current is None or id(current) in seen:
-                continue
-            seen[id(current)] = current
-            if type(current).__name__ != "AccumulateGrad":
-                current.register_hook(self._on_node_done)
-                attached += 1
-            queue.extend(fn for fn, _ in current.next_functions)
-
-    def _on_node_done(self, grad_inputs: Any, grad_outputs: Any) -> None:
-        engine = self._engine()
-        if engine is None or not self._pending:
-            return
-        allocated = engine._allocated_bytes()
-        if allocated is None:
-            return
-        self._calls += 1
-        self._high = max(self._high, allocated)
-        previous, self._previous = self._previous, allocated
-        deadline = self._calls >= _PREFETCH_DEADLINE_NODES
-        while self._pending:
-            candidate = self._pending[0]()
-            if candidate is None:
-                self._pending.pop(0)
-                continue
-            after = allocated + candidate.nbytes
-            if not deadline and (after > previous or after > self._high):
-                return
-            self._pending.pop(0)
-            engine._issue_deferred(candidate, self._epoch)
-            allocated = after
+    def __init__(self, buffer: torch.Tensor, ready: Any, alloc_stream: Any) -> None:
+        self.buffer = buffer  # flat, the span's elements
+        self.ready = ready  # completes when the copy has landed
+        self.alloc_stream = alloc_stream  # the stream the buffer was allocated on (None on the blocking path)
 
 
-class StreamedEngine(EngineBase):
+class SavedActivation:
+    """The packed form of a candidate tensor, with the stream state of its copies. Owned by autograd."""
+
+    __slots__ = (
+        "__weakref__",
+        "counted_as_kept",
+        "d2h_done",
+        "device_tensor",
+        "engine",
+        "host_block",
+        "host_view",
+        "place",
+        "prefetched",
+        "producer_stream",
+        "read_events",
+        "restore_epoch",
+        "saved_version",
+        "seq",
+        "span",
+        "unpacked",
+    )
+
+    def __init__(self, engine: StreamedOffloadEngine, seq: int, t: torch.Tensor, span: StorageSpan) -> None:
+        self.engine = engine
+        self.seq = seq  # pack order: backward order is its reverse
+        self.span = span
+        self.device_tensor: torch.Tensor | None = t.detach()
+        self.place = ON_DEVICE
+        self.host_view: torch.Tensor | None = None  # the span's elements inside host_block
+        self.host_block: PinnedBlock | None = None
+        self.producer_stream: Any = None  # the stream that was current when the tensor was saved
+        self.d2h_done: Any = None  # completes when the D2H copy has landed (None: it was blocking)
+        self.prefetched: Prefetched | None = None
+        self.read_events: list[Any] = []  # the last copies that read host_view (the pool block's next writer waits)
+        self.restore_epoch = -1  # engine epoch of its last restore: prefetches planned before it are stale
+        self.counted_as_kept = False
+        self.unpacked = False
+        self.saved_version = SavedVersion(t, version_probe(t))
+
+    @property
+    def nbytes(self) -> int:
+        return self.span.nbytes
+
+    def __del__(self) -> None:
+        try:
+            self.engine._release(self)
+        except Exception:  # interpreter shutdown or an already-closed engine: nothing left to give back
+            pass
+
+
+class StreamedOffloadEngine:
     """Asynchronous offload engine (see module docstring)."""
 
     def __init__(self, config: OffloadConfig, accelerator: Accelerator) -> None:
-        super().__init__(config, accelerator)
+        self.config = config
+        self.accelerator = accelerator
+        self.device_type = accelerator.device_type
         self.use_streams = accelerator.supports_streams if config.use_streams is None else bool(config.use_streams)
-        self._pool = PinnedPool(config.pool_bytes)
-        self._d2h: Any = None
-        self._h2d: Any = None
-        self._inflight: deque[tuple[Any, int]] = deque()  # D2H copies not yet known complete
-        self._inflight_bytes = 0
+        self.stats = StatsRecorder()
+        self._lock = threading.RLock()
+        self._seq = itertools.count()
+        self._window: deque[weakref.ref[SavedActivation]] = deque()  # candidates still on the device, oldest first
+        self._excluded_storages: set[int] = set()
+        self._module_hook: Any = None
+        self._pool = PinnedBlockPool(config.pool_bytes)
+        self._timer = CopyTimer(accelerator, self.stats, enabled=self.use_streams)
+        self._d2h_stream: Any = None
+        self._h2d_stream: Any = None
+        self._d2h_inflight: deque[tuple[Any, int]] = deque()  # D2H copies not yet known complete
+        self._d2h_inflight_bytes = 0
         self._prefetch_bytes = 0
-        self._order_seq: list[int] = []  # offloaded records, in offload (= pack) order
-        self._order_ref: list[weakref.ref[Record]] = []
+        self._offloaded_seqs: list[int] = []  # offloaded activations, in offload (= pack) order
+        self._offloaded_refs: list[weakref.ref[SavedActivation]] = []
         self._live_offloaded = 0
-        self._timings: list[tuple[str, Any, Any, int]] = []
-        self._epoch = 0
+        self._epoch = 0  # counts restores (prefetch planning)
 
-    # -- helpers
-    # ----------------------------------------------------------------------------------------------
+    # -- manager life cycle -------------------------------------------------------------------------------------
+    def begin(self) -> None:
+        """A manager using this engine was entered: note the storages of module state from now on."""
+        self._excluded_storages = set()
+        self._module_hook = torch.nn.modules.module.register_module_forward_pre_hook(self._note_module_state)
+
+    def end(self) -> None:
+        """The manager exited (also on exceptions). Saved activations stay valid for a later backward."""
+        if self._module_hook is not None:
+            self._module_hook.remove()
+            self._module_hook = None
+        self._excluded_storages = set()
+
+    def _note_module_state(self, module: torch.nn.Module, args: Any) -> None:
+        for tensor in (*module.parameters(recurse=False), *module.buffers(recurse=False)):
+            if tensor.device.type == self.device_type:
+                self._excluded_storages.add(tensor.untyped_storage().data_ptr())
+
+    def close(self) -> None:
+        """Give the pool's cached blocks back (blocks still holding saved activations are unaffected)."""
+        with self._lock:
+            self._timer.resolve(block=True)
+            self._pool.trim()
+            self.stats.set(host_pool_bytes=self._pool.reserved_bytes)
+
+    def snapshot_stats(self) -> OffloadStats:
+        """Frozen stats, after folding in the timings of every copy issued so far."""
+        with self._lock:
+            self._timer.resolve(block=True)
+            self._note_pool()
+        return self.stats.snapshot()
+
+    def reset_stats(self) -> None:
+        self.stats.reset()
+
+    # -- pack / unpack ------------------------------------------------------------------------------------------
+    def pack(self, t: torch.Tensor, *, force: bool = False) -> SavedActivation | SavedInPlace:
+        """Packed form of ``t`` for autograd. ``force`` ignores ``mode`` (used by hostoffload's checkpoint)."""
+        if not force and self.config.mode == MODE_CHECKPOINT_INPUTS:
+            if not (is_marked_checkpoint_input(t) or saved_by_torch_checkpoint()):
+                return self._skip(t, "not_checkpoint_input")
+        reason = never_offload_reason(t, self.device_type, self._excluded_storages)
+        if reason is not None:
+            return self._skip(t, reason)
+        span = span_of(t)
+        if span.nbytes < self.config.min_offload_bytes:
+            return self._skip(t, "small")
+        with self._lock:
+            saved = SavedActivation(self, next(self._seq), t, span)
+            saved.producer_stream = self.accelerator.current_stream()
+            self.stats.add(device_bytes_held=saved.nbytes)
+            self._window.append(weakref.ref(saved))
+            self._drain_window(self.config.keep_last_count)
+        return saved
+
+    def unpack(self, packed: SavedActivation | SavedInPlace) -> torch.Tensor:
+        packed.saved_version.check()
+        if isinstance(packed, SavedInPlace):
+            return packed.tensor
+        with self._lock:
+            first_use = not packed.unpacked
+            packed.unpacked = True
+            kept = packed.place == ON_DEVICE
+            if kept and first_use and not packed.counted_as_kept:
+                self._count_kept(packed)
+        if kept:
+            assert packed.device_tensor is not None
+            restored = packed.device_tensor
+        else:
+            restored = self._copy_to_device(packed)
+            self.stats.add(tensors_restored=1, bytes_restored=packed.nbytes)
+        self._plan_prefetch(packed)
+        return restored
+
+    def _skip(self, t: torch.Tensor, reason: str) -> SavedInPlace:
+        nbytes = t.numel() * t.element_size() if t.layout == torch.strided else 0
+        self.stats.skip(reason, nbytes)
+        return SavedInPlace(t)
+
+    def _count_kept(self, saved: SavedActivation) -> None:
+        saved.counted_as_kept = True
+        self.stats.add(tensors_kept=1, bytes_kept=saved.nbytes)
+
+    def _drain_window(self, keep: int) -> None:
+        """Move the oldest candidates still on the device to host until ``keep`` remain (lock held)."""
+        while len(self._window) > keep:
+            saved = self._window.popleft()()
+            if saved is None or saved.place != ON_DEVICE or saved.unpacked:
+                continue
+            if not self._move_to_host(saved):  # pool cap reached: the tensor stays on the device for good
+                self._count_kept(saved)
+                continue
+            saved.place = ON_HOST
+            saved.device_tensor = None
+            self.stats.add(tensors_offloaded=1, bytes_offloaded=saved.nbytes, device_bytes_held=-saved.nbytes)
+
+    # -- streams ------------------------------------------------------------------------------------------------
     def _streams(self) -> tuple[Any, Any]:
-        if self._d2h is None:
-            self._d2h = self.accelerator.new_stream()
-            self._h2d = self.accelerator.new_stream()
-        return self._d2h, self._h2d
+        """The D2H and H2D side streams, created at first use."""
+        if self._d2h_stream is None:
+            self._d2h_stream = self.accelerator.new_stream()
+            self._h2d_stream = self.accelerator.new_stream()
+        return self._d2h_stream, self._h2d_stream
 
     def _async_for(self, device: torch.device) -> bool:
         """Streams only for the accelerator's current device; other devices take the blocking path."""
         return self.use_streams and device == self.accelerator.device()
 
-    def _timing_event(self) -> Any:
-        return self.accelerator.new_timing_event() if self.use_streams else None
+    def _note_pool(self) -> None:
+        self.stats.set(host_pool_bytes=self._pool.reserved_bytes, host_allocations=self._pool.allocations)
 
-    def _record_timing(self, kind: str, start: Any, end: Any, nbytes: int) -> None:
-        if start is None or end is None:
-            return
-        self._timings.append((kind, start, end, nbytes))
-        if len(self._timings) > _TIMING_BACKLOG:
-            self._resolve_timings(block=False)
-
-    def _resolve_timings(self, block: bool) -> None:
-        pending = []
-        for kind, start, end, nbytes in self._timings:
-            if not block and not end.query():
-                pending.append((kind, start, end, nbytes))
-                continue
-            end.synchronize()
-            seconds = start.elapsed_time(end) / 1000.0
-            if kind == "d2h":
-                self.stats.add(d2h_seconds=seconds, d2h_timed_bytes=nbytes)
-            elif kind == "h2d":
-                self.stats.add(h2d_seconds=seconds, h2d_timed_bytes=nbytes)
-            if kind in ("wait", "h2d_on_demand"):
-                self.stats.add(compute_wait_seconds=seconds)
-            if kind == "h2d_on_demand":
-                self.stats.add(h2d_seconds=seconds, h2d_timed_bytes=nbytes)
-        self._timings = pending
-
-    def snapshot_stats(self) -> OffloadStats:
-        with self._lock:
-            self._resolve_timings(block=True)
-            self.stats.set(host_pool_bytes=self._pool.reserved_bytes, host_allocations=self._pool.allocations)
-        return self.stats.snapshot()
-
-    def close(self) -> None:
-        with self._lock:
-            self._resolve_timings(block=True)
-            self._pool.trim()
-            self.stats.set(host_pool_bytes=self._pool.reserved_bytes)
-
-    # -- device -> host
-    # ---------------------------------------------------------------------------------------
-    def _move_to_host(self, record: Record) -> bool:
-        span = record.span
-        block = self._pool.acquire(record.nbytes)
+    # -- device -> host -----------------------------------------------------------------------------------------
+    def _move_to_host(self, saved: SavedActivation) -> bool:
+        """Issue the copy of the saved span into a pool block. False if the pool's cap leaves no room (lock held)."""
+        span = saved.span
+        block = self._pool.acquire(saved.nbytes)
         if block is None:
             return False
-        self.stats.set(host_pool_bytes=self._pool.reserved_bytes, host_allocations=self._pool.allocations)
-        host = block.tensor[: record.nbytes].view(span.dtype)
-        assert record.dev is not None
-        src = flat_source(record.dev, span)
+        self._note_pool()
+        host = block.tensor[: saved.nbytes].view(span.dtype)
+        assert saved.device_tensor is not None
+        src = flat_source(saved.device_tensor, span)
         if self._async_for(span.device):
+            accelerator = self.accelerator
             d2h, _ = self._streams()
-            acc = self.accelerator
-            ready = acc.new_event()
-            ready.record(record.producer_stream)
-            ready.wait(d2h)
+            produced = accelerator.new_event()
+            produced.record(saved.producer_stream)
+            produced.wait(d2h)
             for event in block.wait_events:  # earlier reads of this block must finish before we overwrite it
                 event.wait(d2h)
             block.wait_events = []
-            start = self._timing_event()
-            if start is not None:
-                start.record(d2h)
-            with acc.stream(d2h):
+            start = self._timer.start(d2h)
+            with accelerator.stream(d2h):
                 host.copy_(src, non_blocking=True)
-            done = self._timing_event() or acc.new_event()
-            done.record(d2h)
+            done = self._timer.end(D2H, start, d2h, saved.nbytes)
             src.record_stream(d2h)  # the allocator may reuse the source only after the copy read it
-            record.d2h_event = done
-            self._record_timing("d2h", start, done, record.nbytes)
-            self._throttle_d2h(done, record.nbytes)
+            saved.d2h_done = done
+            self._throttle_d2h(done, saved.nbytes)
         else:
             if span.device.type != "cpu":
                 self.accelerator.synchronize()
@@ -231,110 +304,105 @@ class StreamedEngine(EngineBase):
             host.copy_(src)
             if span.device.type != "cpu":
                 self.accelerator.synchronize()
-            self.stats.add(d2h_seconds=time.perf_counter() - begin, d2h_timed_bytes=record.nbytes)
-            record.d2h_event = None
-        record.host = host
-        record.host_block = block
-        self._order_seq.append(record.seq)
-        self._order_ref.append(weakref.ref(record))
+            self.stats.add(d2h_seconds=time.perf_counter() - begin, d2h_timed_bytes=saved.nbytes)
+            saved.d2h_done = None
+        saved.host_view = host
+        saved.host_block = block
+        self._offloaded_seqs.append(saved.seq)
+        self._offloaded_refs.append(weakref.ref(saved))
         self._live_offloaded += 1
-        self.stats.add(host_bytes_in_use=record.nbytes)
+        self.stats.add(host_bytes_in_use=saved.nbytes)
         return True
 
     def _throttle_d2h(self, done: Any, nbytes: int) -> None:
-        self._inflight.append((done, nbytes))
-        self._inflight_bytes += nbytes
-        while self._inflight and self._inflight[0][0].query():
-            self._inflight_bytes -= self._inflight.popleft()[1]
+        """Keep D2H copies in flight under ``max_inflight_bytes``: the back-pressure the user asked for."""
+        self._d2h_inflight.append((done, nbytes))
+        self._d2h_inflight_bytes += nbytes
+        while self._d2h_inflight and self._d2h_inflight[0][0].query():
+            self._d2h_inflight_bytes -= self._d2h_inflight.popleft()[1]
         cap = self.config.max_inflight_bytes
-        while cap is not None and self._inflight_bytes > cap and len(self._inflight) > 1:
-            event, size = self._inflight.popleft()
-            event.synchronize()  # back-pressure the user asked for with max_inflight_bytes
-            self._inflight_bytes -= size
+        while cap is not None and self._d2h_inflight_bytes > cap and len(self._d2h_inflight) > 1:
+            event, size = self._d2h_inflight.popleft()
+            event.synchronize()
+            self._d2h_inflight_bytes -= size
 
-    # -- host -> device
-    # ---------------------------------------------------------------------------------------
-    def _copy_to_device(self, record: Record) -> torch.Tensor:
-        span = record.span
-        acc = self.accelerator
+    # -- host -> device -----------------------------------------------------------------------------------------
+    def _copy_to_device(self, saved: SavedActivation) -> torch.Tensor:
+        """The restored tensor, safe to use on the caller's current stream; the engine keeps no reference to it."""
+        span = saved.span
+        accelerator = self.accelerator
         with self._lock:
-            prefetched = record.prefetched
-            record.prefetched = None
+            prefetched = saved.prefetched
+            saved.prefetched = None
             if prefetched is not None:
-                self._prefetch_bytes -= record.nbytes
-                self.stats.add(device_bytes_held=-record.nbytes)
+                self._prefetch_bytes -= saved.nbytes
+                self.stats.add(device_bytes_held=-saved.nbytes)
         if prefetched is not None:
-            buf, ready, alloc_stream = prefetched
             if self._async_for(span.device):
-                consumer = acc.current_stream()
-                start = self._timing_event()
+                consumer = accelerator.current_stream()
+                start = self._timer.start(consumer)
+                prefetched.ready.wait(consumer)
                 if start is not None:
-                    start.record(consumer)
-                ready.wait(consumer)
-                end = self._timing_event()
-                if end is not None:
-                    end.record(consumer)
-                self._record_timing("wait", start, end, 0)
-                if consumer != alloc_stream:
-                    buf.record_stream(consumer)
-            return rebuild(buf, span)
-        assert record.host is not None
-        buf = torch.empty(span.span_numel, dtype=span.dtype, device=span.device)
+                    self._timer.end(CONSUMER_WAIT, start, consumer, 0)
+                if consumer != prefetched.alloc_stream:
+                    prefetched.buffer.record_stream(consumer)
+            return rebuild(prefetched.buffer, span)
+        assert saved.host_view is not None
+        flat = torch.empty(span.span_numel, dtype=span.dtype, device=span.device)
         if self._async_for(span.device):
-            consumer = acc.current_stream()
-            if record.d2h_event is not None:
-                record.d2h_event.wait(consumer)
-            start = self._timing_event()
-            if start is not None:
-                start.record(consumer)
-            buf.copy_(record.host, non_blocking=True)
-            done = self._timing_event() or acc.new_event()
-            done.record(consumer)
-            self._record_timing("h2d_on_demand", start, done, record.nbytes)
-            self._note_read(record, done)
+            consumer = accelerator.current_stream()
+            if saved.d2h_done is not None:
+                saved.d2h_done.wait(consumer)
+            start = self._timer.start(consumer)
+            flat.copy_(saved.host_view, non_blocking=True)
+            done = self._timer.end(H2D_ON_DEMAND, start, consumer, saved.nbytes)
+            self._note_read(saved, done)
         else:
             begin = time.perf_counter()
-            buf.copy_(record.host)
+            flat.copy_(saved.host_view)
             if span.device.type != "cpu":
-                acc.synchronize()
+                accelerator.synchronize()
             elapsed = time.perf_counter() - begin
-            self.stats.add(h2d_seconds=elapsed, h2d_timed_bytes=record.nbytes, compute_wait_seconds=elapsed)
-        return rebuild(buf, span)
+            self.stats.add(h2d_seconds=elapsed, h2d_timed_bytes=saved.nbytes, compute_wait_seconds=elapsed)
+        return rebuild(flat, span)
 
-    def _note_read(self, record: Record, event: Any) -> None:
-        events = record.read_events
+    def _note_read(self, saved: SavedActivation, event: Any) -> None:
+        events = saved.read_events
         events.append(event)
         if len(events) > _MAX_READ_EVENTS:
             del events[0]
 
-    def _after_unpack(self, record: Record) -> None:
+    # -- prefetch -----------------------------------------------------------------------------------------------
+    def _plan_prefetch(self, restored: SavedActivation) -> None:
+        """After each unpack: plan the look-ahead copies, issued now or after the coming memory peak."""
         if self.config.prefetch_count == 0:
             return
         with self._lock:
             self._epoch += 1
-            record.restore_epoch = self._epoch
-            candidates = self._prefetch_candidates(record.seq)
+            restored.restore_epoch = self._epoch
+            candidates = self._prefetch_candidates(restored.seq)
             if not candidates:
                 return
-            start = self._allocated_bytes()
-            node = _current_autograd_node() if start is not None else None
-            if node is None or start is None:
+            allocated = self.allocated_device_bytes()
+            node = current_autograd_node() if allocated is not None else None
+            if node is None or allocated is None:
                 for candidate in candidates:
                     self._issue_prefetch(candidate)
                 return
-        _DeferredPrefetch(self, candidates, self._epoch, start).attach(node)
+        DeferredPrefetch(self, candidates, self._epoch, allocated).attach(node)
 
-    def _prefetch_candidates(self, seq: int) -> list[Record]:
-        """The next ``prefetch_count`` offloaded records older than ``seq`` not yet prefetched (lock held)."""
+    def _prefetch_candidates(self, seq: int) -> list[SavedActivation]:
+        """The next ``prefetch_count`` offloaded activations older than ``seq`` not yet prefetched, as far as
+        ``max_inflight_bytes`` allows (lock held)."""
         cap = self.config.max_inflight_bytes
-        j = bisect.bisect_left(self._order_seq, seq) - 1
+        j = bisect.bisect_left(self._offloaded_seqs, seq) - 1
         seen = 0
         planned = self._prefetch_bytes
         out = []
         while j >= 0 and seen < self.config.prefetch_count:
-            candidate = self._order_ref[j]()
+            candidate = self._offloaded_refs[j]()
             j -= 1
-            if candidate is None or candidate.state != ON_HOST:
+            if candidate is None or candidate.place != ON_HOST:
                 continue
             seen += 1
             if candidate.prefetched is not None:
@@ -345,84 +413,95 @@ class StreamedEngine(EngineBase):
             out.append(candidate)
         return out
 
-    def _allocated_bytes(self) -> int | None:
+    def allocated_device_bytes(self) -> int | None:
         """Device bytes allocated now, if the device reports it cheaply (CUDA); None otherwise."""
         if self.device_type != "cuda":
             return None
         return int(torch.cuda.memory_allocated())
 
-    def _issue_deferred(self, candidate: Record, epoch: int) -> None:
-        """Issue a planned prefetch unless it became pointless (restored, freed or prefetched meanwhile)."""
+    def issue_planned_prefetch(self, candidate: SavedActivation, epoch: int) -> None:
+        """Issue a prefetch planned at restore ``epoch`` unless it became pointless (restored, freed or prefetched
+        meanwhile)."""
         with self._lock:
-            if candidate.state != ON_HOST or candidate.prefetched is not None or candidate.restore_epoch > epoch:
+            if candidate.place != ON_HOST or candidate.prefetched is not None or candidate.restore_epoch > epoch:
                 return
             self._issue_prefetch(candidate)
 
-    def _issue_prefetch(self, record: Record) -> None:
-        span = record.span
-        acc = self.accelerator
-        assert record.host is not None
+    def _issue_prefetch(self, saved: SavedActivation) -> None:
+        """Allocate the restore buffer and issue its copy on the H2D stream (lock held)."""
+        span = saved.span
+        accelerator = self.accelerator
+        assert saved.host_view is not None
         # Allocated while the consumer's stream is current: the allocator ties the block to that stream.
-        buf = torch.empty(span.span_numel, dtype=span.dtype, device=span.device)
+        flat = torch.empty(span.span_numel, dtype=span.dtype, device=span.device)
         if self._async_for(span.device):
-            consumer = acc.current_stream()
+            consumer = accelerator.current_stream()
             _, h2d = self._streams()
-            allocated = acc.new_event()
+            allocated = accelerator.new_event()
             allocated.record(consumer)  # earlier consumer work on this memory must finish before we write it
             allocated.wait(h2d)
-            if record.d2h_event is not None:
-                record.d2h_event.wait(h2d)
-            start = self._timing_event()
-            if start is not None:
-                start.record(h2d)
-            with acc.stream(h2d):
-                buf.copy_(record.host, non_blocking=True)
-            done = self._timing_event() or acc.new_event()
-            done.record(h2d)
-            self._record_timing("h2d", start, done, record.nbytes)
-            self._note_read(record, done)
+            if saved.d2h_done is not None:
+                saved.d2h_done.wait(h2d)
+            start = self._timer.start(h2d)
+            with accelerator.stream(h2d):
+                flat.copy_(saved.host_view, non_blocking=True)
+            done = self._timer.end(H2D_PREFETCH, start, h2d, saved.nbytes)
+            self._note_read(saved, done)
         else:
             consumer = None
             begin = time.perf_counter()
-            buf.copy_(record.host)
+            flat.copy_(saved.host_view)
             if span.device.type != "cpu":
-                acc.synchronize()
-            self.stats.add(h2d_seconds=time.perf_counter() - begin, h2d_timed_bytes=record.nbytes)
-            done = acc.new_event()
-        record.prefetched = (buf, done, consumer)
-        self._prefetch_bytes += record.nbytes
-        self.stats.add(tensors_prefetched=1, device_bytes_held=record.nbytes)
+                accelerator.synchronize()
+            self.stats.add(h2d_seconds=time.perf_counter() - begin, h2d_timed_bytes=saved.nbytes)
+            done = accelerator.new_event()
+        saved.prefetched = Prefetched(flat, done, consumer)
+        self._prefetch_bytes += saved.nbytes
+        self.stats.add(tensors_prefetched=1, device_bytes_held=saved.nbytes)
 
-    # -- release
-    # ----------------------------------------------------------------------------------------------
-    def _free_host(self, record: Record) -> None:
-        prefetched = record.prefetched
+    # -- release ------------------------------------------------------------------------------------------------
+    def _release(self, saved: SavedActivation) -> None:
+        """Autograd dropped ``saved``: give its memory back and settle its counters."""
+        with self._lock:
+            if saved.place == ON_HOST:
+                self._free_host(saved)
+                saved.place = RELEASED
+                return
+            self.stats.add(device_bytes_held=-saved.nbytes)
+            if not saved.counted_as_kept and not saved.unpacked:
+                # Saved, never needed by a backward, and never moved (e.g. forward raised): still "kept".
+                self._count_kept(saved)
+
+    def _free_host(self, saved: SavedActivation) -> None:
+        """Drop an unused prefetch and hand the pool block back with the events its next writer waits for."""
+        prefetched = saved.prefetched
         if prefetched is not None:
-            buf, ready, alloc_stream = prefetched
-            record.prefetched = None
-            if alloc_stream is not None:
-                ready.wait(alloc_stream)  # never let the allocator hand out memory the H2D copy still writes
-            del buf
-            self._prefetch_bytes -= record.nbytes
-            self.stats.add(device_bytes_held=-record.nbytes)
-        block = record.host_block
-        record.host = None
-        record.host_block = None
+            saved.prefetched = None
+            if prefetched.alloc_stream is not None:
+                # Never let the allocator hand out memory the H2D copy still writes.
+                prefetched.ready.wait(prefetched.alloc_stream)
+            del prefetched
+            self._prefetch_bytes -= saved.nbytes
+            self.stats.add(device_bytes_held=-saved.nbytes)
+        block = saved.host_block
+        saved.host_view = None
+        saved.host_block = None
         if block is not None:
-            events = list(record.read_events)
-            if record.d2h_event is not None:
-                events.append(record.d2h_event)
+            events = list(saved.read_events)
+            if saved.d2h_done is not None:
+                events.append(saved.d2h_done)
             self._pool.release(block, events)
         self._live_offloaded -= 1
-        self.stats.add(host_bytes_in_use=-record.nbytes)
+        self.stats.add(host_bytes_in_use=-saved.nbytes)
         self._compact_order()
 
     def _compact_order(self) -> None:
-        seqs, refs = self._order_seq, self._order_ref
-        while refs and (refs[-1]() is None or refs[-1]().state == RELEASED):
+        """Drop released activations from the offload order: from its end at once, everywhere when it grew."""
+        seqs, refs = self._offloaded_seqs, self._offloaded_refs
+        while refs and ((last := refs[-1]()) is None or last.place == RELEASED):
             refs.pop()
             seqs.pop()
         if len(refs) > 2 * self._live_offloaded + 64:
-            keep = [(s, r) for s, r in zip(seqs, refs, strict=True) if (x := r()) is not None and x.state == ON_HOST]
-            self._order_seq = [s for s, _ in keep]
-            self._order_ref = [r for _, r in keep]
+            keep = [(s, r) for s, r in zip(seqs, refs, strict=True) if (x := r()) is not None and x.place == ON_HOST]
+            self._offloaded_seqs = [s for s, _ in keep]
+            self._offloaded_refs = [r for _, r in keep]

@@ -1,4 +1,4 @@
-"""Pinned host pool for offloaded activations, reused across steps.
+"""The pool of pinned host blocks that offloaded activations are copied into, reused across steps.
 
 Training repeats the same activation shapes every step, so after the first step every request finds a free
 block of the right size and no pinned allocation happens any more (page-locking is slow and serialises with
@@ -100,8 +100,9 @@ DEFAULT_SOURCE = default_source
 
 
 @dataclass(eq=False)
-class PoolBlock:
-    """A block of pool memory; ``wait_events`` must complete before the next write into it."""
+class PinnedBlock:
+    """A block of pinned pool memory; ``wait_events`` (the copies that last read it) must complete before the next
+    write into it."""
 
     tensor: torch.Tensor
     nbytes: int
@@ -112,7 +113,7 @@ def _round_up(nbytes: int) -> int:
     return max(GRANULE, -(-nbytes // GRANULE) * GRANULE)
 
 
-class PinnedPool:
+class PinnedBlockPool:
     """Size-bucketed free lists over a :class:`HostBlockSource`, capped at ``cap_bytes`` reserved (None: no
     cap)."""
 
@@ -120,13 +121,13 @@ class PinnedPool:
         self._cap = cap_bytes
         self._source = source if source is not None else DEFAULT_SOURCE()
         self._lock = threading.Lock()
-        self._free: dict[int, list[PoolBlock]] = {}
+        self._free: dict[int, list[PinnedBlock]] = {}
         self._free_sizes: list[int] = []  # sorted keys of _free with a non-empty list
         self.reserved_bytes = 0
         self.in_use_bytes = 0
         self.allocations = 0
 
-    def acquire(self, nbytes: int) -> PoolBlock | None:
+    def acquire(self, nbytes: int) -> PinnedBlock | None:
         """A block of at least ``nbytes``, or None if the cap does not allow one."""
         size = _round_up(nbytes)
         with self._lock:
@@ -136,13 +137,13 @@ class PinnedPool:
                     self._evict_until(self._cap - size)
                     if self.reserved_bytes + size > self._cap:
                         return None
-                block = PoolBlock(self._source.allocate(size), size)
+                block = PinnedBlock(self._source.allocate(size), size)
                 self.reserved_bytes += size
                 self.allocations += 1
             self.in_use_bytes += block.nbytes
             return block
 
-    def release(self, block: PoolBlock, wait_events: list[Any]) -> None:
+    def release(self, block: PinnedBlock, wait_events: list[Any]) -> None:
         """Hand ``block`` back; its next writer waits for ``wait_events`` (the last reads of its
         contents)."""
         with self._lock:
@@ -160,7 +161,7 @@ class PinnedPool:
 
     # -- internals (lock held)
     # ------------------------------------------------------------------------------------
-    def _take_free(self, size: int) -> PoolBlock | None:
+    def _take_free(self, size: int) -> PinnedBlock | None:
         i = bisect.bisect_left(self._free_sizes, size)
         if i == len(self._free_sizes) or self._free_sizes[i] > size * MAX_OVERSIZE:
             return None

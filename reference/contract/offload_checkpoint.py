@@ -1,5 +1,29 @@
-"""Activation checkpointing on the offload engine.
+"""Offload contract: activation checkpointing on an implementation's offload engine.
 
+:func:`build_checkpoint` makes an implementation's ``checkpoint`` from its manager class; it relies only on the
+:class:`~reference.contract.offload_manager.OffloadManager` interface (a manager's engine packs and unpacks), so
+every implementation gets the same argument checks, the same choice of manager and the same RNG and autocast
+handling. The suite compares the result with ``torch.utils.checkpoint`` bitwise, not with another implementation.
+
+The ``checkpoint`` it makes is documented by :data:`CHECKPOINT_DOC`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.utils.checkpoint as torch_checkpoint
+
+from reference.contract.offload_manager import OffloadManager, current_manager
+from reference.contract.offload_selection import mark_checkpoint_input
+from reference.errors import ConfigurationError
+
+#: The docstring of every ``checkpoint`` :func:`build_checkpoint` makes.
+CHECKPOINT_DOC = """\
 ``checkpoint(function, *args, use_reentrant=False, offload=None, preserve_rng_state=True, **kwargs)``:
 
 - ``use_reentrant=False`` delegates to ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`` and
@@ -17,21 +41,6 @@ Both paths preserve the RNG state (CPU and the inputs' devices) unless ``preserv
 dropout in the recompute draws the same numbers as in forward and gradients are bitwise those of the plain
 model.
 """
-
-from __future__ import annotations
-
-import contextlib
-import threading
-from collections.abc import Callable
-from typing import Any
-
-import torch
-import torch.utils.checkpoint as torch_checkpoint
-
-from reference.errors import ConfigurationError
-from reference.offload.engine import EngineBase
-from reference.offload.hooks import ActivationOffload, current_manager
-from reference.offload.selection import mark_checkpoint_input
 
 
 def _device_rng_states(args: tuple[Any, ...]) -> tuple[str | None, list[int], list[torch.Tensor]]:
@@ -129,18 +138,19 @@ class _ReentrantOffloadCheckpoint(torch.autograd.Function):
         return (None, None, *input_grads)
 
 
-def _forced_hooks(engine: EngineBase) -> torch.autograd.graph.saved_tensors_hooks:
+def _forced_hooks(engine: Any) -> torch.autograd.graph.saved_tensors_hooks:
     """Hooks that offload every eligible tensor they see (mode ignored): the callers only let inputs reach
     them."""
     return torch.autograd.graph.saved_tensors_hooks(lambda t: engine.pack(t, force=True), engine.unpack)
 
 
-def build_checkpoint(manager_class: type[ActivationOffload]) -> Callable[..., Any]:
-    """The ``checkpoint`` function of an implementation whose manager class is ``manager_class``."""
+def build_checkpoint(manager_class: type[OffloadManager]) -> Callable[..., Any]:
+    """The ``checkpoint`` function of an implementation whose manager class is ``manager_class`` (its default
+    manager, created at the first call that needs one, serves calls made with no manager active and none passed)."""
     lock = threading.Lock()
-    default: list[ActivationOffload] = []
+    default: list[OffloadManager] = []
 
-    def default_manager() -> ActivationOffload:
+    def default_manager() -> OffloadManager:
         with lock:
             if not default:
                 default.append(manager_class())
@@ -150,13 +160,13 @@ def build_checkpoint(manager_class: type[ActivationOffload]) -> Callable[..., An
         function: Callable[..., Any],
         *args: Any,
         use_reentrant: bool = False,
-        offload: ActivationOffload | None = None,
+        offload: OffloadManager | None = None,
         preserve_rng_state: bool = True,
         **kwargs: Any,
     ) -> Any:
         if not isinstance(use_reentrant, bool):
             raise ConfigurationError(f"use_reentrant={use_reentrant!r} is invalid; allowed: True, False")
-        if offload is not None and not isinstance(offload, ActivationOffload):
+        if offload is not None and not isinstance(offload, OffloadManager):
             raise ConfigurationError(f"offload={offload!r} is invalid; allowed: None or an ActivationOffload")
         active = current_manager()
         if use_reentrant:
@@ -182,8 +192,5 @@ def build_checkpoint(manager_class: type[ActivationOffload]) -> Callable[..., An
                 function, *args, use_reentrant=False, preserve_rng_state=preserve_rng_state, **kwargs
             )
 
-    checkpoint.__doc__ = __doc__
+    checkpoint.__doc__ = CHECKPOINT_DOC
     return checkpoint
-
-
-checkpoint = build_checkpoint(ActivationOffload)

@@ -1,4 +1,8 @@
-"""Integration with Hugging Face ``transformers`` (optional dependency).
+"""Offload contract: the integration with Hugging Face ``transformers`` (optional dependency).
+
+One module for every implementation on purpose: the patch of ``GradientCheckpointingLayer`` is process-wide state
+with one reference count, and two copies of it (one per implementation) could restore each other's ``__call__`` in
+the wrong order when managers of both are active.
 
 While at least one manager with ``hf_integration=True`` is active,
 ``transformers.GradientCheckpointingLayer`` gets a ``__call__`` that marks the layer's hidden-states input
@@ -19,8 +23,8 @@ import functools
 import threading
 from typing import Any
 
+from reference.contract.offload_selection import mark_checkpoint_input
 from reference.errors import UnsupportedOperationError
-from reference.offload.selection import mark_checkpoint_input
 
 _MISSING = object()
 _lock = threading.Lock()

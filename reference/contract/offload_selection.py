@@ -1,4 +1,8 @@
-"""Which saved tensors an offload manager may move, and which count as checkpoint inputs.
+"""Offload contract: which saved tensors a manager may move, and which count as checkpoint inputs.
+
+Shared by every implementation: the decisions are compared one to one by the suite (``skipped_by_reason``), and the
+checkpoint-input marks are process-wide (a tensor marked through one implementation's ``mark_checkpoint_input``
+or the HF patch is a checkpoint input for every manager).
 
 Never moved, whatever the mode:
 - parameters, views of parameters and other leaves that require grad: they stay referenced by the model (or
@@ -24,8 +28,6 @@ import sys
 import weakref
 
 import torch
-
-from reference.offload.layout import span_of
 
 _CHECKPOINT_MODULE = "torch.utils.checkpoint"
 # How many Python frames to look up from the caller for torch's input-saving frame: the engine's pack, the
@@ -98,7 +100,3 @@ def never_offload_reason(t: torch.Tensor, device_type: str, excluded_storages: s
     if t.untyped_storage().data_ptr() in excluded_storages:
         return "module_state"
     return None
-
-
-def span_nbytes(t: torch.Tensor) -> int:
-    return span_of(t).nbytes

@@ -1,4 +1,7 @@
-"""How a saved tensor is moved: the storage span it covers, copied as one flat run of elements.
+"""Offload contract: how a saved tensor is moved -- the storage span it covers, copied as one flat run.
+
+Both implementations follow this rule (a restored tensor has the original size and strides, docs/offload.md
+"Semantics that are part of the contract"), so it lives in the contract rather than in either engine.
 
 Copying a tensor with ``.contiguous()`` or ``.to()`` would lose its strides, and autograd formulas may rely
 on them. Copying the storage span the view actually reads (from its lowest to its highest element) and

@@ -1,63 +1,38 @@
-"""The user-facing context manager: saved-tensor hooks bound to an offload engine.
+"""The reference's user-facing context manager: saved-tensor hooks bound to its offload engine.
 
 ``with ActivationOffload(...)`` installs ``torch.autograd.graph.saved_tensors_hooks`` whose pack/unpack go
-to the manager's engine. Create one manager and enter it once per step: its engine (and, in the optimized
-implementation, its pinned pool and streams) is reused across steps. Backward may run inside or after the
-``with`` block: records carry their engine with them.
+to the manager's engine (:class:`~reference.offload.engine.BlockingOffloadEngine`). Create one manager and enter
+it once per step: its engine is reused across steps. Backward may run inside or after the
+``with`` block: saved activations carry their engine with them.
 
 Managers nest (the innermost one packs, as with any saved-tensor hooks); one instance cannot be entered
 twice at the same time. Exiting, normally or through an exception, removes the hooks, the module hook and
-the HF patch; records already handed to autograd stay valid and give their memory back when autograd drops
+the HF patch; saved activations already handed to autograd stay valid and give their memory back when autograd drops
 them.
 """
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import torch
 
-from reference.accelerators import Accelerator, get_accelerator
-from reference.errors import ConfigurationError, UnsupportedOperationError
+from reference.accelerators import Accelerator
+from reference.contract import offload_hf
+from reference.contract.offload_manager import OffloadManager, manager_accelerator, pop_active, push_active
+from reference.errors import UnsupportedOperationError
 from reference.offload.config import OffloadConfig
-from reference.offload.engine import EngineBase, ReferenceEngine
+from reference.offload.engine import BlockingOffloadEngine
 from reference.offload.stats import OffloadStats
 
-_active = threading.local()
 
-
-def active_managers() -> tuple[ActivationOffload, ...]:
-    """Managers active in this thread, outermost first."""
-    return tuple(getattr(_active, "stack", ()))
-
-
-def current_manager() -> ActivationOffload | None:
-    """The innermost manager active in this thread, or None."""
-    stack = getattr(_active, "stack", None)
-    return stack[-1] if stack else None
-
-
-def _resolve_accelerator(accelerator: Accelerator | str | None) -> Accelerator:
-    if accelerator is None or isinstance(accelerator, str):
-        return get_accelerator(accelerator)
-    if not isinstance(accelerator, Accelerator):
-        raise ConfigurationError(
-            f"accelerator={accelerator!r} is invalid; allowed: None, an accelerator name, or an Accelerator"
-        )
-    return accelerator
-
-
-class ActivationOffload:
+class ActivationOffload(OffloadManager):
     """Offload saved activations to host memory during forward and bring them back in backward.
 
     ``ActivationOffload(config=None, *, accelerator=None, **knobs)``: ``knobs`` override fields of
     ``config`` (see :class:`~reference.offload.config.OffloadConfig`); ``accelerator`` is an Accelerator,
     its name, or None for the default one.
     """
-
-    #: The engine class; implementations subclass the manager and change only this.
-    engine_class: type[EngineBase] = ReferenceEngine
 
     def __init__(
         self,
@@ -67,13 +42,8 @@ class ActivationOffload:
         **knobs: Any,
     ) -> None:
         self._config = OffloadConfig.from_knobs(config, knobs)
-        self._accelerator = _resolve_accelerator(accelerator)
-        if self._config.use_streams and not self._accelerator.supports_streams:
-            raise ConfigurationError(
-                f"use_streams=True is not possible on accelerator {self._accelerator.name!r} (no streams); "
-                "allowed: False or None (auto)"
-            )
-        self._engine = self.engine_class(self._config, self._accelerator)
+        self._accelerator = manager_accelerator(accelerator, self._config)
+        self._engine = BlockingOffloadEngine(self._config, self._accelerator)
         self._hooks: Any = None
         self._hf_acquired = False
         self._active = False
@@ -89,7 +59,7 @@ class ActivationOffload:
         return self._accelerator
 
     @property
-    def engine(self) -> EngineBase:
+    def engine(self) -> BlockingOffloadEngine:
         return self._engine
 
     @property
@@ -102,7 +72,7 @@ class ActivationOffload:
         return self._engine.snapshot_stats()
 
     def reset_stats(self) -> None:
-        self._engine.stats.reset()
+        self._engine.reset_stats()
 
     def close(self) -> None:
         """Give cached host memory back now (it is otherwise kept for the next step)."""
@@ -124,9 +94,7 @@ class ActivationOffload:
                 "this ActivationOffload is already active; nest a different instance instead"
             )
         if self._config.hf_integration:
-            from reference.offload import hf  # optional dependency: imported only when asked for
-
-            hf.acquire()
+            offload_hf.acquire()  # imports transformers (only when asked for)
             self._hf_acquired = True
         try:
             self._engine.begin()
@@ -138,18 +106,11 @@ class ActivationOffload:
             raise
         self._hooks = hooks
         self._active = True
-        stack = getattr(_active, "stack", None)
-        if stack is None:
-            stack = _active.stack = []
-        stack.append(self)
+        push_active(self)
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        stack = getattr(_active, "stack", [])
-        if stack and stack[-1] is self:
-            stack.pop()
-        elif self in stack:
-            stack.remove(self)
+        pop_active(self)
         try:
             if self._hooks is not None:
                 self._hooks.__exit__(exc_type, exc, tb)
@@ -161,10 +122,8 @@ class ActivationOffload:
 
     def _release_hf(self) -> None:
         if self._hf_acquired:
-            from reference.offload import hf
-
             self._hf_acquired = False
-            hf.release()
+            offload_hf.release()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self._config} accelerator={self._accelerator.name!r}>"
