@@ -17,6 +17,7 @@
 
 #include "cuda_loader.h"
 #include "dlpack_export.h"
+#include "fork_safety.h"
 #include "host_allocator.h"
 #include "range_registry.h"
 #include "registry_stress.h"
@@ -211,14 +212,15 @@ PyObject* fast_tensor_in_registry(PyObject*, PyObject* const* args, Py_ssize_t n
 PyObject* g_is_pinned_fallback = nullptr;
 PyObject* g_name_is_pinned = nullptr;
 PyObject* g_name_numel = nullptr;
-bool g_miss_known = false;      // the two fields below are valid
+bool g_miss_known = false;      // the fields below are valid (in the process of generation g_miss_generation)
+std::uint64_t g_miss_generation = 0;  // fork_generation() when cached: a forked child asks Python again
 bool g_miss_env_set = false;    // HOSTOFFLOAD_ACCELERATOR was set when the answer was cached ...
 std::string g_miss_env;         // ... to this value
 bool g_miss_torch_pinning = false;
 
 // 1: the cached answer applies to the current environment; 0: it does not (or none is cached).
 int miss_cache_applies() {
-    if (!g_miss_known) return 0;
+    if (!g_miss_known || g_miss_generation != fork_generation()) return 0;
     const char* env = std::getenv("HOSTOFFLOAD_ACCELERATOR");
     if (env == nullptr) return g_miss_env_set ? 0 : 1;
     return (g_miss_env_set && g_miss_env == env) ? 1 : 0;
@@ -328,6 +330,10 @@ int unpin_outcome(Allocation::UnpinResult r) {
 PYBIND11_MODULE(_native, m) {
     m.doc() = "hostoffload native layer: pinned host memory and the process-wide pinned-range registry";
     m.attr("ABI_VERSION") = 2;
+    if (const int err = install_fork_handlers(); err != 0) {
+        throw std::runtime_error("pthread_atfork failed (error " + std::to_string(err) +
+                                 "): the native layer cannot be made fork-safe");
+    }
 
     py::module_ errors = py::module_::import("reference.errors");
     g_configuration_error = py::object(errors.attr("ConfigurationError")).release().ptr();
@@ -483,6 +489,7 @@ writer mutex. Same methods, arguments, results and errors as reference.ranges.Ra
             g_miss_env_set = !env_value.is_none();
             g_miss_env = g_miss_env_set ? env_value.cast<std::string>() : std::string();
             g_miss_torch_pinning = torch_pinning;
+            g_miss_generation = fork_generation();
             g_miss_known = true;
         },
         py::arg("env_value"), py::arg("torch_pinning"),
@@ -647,6 +654,9 @@ owns it, and the memory is released when the last view of that tensor dies.)doc"
         },
         "(allocations, bytes, registered_bytes, unpinned_alive, release_errors) of native allocations.");
     m.def("dlpack_exports_alive", &dlpack_exports_alive);
+    m.def("fork_generation", &fork_generation,
+          "How many fork()s separate this process from the one that loaded the module first (0 there); "
+          "allocations of an earlier generation are inherited and not pinned here (docs/native.md, fork()).");
     m.def("page_size", &host_page_size);
     m.def("cuda_runtime_available", &CudaHostApi::available,
           "True if a CUDA runtime could be found (already loaded by torch, or by soname).");
