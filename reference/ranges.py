@@ -19,27 +19,14 @@ import bisect
 import os
 import threading
 import weakref
-from typing import NamedTuple
 
 import torch
 
-from reference.errors import ConfigurationError
-
-
-class PinnedRange(NamedTuple):
-    """One registered range: its first byte, its length, and an opaque owner token (an int)."""
-
-    start: int
-    nbytes: int
-    owner: int
+from reference.contract.pinning_rules import PinnedRange, check_range_int
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigurationError(f"{name} must be an int >= {minimum}, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ConfigurationError(f"{name} must be an int >= {minimum}, got {value}")
-    return value
+    return check_range_int(name, value, minimum)
 
 
 class RangeRegistry:

@@ -21,13 +21,15 @@ import mmap
 import os
 import threading
 import warnings
-from typing import NamedTuple
 
 import torch
 
 from reference.accelerators import Accelerator
+from reference.contract.pinning_rules import PinnedStats
 from reference.errors import PinnedMemoryLockError
 from reference.ranges import RangeRegistry
+
+__all__ = ["NativeAllocation", "PinnedStats", "allocation_of", "empty", "stats"]
 
 _PROT_READ_WRITE = mmap.PROT_READ | mmap.PROT_WRITE
 _MAP_PRIVATE_ANON = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
@@ -48,20 +50,6 @@ def _load_libc() -> ctypes.CDLL:
 
 
 _libc = _load_libc()
-
-
-class PinnedStats(NamedTuple):
-    """Counters of memory pinned by the native backend.
-
-    ``allocations`` and ``bytes``: allocations that are pinned now and their page-rounded locked bytes.
-    ``registered_bytes``: the part of ``bytes`` registered with the device. ``unpinned_alive``: allocations that
-    were unpinned but are still mapped because a view references them.
-    """
-
-    allocations: int
-    bytes: int
-    registered_bytes: int
-    unpinned_alive: int
 
 
 class _Ledger:
