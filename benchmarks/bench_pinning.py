@@ -273,6 +273,10 @@ def bench_alloc(runner: Any, arm: str, nbytes: int, rounds: int) -> None:
     runner.annotate(extra)
 
 
+#: What the ``is_pinned`` rows ask about: a native pinned tensor, a pageable one, a device one (CUDA only).
+IS_PINNED_KINDS = ("hit", "miss", "device")
+
+
 # -- is_pinned latency --------------------------------------------------------------------------------------------
 class SyntheticRanges:
     """Keeps ``count - 1`` synthetic ranges registered in a registry (grows and shrinks incrementally)."""
@@ -330,14 +334,19 @@ def bench_is_pinned(runner: Any, arm: str, ranges: int, quick: bool, kind: str =
     """One ``is_pinned`` call while ``ranges`` ranges are live. ``kind="hit"``: on a native pinned tensor (torch
     arm: a torch-pinned one); ``kind="miss"``: on a pageable tensor, the common case of a copy decision (every
     arm answers False, the implementations after their registry lookup and torch-pinning query)."""
-    if kind not in ("hit", "miss"):
-        raise ValueError(f"kind must be 'hit' or 'miss', got {kind!r}")
+    if kind not in IS_PINNED_KINDS:
+        raise ValueError(f"kind must be one of {IS_PINNED_KINDS}, got {kind!r}")
+    if kind == "device" and not cuda_ok():
+        pytest.skip("is_pinned on a device tensor needs a CUDA device")
     synthetic = synthetic_for(arm)
     if synthetic is not None:
         synthetic.ensure(ranges - 1)
     with native_backend(register=True):
         if kind == "miss":
             t = torch.empty(1024, dtype=torch.uint8)
+            expected = False
+        elif kind == "device":
+            t = torch.empty(1024, dtype=torch.uint8, device="cuda")
             expected = False
         elif arm == "torch":
             t = torch.empty(1024, dtype=torch.uint8, pin_memory=cuda_ok())
@@ -356,10 +365,11 @@ def bench_is_pinned(runner: Any, arm: str, ranges: int, quick: bool, kind: str =
     assert fn() is expected, f"{arm}: is_pinned returned {fn()}, expected {expected}"
     iterations = 2_000 if quick else 20_000
     extra = {"arm": arm, "live_ranges": ranges, "result": expected, "kind": kind}
-    # Hit rows keep their historical names (plot_pinning.py, earlier JSON); miss rows say so.
-    name = f"is_pinned[{arm}-{ranges}]" if kind == "hit" else f"is_pinned_miss[{arm}-{ranges}]"
+    # Hit rows keep their historical names (plot_pinning.py, earlier JSON); miss and device rows say so.
+    group = "is_pinned" if kind == "hit" else f"is_pinned_{kind}"
+    name = f"{group}[{arm}-{ranges}]"
     runner.run(
-        "is_pinned" if kind == "hit" else "is_pinned_miss",
+        group,
         name,
         {"arm": arm, "ranges": ranges, "kind": kind},
         fn,
@@ -480,7 +490,7 @@ def test_alloc(benchmark, arm: str, nbytes: int) -> None:
     bench_alloc(PytestRunner(benchmark), arm, nbytes, rounds=3 if nbytes >= GiB else 5)
 
 
-@pytest.mark.parametrize("kind", ("hit", "miss"))
+@pytest.mark.parametrize("kind", IS_PINNED_KINDS)
 @pytest.mark.parametrize("arm", ("torch", "reference", "optimized"))
 @pytest.mark.parametrize("ranges", RANGE_COUNTS)
 def test_is_pinned(benchmark, ranges: int, arm: str, kind: str) -> None:
@@ -606,9 +616,12 @@ def main(argv: list[str] | None = None) -> int:
     def run_is_pinned() -> None:
         try:
             for count in counts:
-                for kind in ("hit", "miss"):
+                for kind in IS_PINNED_KINDS:
                     for arm in ("torch", "reference", "optimized"):
-                        bench_is_pinned(runner, arm, count, args.quick, kind)
+                        attempt(
+                            lambda a=arm, c=count, k=kind: bench_is_pinned(runner, a, c, args.quick, k),
+                            f"is_pinned {kind} {arm} {count}",
+                        )
         finally:
             release_synthetic()
 

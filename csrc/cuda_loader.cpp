@@ -1,9 +1,13 @@
 // Run-time resolution of the CUDA runtime; see cuda_loader.h.
 #include "cuda_loader.h"
 
+#include "fork_safety.h"
+
 #include <dlfcn.h>
 #include <link.h>
 
+#include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -106,7 +110,129 @@ std::string error_text(const Runtime& r, cudaError_t code) {
     return "CUDA error " + std::to_string(code) + ": " + (s != nullptr ? s : "unknown");
 }
 
+// ---- the pointer query (is_pinned misses) -------------------------------------------------------------------------
+// Resolved separately from the registration entry points, and only from a runtime (and driver) that something else
+// already loaded: asking must never be the reason CUDA gets loaded or initialised in a process.
+
+using GetDeviceFn = cudaError_t (*)(int*);
+using PointerGetAttributesFn = cudaError_t (*)(void*, const void*);
+using CUresult = int;
+using CUdevice = int;
+using CuDeviceGetFn = CUresult (*)(CUdevice*, int);
+using CuPrimaryCtxGetStateFn = CUresult (*)(CUdevice, unsigned*, int*);
+
+constexpr cudaError_t kCudaSuccess = 0;
+constexpr cudaError_t kCudaErrorInvalidValue = 1;
+constexpr int kCudaMemoryTypeHost = 1;
+
+// cudaPointerAttributes of CUDA 11 and later starts with `enum cudaMemoryType type; int device;` followed by two
+// pointers. The buffer is larger than that so a runtime with a longer struct cannot write past it.
+struct alignas(16) PointerAttributes {
+    int type;
+    int device;
+    unsigned char rest[120];
+};
+
+struct PointerApi {
+    GetDeviceFn get_device = nullptr;
+    PointerGetAttributesFn attributes = nullptr;
+    GetLastErrorFn last_error = nullptr;
+    CuDeviceGetFn device_get = nullptr;
+    CuPrimaryCtxGetStateFn primary_ctx_state = nullptr;
+    bool ok = false;
+};
+
+void* loaded_library(const char* const* names, std::size_t count) {
+    for (std::size_t i = 0; i < count; ++i) {
+        if (void* h = dlopen(names[i], RTLD_NOW | RTLD_NOLOAD | RTLD_LOCAL)) return h;
+    }
+    return nullptr;
+}
+
+// The runtime torch loaded (never one we load); nullptr while there is none. The dlopen(RTLD_NOLOAD) handles
+// keep the libraries referenced, which is what the registration path does too (they are never closed).
+// Lock-free once resolved. Resolution takes a mutex with try_lock only: a caller that finds it busy (or a forked
+// child whose parent was resolving at the fork) gets nullptr, i.e. "ask torch", and never blocks.
+std::atomic<const PointerApi*> g_pointer_api{nullptr};
+std::atomic<bool> g_pointer_api_missing{false};  // resolved once and a symbol was missing: never again
+std::mutex g_pointer_api_mutex;
+
+const PointerApi* pointer_api() {
+    if (const PointerApi* a = g_pointer_api.load(std::memory_order_acquire)) return a;
+    if (g_pointer_api_missing.load(std::memory_order_acquire)) return nullptr;
+    std::unique_lock<std::mutex> lock(g_pointer_api_mutex, std::try_to_lock);
+    if (!lock.owns_lock()) return nullptr;
+    if (const PointerApi* a = g_pointer_api.load(std::memory_order_acquire)) return a;
+    void* rt = loaded_library(kSonames, sizeof kSonames / sizeof kSonames[0]);
+    if (rt == nullptr) {
+        std::string path;
+        dl_iterate_phdr(find_loaded_cudart, &path);
+        if (!path.empty()) rt = dlopen(path.c_str(), RTLD_NOW | RTLD_NOLOAD | RTLD_LOCAL);
+    }
+    constexpr const char* kDriver[] = {"libcuda.so.1", "libcuda.so"};
+    void* drv = loaded_library(kDriver, 2);
+    if (rt == nullptr || drv == nullptr) return nullptr;  // not loaded yet: ask again next time
+    auto* a = new PointerApi();  // immortal: readers may hold it at any time
+    std::string where;
+    a->ok = resolve(rt, "cudaGetDevice", a->get_device, where) &&
+            resolve(rt, "cudaPointerGetAttributes", a->attributes, where) &&
+            resolve(rt, "cudaGetLastError", a->last_error, where) &&
+            resolve(drv, "cuDeviceGet", a->device_get, where) &&
+            resolve(drv, "cuDevicePrimaryCtxGetState", a->primary_ctx_state, where);
+    if (!a->ok) {
+        delete a;
+        g_pointer_api_missing.store(true, std::memory_order_release);
+        return nullptr;
+    }
+    g_pointer_api.store(a, std::memory_order_release);
+    return a;
+}
+
+// Devices 0..63 whose primary context this thread has seen active, in the current fork generation.
+struct ContextProbe {
+    std::uint64_t generation = ~std::uint64_t{0};
+    std::uint64_t active = 0;
+};
+thread_local ContextProbe t_probe;
+
+bool current_device_has_context(const PointerApi& api) {
+    int ordinal = -1;
+    if (api.get_device(&ordinal) != kCudaSuccess) {
+        api.last_error();
+        return false;
+    }
+    if (ordinal < 0 || ordinal >= 64) return false;
+    const std::uint64_t generation = fork_generation();
+    if (t_probe.generation != generation) t_probe = ContextProbe{generation, 0};
+    const std::uint64_t bit = std::uint64_t{1} << ordinal;
+    if ((t_probe.active & bit) != 0) return true;
+    CUdevice dev = 0;
+    unsigned flags = 0;
+    int active = 0;
+    if (api.device_get(&dev, ordinal) != 0 || api.primary_ctx_state(dev, &flags, &active) != 0 || active == 0) {
+        return false;
+    }
+    t_probe.active |= bit;  // a primary context stays active until cudaDeviceReset, which torch never calls
+    return true;
+}
+
 }  // namespace
+
+int CudaHostApi::host_pointer_pinned(const void* ptr) {
+    const PointerApi* api = pointer_api();
+    if (api == nullptr || !current_device_has_context(*api)) return -1;
+    PointerAttributes attr{};
+    const cudaError_t err = api->attributes(&attr, ptr);
+    if (err == kCudaErrorInvalidValue) {  // a pointer CUDA does not know (older runtimes): not pinned
+        api->last_error();
+        return 0;
+    }
+    if (err != kCudaSuccess) {
+        api->last_error();
+        return -1;
+    }
+    return attr.type == kCudaMemoryTypeHost ? 1 : 0;
+}
 
 bool CudaHostApi::available() { return runtime().ok; }
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cuda_loader.h"
+#include "fork_safety.h"
 #include "range_registry.h"
 
 #ifndef MADV_POPULATE_WRITE
@@ -48,9 +49,14 @@ std::atomic<std::int64_t> g_registered_bytes{0};
 std::atomic<std::int64_t> g_unpinned_alive{0};
 std::atomic<std::int64_t> g_release_errors{0};
 
+struct LiveEntry {
+    std::weak_ptr<Allocation> allocation;
+    std::uint64_t start;  // its range's first byte (still known once the allocation is expiring)
+};
+
 struct LiveTable {
     std::mutex mutex;
-    std::unordered_map<std::uint64_t, std::weak_ptr<Allocation>> by_id;
+    std::unordered_map<std::uint64_t, LiveEntry> by_id;
 };
 
 LiveTable& live_table() {
@@ -155,6 +161,7 @@ std::shared_ptr<Allocation> Allocation::create(const AllocRequest& req) {
 
     std::shared_ptr<Allocation> a(new Allocation());
     a->slab_ = req.slab;
+    a->generation_ = fork_generation();
     auto t0 = std::chrono::steady_clock::now();
 
     // -- map ------------------------------------------------------------------------------------------------
@@ -249,7 +256,7 @@ std::shared_ptr<Allocation> Allocation::create(const AllocRequest& req) {
     {
         LiveTable& table = live_table();
         std::lock_guard<std::mutex> lock(table.mutex);
-        table.by_id.emplace(a->id_, a);  // cannot collide: ids are never reused
+        table.by_id.emplace(a->id_, LiveEntry{a, a->data()});  // cannot collide: ids are never reused
     }
     a->in_table_ = true;
     RangeRegistry::global().add(a->data(), a->size_, a->id_);  // throws only on a bookkeeping bug
@@ -268,7 +275,44 @@ std::shared_ptr<Allocation> Allocation::lookup(std::uint64_t id) {
     LiveTable& table = live_table();
     std::lock_guard<std::mutex> lock(table.mutex);
     auto it = table.by_id.find(id);
-    return it == table.by_id.end() ? nullptr : it->second.lock();
+    return it == table.by_id.end() ? nullptr : it->second.allocation.lock();
+}
+
+bool Allocation::inherited() const { return generation_ != fork_generation(); }
+
+void Allocation::prepare_fork() { live_table().mutex.lock(); }
+
+void Allocation::after_fork_parent() { live_table().mutex.unlock(); }
+
+void Allocation::after_fork_child() {
+    // The fork rule (docs/native.md, "fork()"): in the child, no allocation made before the fork is pinned. The
+    // kernel did not copy the page locks, and device registrations belong to the parent's device context, so
+    // the child must neither report these buffers pinned nor undo the parent's locks or registrations. Each
+    // one stays mapped (copy-on-write) for as long as a view of it lives, counted as unpinned-but-alive, and is
+    // only unmapped when that last view dies. fork_generation() was already advanced, so inherited() is true
+    // for all of them and none of their methods takes their own mutex again (a thread that held it is gone).
+    LiveTable& table = live_table();
+    std::vector<RangeEntry> owned;
+    owned.reserve(table.by_id.size());
+    std::int64_t alive = 0;
+    for (auto it = table.by_id.begin(); it != table.by_id.end();) {
+        owned.push_back(RangeEntry{it->second.start, 0, it->first});
+        std::shared_ptr<Allocation> a = it->second.allocation.lock();
+        // Published and still referenced: a tensor of the child may hold it; its deleter will run here.
+        // Otherwise its creator or its destroyer was another thread, which did not survive the fork.
+        if (a && a->published_) {
+            ++alive;
+            ++it;
+        } else {
+            it = table.by_id.erase(it);
+        }
+    }
+    RangeRegistry::global().remove_owned_during_fork(owned);
+    g_allocations.store(0);
+    g_bytes.store(0);
+    g_registered_bytes.store(0);
+    g_unpinned_alive.store(alive);
+    table.mutex.unlock();
 }
 
 void Allocation::release_pins_locked() {
@@ -301,6 +345,7 @@ void Allocation::release_pins_locked() {
 }
 
 Allocation::UnpinResult Allocation::unpin() {
+    if (inherited()) return UnpinResult::kNotPinned;  // the fork rule: not pinned in this process
     std::lock_guard<std::mutex> lock(mutex_);
     if (!pinned_.load(std::memory_order_acquire)) return UnpinResult::kNotPinned;
     // The external hook runs first and alone: if it fails nothing else has changed (still pinned, registered,
@@ -315,6 +360,7 @@ Allocation::UnpinResult Allocation::unpin() {
 }
 
 void Allocation::set_external_registration(UnregisterHook unregister) {
+    if (inherited()) return;  // the parent's registration: never undone from here (the hook is dropped uncalled)
     std::unique_lock<std::mutex> lock(mutex_);
     if (!pinned_.load(std::memory_order_acquire)) {
         lock.unlock();
@@ -328,6 +374,18 @@ void Allocation::set_external_registration(UnregisterHook unregister) {
 }
 
 Allocation::~Allocation() {
+    if (inherited()) {
+        // Made before a fork: the child handler already dropped its range and stopped counting it as pinned.
+        // Nothing to unlock (locks are not inherited), nothing to unregister (the parent's), no hook to call.
+        if (published_) g_unpinned_alive.fetch_sub(1);
+        {
+            LiveTable& table = live_table();
+            std::lock_guard<std::mutex> tlock(table.mutex);
+            table.by_id.erase(id_);
+        }
+        if (map_base_ != nullptr && munmap(map_base_, map_len_) != 0) g_release_errors.fetch_add(1);
+        return;
+    }
     {
         std::lock_guard<std::mutex> lock(mutex_);
         const bool was_unpinned = published_ && !pinned_.load(std::memory_order_acquire);

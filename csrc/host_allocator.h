@@ -55,11 +55,14 @@ public:
     Allocation& operator=(const Allocation&) = delete;
 
     std::uint64_t id() const { return id_; }
+    // True in a forked child for every allocation made before the fork (by this process's parent): such an
+    // allocation is not pinned here (page locks and device registrations are not inherited; docs/native.md).
+    bool inherited() const;
     std::uintptr_t data() const { return reinterpret_cast<std::uintptr_t>(data_); }
     std::size_t size() const { return size_; }  // page-rounded bytes, locked and registered as a whole
     bool is_slab() const { return slab_; }
-    bool pinned() const { return pinned_.load(std::memory_order_acquire); }
-    bool registered() const { return registered_.load(std::memory_order_acquire); }
+    bool pinned() const { return pinned_.load(std::memory_order_acquire) && !inherited(); }
+    bool registered() const { return registered_.load(std::memory_order_acquire) && !inherited(); }
     const char* page_kind() const { return page_kind_; }
     const std::string& register_error() const { return register_error_; }
     // Seconds spent in each phase of the allocation (map, populate, lock, register, registry).
@@ -85,11 +88,19 @@ public:
     // The live allocation with this id, or nullptr (already destroyed or never existed).
     static std::shared_ptr<Allocation> lookup(std::uint64_t id);
 
+    // pthread_atfork handlers (installed by fork_safety.cpp). prepare holds the live table's mutex across the
+    // fork; the child handler applies the fork rule to every inherited allocation (its range leaves the global
+    // registry, whose writer lock prepare already holds; the counters are recomputed) and releases it.
+    static void prepare_fork();
+    static void after_fork_parent();
+    static void after_fork_child();
+
 private:
     Allocation() = default;
     void release_pins_locked();
 
     std::uint64_t id_ = 0;
+    std::uint64_t generation_ = 0;  // fork_generation() of the process that created it
     void* map_base_ = nullptr;
     std::size_t map_len_ = 0;
     void* data_ = nullptr;

@@ -12,14 +12,16 @@
 #include <cstdint>
 #include <limits>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "bindings.h"
 #include "cuda_loader.h"
 #include "dlpack_export.h"
+#include "fork_safety.h"
 #include "host_allocator.h"
 #include "range_registry.h"
-#include "registry_stress.h"
 #include "slab_arena.h"
 
 namespace py = pybind11;
@@ -35,7 +37,7 @@ PyObject* g_pinned_range = nullptr;
 
 PyObject* pinned_range_type() {
     if (g_pinned_range == nullptr) {
-        py::object cls = py::module_::import("reference.ranges").attr("PinnedRange");  // NOLINT
+        py::object cls = py::module_::import("reference.contract.pinning_rules").attr("PinnedRange");  // NOLINT
         g_pinned_range = cls.release().ptr();
     }
     return g_pinned_range;
@@ -70,30 +72,33 @@ bool to_u64(PyObject* o, std::uint64_t& out) {
     return true;
 }
 
-// The reference's argument check (reference.ranges._check_int), same messages, plus the 64-bit address limit.
+// The ranges arguments' rule and its messages live once, in the contract (reference.contract.pinning_rules:
+// check_range_int, check_range_end). The binding accepts valid values without calling Python and asks the contract
+// to raise for anything else, with the registry's 64-bit limit. Borrowed forever, like the error classes.
+PyObject* g_check_range_int = nullptr;
+PyObject* g_check_range_end = nullptr;
+PyObject* g_address_limit = nullptr;  // 2**64
+
+[[noreturn]] void raise_from_contract(PyObject* check, PyObject* args) {
+    PyObject* r = PyObject_CallObject(check, args);
+    Py_XDECREF(args);
+    if (r == nullptr) throw py::error_already_set();
+    Py_DECREF(r);
+    // The contract accepted what the native registry cannot store: a bug in one of the two, never a user error.
+    throw std::logic_error("reference.contract.pinning_rules accepted a value the native registry refused");
+}
+
 std::uint64_t checked_int(const char* name, py::handle value, std::uint64_t minimum) {
-    PyObject* o = value.ptr();
-    if (PyBool_Check(o) || !PyLong_Check(o)) {
-        raise_configuration_error(std::string(name) + " must be an int >= " + std::to_string(minimum) + ", got " +
-                                  Py_TYPE(o)->tp_name + " " + py::repr(value).cast<std::string>());
-    }
     std::uint64_t out = 0;
-    if (!to_u64(o, out)) {
-        py::int_ zero(0);
-        const int negative = PyObject_RichCompareBool(o, zero.ptr(), Py_LT);
-        if (negative < 0) throw py::error_already_set();
-        if (negative != 0) {
-            raise_configuration_error(std::string(name) + " must be an int >= " + std::to_string(minimum) +
-                                      ", got " + py::str(value).cast<std::string>());
-        }
-        raise_configuration_error(std::string(name) + " must be an int < 2**64 (a 64-bit address or size), got " +
-                                  py::str(value).cast<std::string>());
-    }
-    if (out < minimum) {
-        raise_configuration_error(std::string(name) + " must be an int >= " + std::to_string(minimum) + ", got " +
-                                  std::to_string(out));
-    }
-    return out;
+    if (!PyBool_Check(value.ptr()) && to_u64(value.ptr(), out) && out >= minimum) return out;
+    raise_from_contract(g_check_range_int, Py_BuildValue("(sOKO)", name, value.ptr(),
+                                                         static_cast<unsigned long long>(minimum), g_address_limit));
+}
+
+void check_range_end(std::uint64_t start, std::uint64_t nbytes) {
+    if (nbytes <= std::numeric_limits<std::uint64_t>::max() - start) return;
+    raise_from_contract(g_check_range_end, Py_BuildValue("(KKO)", static_cast<unsigned long long>(start),
+                                                         static_cast<unsigned long long>(nbytes), g_address_limit));
 }
 
 py::object make_range(const RangeEntry& e) {
@@ -108,10 +113,7 @@ void registry_add(RangeRegistry& reg, py::handle start, py::handle nbytes, py::h
     const std::uint64_t s = checked_int("start", start, 1);
     const std::uint64_t n = checked_int("nbytes", nbytes, 1);
     const std::uint64_t o = checked_int("owner", owner, 0);
-    if (n > std::numeric_limits<std::uint64_t>::max() - s) {
-        raise_configuration_error("start + nbytes must be <= 2**64 (the range must fit the address space), got " +
-                                  std::to_string(s) + " + " + std::to_string(n));
-    }
+    check_range_end(s, n);
     reg.add(s, n, o);
 }
 
@@ -144,18 +146,71 @@ PyObject* fast_registry_contains(PyObject*, PyObject* const* args, Py_ssize_t na
     Py_RETURN_FALSE;
 }
 
-// Plain tensor types (torch.Tensor, torch.nn.Parameter) and interned attribute names for the is_pinned fast path.
-// Set once from Python (this module does not import torch).
+// Plain tensor types (torch.Tensor, torch.nn.Parameter), torch.strided and interned attribute names for the
+// is_pinned fast path. Set once from Python (this module does not import torch).
 PyObject* g_tensor_type = nullptr;
 PyObject* g_parameter_type = nullptr;
+PyObject* g_strided = nullptr;
 PyObject* g_name_is_cpu = nullptr;
 PyObject* g_name_data_ptr = nullptr;
 PyObject* g_name_is_contiguous = nullptr;
 PyObject* g_name_nbytes = nullptr;
+PyObject* g_name_layout = nullptr;
 
 PyObject* call_method0(PyObject* self, PyObject* name) {
     PyObject* args[] = {self};
     return PyObject_VectorcallMethod(name, args, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, nullptr);
+}
+
+// What the fast path learnt about a tensor.
+enum class Probe {
+    kError,    // a Python error is set
+    kGeneral,  // the general (Python) path must decide: not a plain tensor, strided view, no data pointer, ...
+    kDevice,   // a plain strided tensor that is not on the CPU: never pinned (the specification's answer)
+    kHit,      // a plain contiguous CPU tensor whose extent lies in one registered range
+    kMiss,     // a plain contiguous CPU tensor outside every range; ptr and nbytes are set
+};
+
+Probe probe_tensor(PyObject* t, std::uint64_t& p, std::uint64_t& n) {
+    PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(t));
+    if (g_tensor_type == nullptr || (type != g_tensor_type && type != g_parameter_type)) return Probe::kGeneral;
+    PyObject* is_cpu = PyObject_GetAttr(t, g_name_is_cpu);
+    if (is_cpu == nullptr) return Probe::kError;
+    const bool cpu = is_cpu == Py_True;
+    Py_DECREF(is_cpu);
+    if (!cpu) {
+        // Device, meta and functional wrappers alike: the answer is False once the layout is dense (a sparse one
+        // is refused by name on the general path). A miss on a device tensor costs two attribute reads.
+        PyObject* layout = PyObject_GetAttr(t, g_name_layout);
+        if (layout == nullptr) return Probe::kError;
+        const bool strided = layout == g_strided;
+        Py_DECREF(layout);
+        return strided ? Probe::kDevice : Probe::kGeneral;
+    }
+    PyObject* contiguous = call_method0(t, g_name_is_contiguous);
+    if (contiguous == nullptr) {
+        PyErr_Clear();  // layouts without strides (sparse CSR): the general path refuses them by name
+        return Probe::kGeneral;
+    }
+    const bool contig = contiguous == Py_True;
+    Py_DECREF(contiguous);
+    if (!contig) return Probe::kGeneral;
+    PyObject* ptr = call_method0(t, g_name_data_ptr);
+    if (ptr == nullptr) {
+        PyErr_Clear();  // storage-less wrappers: let the general path decide
+        return Probe::kGeneral;
+    }
+    const bool ptr_ok = to_u64(ptr, p);
+    Py_DECREF(ptr);
+    PyObject* nbytes = PyObject_GetAttr(t, g_name_nbytes);
+    if (nbytes == nullptr) return Probe::kError;
+    const bool n_ok = to_u64(nbytes, n);
+    Py_DECREF(nbytes);
+    if (!ptr_ok || !n_ok || p == 0) {
+        p = 0;
+        return Probe::kMiss;
+    }
+    return RangeRegistry::global().contains(p, n) ? Probe::kHit : Probe::kMiss;
 }
 
 // tensor_in_registry(t) -> True | False | None. True/False: t is a plain contiguous CPU tensor and its extent
@@ -167,74 +222,62 @@ PyObject* fast_tensor_in_registry(PyObject*, PyObject* const* args, Py_ssize_t n
         PyErr_SetString(PyExc_TypeError, "tensor_in_registry(t) takes exactly 1 argument");
         return nullptr;
     }
-    PyObject* t = args[0];
-    PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(t));
-    if (g_tensor_type == nullptr || (type != g_tensor_type && type != g_parameter_type)) Py_RETURN_NONE;
-    PyObject* is_cpu = PyObject_GetAttr(t, g_name_is_cpu);
-    if (is_cpu == nullptr) return nullptr;
-    const bool cpu = is_cpu == Py_True;
-    Py_DECREF(is_cpu);
-    if (!cpu) Py_RETURN_NONE;
-    PyObject* contiguous = call_method0(t, g_name_is_contiguous);
-    if (contiguous == nullptr) {
-        PyErr_Clear();  // layouts without strides (sparse CSR): the general path refuses them by name
-        Py_RETURN_NONE;
-    }
-    const bool contig = contiguous == Py_True;
-    Py_DECREF(contiguous);
-    if (!contig) Py_RETURN_NONE;
-    PyObject* ptr = call_method0(t, g_name_data_ptr);
-    if (ptr == nullptr) {
-        PyErr_Clear();  // storage-less wrappers: let the general path decide
-        Py_RETURN_NONE;
-    }
     std::uint64_t p = 0;
-    const bool ptr_ok = to_u64(ptr, p);
-    Py_DECREF(ptr);
-    PyObject* nbytes = PyObject_GetAttr(t, g_name_nbytes);
-    if (nbytes == nullptr) return nullptr;
     std::uint64_t n = 0;
-    const bool n_ok = to_u64(nbytes, n);
-    Py_DECREF(nbytes);
-    if (!ptr_ok || !n_ok || p == 0) Py_RETURN_FALSE;
-    if (RangeRegistry::global().contains(p, n)) Py_RETURN_TRUE;
-    Py_RETURN_FALSE;
+    switch (probe_tensor(args[0], p, n)) {
+        case Probe::kError:
+            return nullptr;
+        case Probe::kHit:
+            Py_RETURN_TRUE;
+        case Probe::kMiss:
+            Py_RETURN_FALSE;
+        case Probe::kGeneral:
+        case Probe::kDevice:
+            break;
+    }
+    Py_RETURN_NONE;
 }
 
-// is_pinned(t): the whole public is_pinned for the common case in one C call. A hit in the registry answers True
-// directly. A miss (a plain contiguous CPU tensor outside every range, the common case of a copy decision) is
-// answered here too once optimized.pinning has told us, for the current value of HOSTOFFLOAD_ACCELERATOR, whether
-// that accelerator has torch pinning (set_miss_answer): without it the answer is False; with it, torch's own
-// Tensor.is_pinned() decides, called from here. Anything else goes to the Python fallback(t, hit) installed by
-// optimized.pinning (hit is False for a miss, None when the general path must decide). The cache is read and
-// written under the GIL only.
+// is_pinned(t): the whole public is_pinned for the common cases in one C call, read top-down:
+//   1. a plain contiguous CPU tensor in the registry: True;
+//   2. a plain strided tensor not on the CPU (device, meta): False;
+//   3. a plain contiguous CPU tensor outside every range (a miss, the common case of a copy decision): False
+//      without torch pinning on the current accelerator; with it, the CUDA runtime's pointer attributes where the
+//      stock CUDA accelerator is current (CudaHostApi::host_pointer_pinned, no Python), else torch's own
+//      Tensor.is_pinned(). Which one applies is cached per value of HOSTOFFLOAD_ACCELERATOR and per fork
+//      generation (set_miss_answer, from optimized.pinning); until then, or when the runtime cannot answer, the
+//      Python fallback decides;
+//   4. everything else: the Python fallback(t, hit) installed by optimized.pinning (hit is False for a miss,
+//      None when the general path must decide).
+// The cache is read and written under the GIL only.
 PyObject* g_is_pinned_fallback = nullptr;
 PyObject* g_name_is_pinned = nullptr;
-PyObject* g_name_numel = nullptr;
-bool g_miss_known = false;      // the two fields below are valid
+bool g_miss_known = false;      // the fields below are valid (in the process of generation g_miss_generation)
+std::uint64_t g_miss_generation = 0;  // fork_generation() when cached: a forked child asks Python again
 bool g_miss_env_set = false;    // HOSTOFFLOAD_ACCELERATOR was set when the answer was cached ...
 std::string g_miss_env;         // ... to this value
 bool g_miss_torch_pinning = false;
+bool g_miss_cuda_pointers = false;  // the CUDA runtime may be asked directly
 
 // 1: the cached answer applies to the current environment; 0: it does not (or none is cached).
 int miss_cache_applies() {
-    if (!g_miss_known) return 0;
+    if (!g_miss_known || g_miss_generation != fork_generation()) return 0;
     const char* env = std::getenv("HOSTOFFLOAD_ACCELERATOR");
     if (env == nullptr) return g_miss_env_set ? 0 : 1;
     return (g_miss_env_set && g_miss_env == env) ? 1 : 0;
 }
 
 // A miss answered without Python: nullptr with no error set means "not answered here, use the fallback".
-PyObject* answer_miss(PyObject* t) {
+PyObject* answer_miss(PyObject* t, std::uint64_t p, std::uint64_t n) {
     if (!miss_cache_applies()) return nullptr;
-    if (!g_miss_torch_pinning) Py_RETURN_FALSE;
-    if (g_name_is_pinned == nullptr || g_name_numel == nullptr) return nullptr;
-    PyObject* numel = call_method0(t, g_name_numel);
-    if (numel == nullptr) return nullptr;  // error set: propagate
-    const int empty = PyObject_Not(numel);
-    Py_DECREF(numel);
-    if (empty < 0) return nullptr;
-    if (empty) Py_RETURN_FALSE;  // no bytes, never pinned (torch may say yes for the storage)
+    if (!g_miss_torch_pinning || n == 0 || p == 0) Py_RETURN_FALSE;  // no bytes: never pinned (specification)
+    if (g_miss_cuda_pointers) {
+        const int pinned = CudaHostApi::host_pointer_pinned(reinterpret_cast<const void*>(p));
+        if (pinned == 1) Py_RETURN_TRUE;
+        if (pinned == 0) Py_RETURN_FALSE;
+        // -1: the runtime cannot answer here without side effects; torch decides, as below.
+    }
+    if (g_name_is_pinned == nullptr) return nullptr;
     PyObject* r = call_method0(t, g_name_is_pinned);
     if (r == nullptr) return nullptr;
     const int truth = PyObject_IsTrue(r);
@@ -244,25 +287,36 @@ PyObject* answer_miss(PyObject* t) {
     Py_RETURN_FALSE;
 }
 
-PyObject* fast_is_pinned(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-    PyObject* hit = fast_tensor_in_registry(self, args, nargs);
-    if (hit == nullptr || hit == Py_True) return hit;
-    if (hit == Py_False) {
-        PyObject* answer = answer_miss(args[0]);
-        if (answer != nullptr || PyErr_Occurred()) {
-            Py_DECREF(hit);
-            return answer;
+PyObject* fast_is_pinned(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+    if (nargs != 1) {
+        PyErr_SetString(PyExc_TypeError, "is_pinned(t) takes exactly 1 argument");
+        return nullptr;
+    }
+    std::uint64_t p = 0;
+    std::uint64_t n = 0;
+    PyObject* hit = Py_None;
+    switch (probe_tensor(args[0], p, n)) {
+        case Probe::kError:
+            return nullptr;
+        case Probe::kHit:
+            Py_RETURN_TRUE;
+        case Probe::kDevice:
+            Py_RETURN_FALSE;
+        case Probe::kMiss: {
+            PyObject* answer = answer_miss(args[0], p, n);
+            if (answer != nullptr || PyErr_Occurred()) return answer;
+            hit = Py_False;
+            break;
         }
+        case Probe::kGeneral:
+            break;
     }
     if (g_is_pinned_fallback == nullptr) {
-        Py_DECREF(hit);
         PyErr_SetString(PyExc_RuntimeError, "optimized._native.is_pinned used before optimized.pinning was imported");
         return nullptr;
     }
     PyObject* call_args[] = {args[0], hit};
-    PyObject* r = PyObject_Vectorcall(g_is_pinned_fallback, call_args, 2, nullptr);
-    Py_DECREF(hit);
-    return r;
+    return PyObject_Vectorcall(g_is_pinned_fallback, call_args, 2, nullptr);
 }
 
 PyMethodDef g_fast_methods[] = {
@@ -328,10 +382,18 @@ int unpin_outcome(Allocation::UnpinResult r) {
 PYBIND11_MODULE(_native, m) {
     m.doc() = "hostoffload native layer: pinned host memory and the process-wide pinned-range registry";
     m.attr("ABI_VERSION") = 2;
+    if (const int err = install_fork_handlers(); err != 0) {
+        throw std::runtime_error("pthread_atfork failed (error " + std::to_string(err) +
+                                 "): the native layer cannot be made fork-safe");
+    }
 
     py::module_ errors = py::module_::import("reference.errors");
     g_configuration_error = py::object(errors.attr("ConfigurationError")).release().ptr();
     g_lock_error = py::object(errors.attr("PinnedMemoryLockError")).release().ptr();
+    py::module_ rules = py::module_::import("reference.contract.pinning_rules");
+    g_check_range_int = py::object(rules.attr("check_range_int")).release().ptr();
+    g_check_range_end = py::object(rules.attr("check_range_end")).release().ptr();
+    g_address_limit = (py::int_(std::numeric_limits<std::uint64_t>::max()) + py::int_(1)).release().ptr();
 
     py::register_exception_translator([](std::exception_ptr p) {
         try {
@@ -372,10 +434,7 @@ writer mutex. Same methods, arguments, results and errors as reference.ranges.Ra
                     const std::uint64_t s = checked_int("start", t[0], 1);
                     const std::uint64_t n = checked_int("nbytes", t[1], 1);
                     const std::uint64_t o = checked_int("owner", t[2], 0);
-                    if (n > std::numeric_limits<std::uint64_t>::max() - s) {
-                        raise_configuration_error("start + nbytes must be <= 2**64, got " + std::to_string(s) + " + " +
-                                                  std::to_string(n));
-                    }
+                    check_range_end(s, n);
                     entries.push_back(RangeEntry{s, s + n, o});
                 }
                 py::gil_scoped_release unlocked;
@@ -438,28 +497,6 @@ writer mutex. Same methods, arguments, results and errors as reference.ranges.Ra
         });
 
     m.def(
-        "stress_registry",
-        [](int readers, int writers, int ops_per_writer) {
-            if (readers < 1 || writers < 1 || ops_per_writer < 1) {
-                raise_configuration_error("stress_registry needs readers, writers and ops_per_writer >= 1");
-            }
-            StressResult r;
-            {
-                py::gil_scoped_release unlocked;
-                r = stress_registry(readers, writers, ops_per_writer);
-            }
-            py::dict d;
-            d["reads"] = r.reads;
-            d["writes"] = r.writes;
-            d["violations"] = r.violations;
-            d["first_violation"] = r.first_violation;
-            d["final_ranges"] = r.final_ranges;
-            d["retired_pending"] = r.retired_pending;
-            return d;
-        },
-        py::arg("readers"), py::arg("writers"), py::arg("ops_per_writer"),
-        "Native threads reading and writing a private registry at once, without the GIL (see registry_stress.h).");
-    m.def(
         "global_registry", []() { return &RangeRegistry::global(); }, py::return_value_policy::reference,
         "The process-wide registry optimized's native pinning registers into (never destroyed).");
     if (PyModule_AddFunctions(m.ptr(), g_fast_methods) != 0) throw py::error_already_set();
@@ -473,40 +510,55 @@ writer mutex. Same methods, arguments, results and errors as reference.ranges.Ra
         py::arg("fallback"), "Install fallback(t, hit) for is_pinned calls the registry does not answer.");
     m.def(
         "set_miss_answer",
-        [](py::object env_value, bool torch_pinning) {
+        [](py::object env_value, bool torch_pinning, bool cuda_pointers) {
             // Called by optimized.pinning under the GIL after resolving the accelerator for this variable value.
             if (g_name_is_pinned == nullptr) {
                 g_name_is_pinned = PyUnicode_InternFromString("is_pinned");
-                g_name_numel = PyUnicode_InternFromString("numel");
-                if (!g_name_is_pinned || !g_name_numel) throw py::error_already_set();
+                if (!g_name_is_pinned) throw py::error_already_set();
             }
+            g_miss_cuda_pointers = cuda_pointers;
             g_miss_env_set = !env_value.is_none();
             g_miss_env = g_miss_env_set ? env_value.cast<std::string>() : std::string();
             g_miss_torch_pinning = torch_pinning;
+            g_miss_generation = fork_generation();
             g_miss_known = true;
         },
-        py::arg("env_value"), py::arg("torch_pinning"),
+        py::arg("env_value"), py::arg("torch_pinning"), py::arg("cuda_pointers") = false,
         "Cache, for this value of HOSTOFFLOAD_ACCELERATOR (None: unset), whether the accelerator has torch "
-        "pinning, so is_pinned answers registry misses without calling back into Python.");
+        "pinning and whether the CUDA runtime may be asked about a pointer directly (the stock CUDA accelerator), "
+        "so is_pinned answers registry misses without calling back into Python.");
     m.def("forget_miss_answer", []() { g_miss_known = false; },
           "Drop the cached miss answer (the next miss goes through the Python fallback).");
     m.def(
         "set_tensor_types",
-        [](py::object tensor, py::object parameter) {
+        [](py::object tensor, py::object parameter, py::object strided) {
             if (g_tensor_type != nullptr) return;  // set once per process
             // Kept for the life of the process (the fast path may run during shutdown).
             g_tensor_type = tensor.release().ptr();
             g_parameter_type = parameter.release().ptr();
+            g_strided = strided.release().ptr();
+            g_name_layout = PyUnicode_InternFromString("layout");
             g_name_is_cpu = PyUnicode_InternFromString("is_cpu");
             g_name_data_ptr = PyUnicode_InternFromString("data_ptr");
             g_name_is_contiguous = PyUnicode_InternFromString("is_contiguous");
             g_name_nbytes = PyUnicode_InternFromString("nbytes");
-            if (!g_name_is_cpu || !g_name_data_ptr || !g_name_is_contiguous || !g_name_nbytes) {
+            if (!g_name_is_cpu || !g_name_data_ptr || !g_name_is_contiguous || !g_name_nbytes || !g_name_layout) {
                 throw py::error_already_set();
             }
         },
-        py::arg("tensor"), py::arg("parameter"),
-        "Tell the is_pinned fast path which types are plain tensors (torch.Tensor, torch.nn.Parameter).");
+        py::arg("tensor"), py::arg("parameter"), py::arg("strided"),
+        "Tell the is_pinned fast path which types are plain tensors (torch.Tensor, torch.nn.Parameter) and which "
+        "object is torch.strided.");
+    m.def(
+        "cuda_host_pointer_pinned",
+        [](py::handle ptr) {
+            std::uint64_t p = 0;
+            if (!to_u64(ptr.ptr(), p)) throw py::type_error("ptr must be an int >= 0");
+            return CudaHostApi::host_pointer_pinned(reinterpret_cast<const void*>(p));
+        },
+        py::arg("ptr"),
+        "1/0: the CUDA runtime torch loaded reports ptr as page-locked host memory or not; -1: it cannot be asked "
+        "here without side effects (no runtime loaded, no active context on the current device, an error).");
 
     // ---- native allocations ---------------------------------------------------------------------------------
     py::class_<Allocation, std::shared_ptr<Allocation>>(m, "NativeAllocation", R"doc(
@@ -647,12 +699,20 @@ owns it, and the memory is released when the last view of that tensor dies.)doc"
         },
         "(allocations, bytes, registered_bytes, unpinned_alive, release_errors) of native allocations.");
     m.def("dlpack_exports_alive", &dlpack_exports_alive);
+    m.def("fork_generation", &fork_generation,
+          "How many fork()s separate this process from the one that loaded the module first (0 there); "
+          "allocations of an earlier generation are inherited and not pinned here (docs/native.md, fork()).");
     m.def("page_size", &host_page_size);
     m.def("cuda_runtime_available", &CudaHostApi::available,
           "True if a CUDA runtime could be found (already loaded by torch, or by soname).");
     m.def("cuda_runtime_describe", &CudaHostApi::describe, "Where the CUDA runtime came from, or why it did not.");
     m.attr("CUDA_HOST_REGISTER_PORTABLE") = CudaHostApi::kRegisterPortable;
     m.attr("CUDA_HOST_REGISTER_MAPPED") = CudaHostApi::kRegisterMapped;
+
+    // ---- CPU Adam kernels (bind_cpu_adam.cpp) ------------------------------------------------------------
+    py::module_ cpu_adam = m.def_submodule(
+        "cpu_adam", "Native CPU Adam/AdamW (R16 arithmetic, runtime ISA dispatch); use optimized.cpu_adam, not this.");
+    bind_cpu_adam(cpu_adam);
 
     // ---- slab arena -----------------------------------------------------------------------------------------
     py::class_<SlabStats>(m, "SlabArenaStats")

@@ -140,9 +140,31 @@ struct RangeRegistry::Retired {
     std::vector<const Chunk*> chunks;
 };
 
-RangeRegistry::RangeRegistry() : current_(new Snapshot()) {}
+// Every live instance, so the fork handlers can hold each writer mutex across fork(). Immortal, like the global
+// instance; guarded by its own mutex, which is never taken while a writer mutex is held (constructors and
+// destructors take only this one), so prepare_fork's order (list, then writers) cannot deadlock.
+struct InstanceList {
+    std::mutex mutex;
+    std::vector<RangeRegistry*> live;
+};
+
+InstanceList& instances() {
+    static InstanceList* list = new InstanceList();
+    return *list;
+}
+
+RangeRegistry::RangeRegistry() : current_(new Snapshot()) {
+    InstanceList& list = instances();
+    std::lock_guard<std::mutex> lock(list.mutex);
+    list.live.push_back(this);
+}
 
 RangeRegistry::~RangeRegistry() {
+    {
+        InstanceList& list = instances();
+        std::lock_guard<std::mutex> lock(list.mutex);
+        list.live.erase(std::remove(list.live.begin(), list.live.end(), this), list.live.end());
+    }
     // Only private instances are ever destroyed, and only once nothing can read them any more.
     Snapshot* cur = current_.load(std::memory_order_acquire);
     for (const Chunk* c : cur->chunks) delete c;
@@ -325,8 +347,12 @@ bool RangeRegistry::remove(std::uint64_t start) {
 }
 
 std::size_t RangeRegistry::remove_many(std::vector<std::uint64_t> starts) {
-    std::sort(starts.begin(), starts.end());
     std::lock_guard<std::mutex> lock(writer_mutex_);
+    return remove_many_locked(std::move(starts));
+}
+
+std::size_t RangeRegistry::remove_many_locked(std::vector<std::uint64_t> starts) {
+    std::sort(starts.begin(), starts.end());
     const Snapshot& cur = *current_.load(std::memory_order_relaxed);
     std::vector<RangeEntry> kept;
     kept.reserve(cur.count);
@@ -403,6 +429,52 @@ std::uint64_t RangeRegistry::total_bytes() const {
 std::size_t RangeRegistry::retired_pending() const {
     std::lock_guard<std::mutex> lock(writer_mutex_);
     return retired_.size();
+}
+
+// ---- fork safety ------------------------------------------------------------------------------------------------
+
+void RangeRegistry::prepare_fork() {
+    InstanceList& list = instances();
+    list.mutex.lock();
+    for (RangeRegistry* r : list.live) r->writer_mutex_.lock();
+}
+
+void RangeRegistry::after_fork_parent() {
+    InstanceList& list = instances();
+    for (auto it = list.live.rbegin(); it != list.live.rend(); ++it) (*it)->writer_mutex_.unlock();
+    list.mutex.unlock();
+}
+
+void RangeRegistry::after_fork_child() {
+    // Only the forking thread exists now, and it is not inside a read section (fork() is never called from one),
+    // so every reader slot but its own belongs to a thread that is gone, and no overflow reader is left.
+    ReaderSlot* own = t_slot.slot;
+    ReaderSlot* slots = reader_slots();
+    for (std::size_t i = 0; i < kReaderSlots; ++i) {
+        if (&slots[i] == own) continue;
+        slots[i].active.store(0, std::memory_order_relaxed);
+        slots[i].claimed.store(false, std::memory_order_relaxed);
+    }
+    if (own != nullptr) own->active.store(0, std::memory_order_relaxed);
+    g_overflow_readers.store(0, std::memory_order_relaxed);
+    InstanceList& list = instances();
+    for (auto it = list.live.rbegin(); it != list.live.rend(); ++it) {
+        (*it)->reclaim_locked();  // what the vanished readers held back can go now
+        (*it)->writer_mutex_.unlock();
+    }
+    list.mutex.unlock();
+}
+
+std::size_t RangeRegistry::remove_owned_during_fork(const std::vector<RangeEntry>& owned) {
+    // writer_mutex_ is held by prepare_fork().
+    std::vector<std::uint64_t> starts;
+    starts.reserve(owned.size());
+    const Snapshot& cur = *current_.load(std::memory_order_relaxed);
+    for (const RangeEntry& o : owned) {
+        const RangeEntry* e = cur.floor_entry(o.start);
+        if (e != nullptr && e->start == o.start && e->owner == o.owner) starts.push_back(o.start);
+    }
+    return starts.empty() ? 0 : remove_many_locked(std::move(starts));
 }
 
 }  // namespace hostoffload

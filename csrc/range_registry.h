@@ -63,6 +63,18 @@ public:
     // Number of retired snapshot objects not yet reclaimed (diagnostics and tests).
     std::size_t retired_pending() const;
 
+    // ---- fork safety (driven by fork_safety.cpp's pthread_atfork handlers; see docs/native.md "fork()") ----
+    // prepare: takes the instance list's mutex, then every live instance's writer mutex, so no writer is
+    // half-way through a snapshot when the address space is copied. parent: releases them. child: the one
+    // thread of the child releases them and forgets every reader slot of the threads that did not survive the
+    // fork (a slot left "reading" would block reclamation forever).
+    static void prepare_fork();
+    static void after_fork_parent();
+    static void after_fork_child();
+    // Child handler only, while prepare_fork()'s locks are still held: drops every range whose (start, owner)
+    // is in `owned` (the allocations the child inherited). Returns how many were dropped.
+    std::size_t remove_owned_during_fork(const std::vector<RangeEntry>& owned);
+
     // The one process-wide instance. Deliberately never destroyed: DLPack deleters may run during interpreter
     // or process shutdown, after static destructors, and must still be able to drop their range.
     static RangeRegistry& global();
@@ -77,6 +89,7 @@ private:
     void reclaim_locked();
     template <class F>
     auto read(F&& f) const;
+    std::size_t remove_many_locked(std::vector<std::uint64_t> starts);
 
     std::atomic<Snapshot*> current_;
     mutable std::mutex writer_mutex_;

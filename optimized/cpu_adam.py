@@ -2,7 +2,7 @@
 
 Why a native kernel: the offloaded optimizer step is memory-bound (it streams 16 bytes in and 12 bytes out per
 fp32 parameter, plus 2 bytes of bf16 copy), and torch's single-tensor AdamW makes a dozen passes over memory.
-``optimized._cpu_adam`` makes one pass, vectorised (AVX2 / AVX-512F chosen at run time), on several threads,
+``optimized._native.cpu_adam`` makes one pass, vectorised (AVX2 / AVX-512F chosen at run time), on several threads,
 and can write the bf16 copy of the updated weights (the buffer the accelerator reads back) in that same pass.
 
 Threads: the kernel runs on a persistent pool of worker threads (csrc/worker_pool.h), started on first use and
@@ -29,10 +29,12 @@ from reference.accumulation.config import OptimizerConfig
 from reference.errors import ConfigurationError
 
 try:
-    from optimized import _cpu_adam
-except ImportError as exc:  # pragma: no cover - only on a broken build
+    from optimized import _native
+
+    _cpu_adam = _native.cpu_adam  # the kernels' submodule of the one extension module
+except (ImportError, AttributeError) as exc:  # pragma: no cover - only on a broken build
     _cpu_adam = None
-    _IMPORT_ERROR: ImportError | None = exc
+    _IMPORT_ERROR: Exception | None = exc
 else:
     _IMPORT_ERROR = None
 
@@ -48,7 +50,7 @@ def available() -> bool:
 
 def _module():
     if _cpu_adam is None:
-        raise ImportError(f"optimized._cpu_adam is not built ({_IMPORT_ERROR}); rebuild with pip install -e .")
+        raise ImportError(f"optimized._native.cpu_adam is not built ({_IMPORT_ERROR}); rebuild with pip install -e .")
     return _cpu_adam
 
 

@@ -43,8 +43,8 @@ from optimized import _native
 from optimized.pinning import native_backend
 from reference import envvars
 from reference.accelerators import Accelerator, get_accelerator
+from reference.contract.pinning_rules import check_dtype, check_tensor, normalize_shape
 from reference.errors import ConfigurationError, UnsupportedOperationError
-from reference.pinning.tensors import check_dtype, check_tensor, normalize_shape
 
 __all__ = ["DEFAULT_ALIGNMENT", "PinnedSlab", "SlabStats"]
 

@@ -16,28 +16,17 @@ every operation: obviously correct beats fast here; the optimized registry is wh
 from __future__ import annotations
 
 import bisect
+import os
 import threading
-from typing import NamedTuple
+import weakref
 
 import torch
 
-from reference.errors import ConfigurationError
-
-
-class PinnedRange(NamedTuple):
-    """One registered range: its first byte, its length, and an opaque owner token (an int)."""
-
-    start: int
-    nbytes: int
-    owner: int
+from reference.contract.pinning_rules import PinnedRange, check_range_int
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigurationError(f"{name} must be an int >= {minimum}, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ConfigurationError(f"{name} must be an int >= {minimum}, got {value}")
-    return value
+    return check_range_int(name, value, minimum)
 
 
 class RangeRegistry:
@@ -52,6 +41,7 @@ class RangeRegistry:
         self._starts: list[int] = []
         self._entries: dict[int, PinnedRange] = {}
         self._total = 0
+        _instances.add(self)
 
     def add(self, start: int, nbytes: int, owner: int = 0) -> None:
         """Register ``[start, start + nbytes)``. Raises ``ValueError`` if it overlaps a registered range."""
@@ -122,6 +112,31 @@ class RangeRegistry:
         ptr, nbytes = extent
         return self.contains(ptr, nbytes)
 
+
+# ---- fork() -----------------------------------------------------------------------------------------------------
+# A thread of the parent may hold a registry's lock at the moment another thread forks; the child's copy of that
+# lock would then stay locked forever. Every instance's lock is therefore held across the fork (taken just before,
+# released just after, in the parent and the child alike), so the copy is never taken half-way through an update.
+# What the ranges *mean* after a fork is the pinning area's business (reference.pinning.native_backend drops the
+# inherited allocations' ranges in the child); a registry itself is plain data and keeps its ranges.
+_instances: weakref.WeakSet[RangeRegistry] = weakref.WeakSet()
+_held_across_fork: list[RangeRegistry] = []
+
+
+def _before_fork() -> None:
+    held = sorted(_instances, key=id)
+    for registry in held:
+        registry._lock.acquire()
+    _held_across_fork[:] = held
+
+
+def _after_fork() -> None:
+    held, _held_across_fork[:] = list(_held_across_fork), []
+    for registry in reversed(held):
+        registry._lock.release()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork, after_in_child=_after_fork)
 
 _GLOBAL_REGISTRY = RangeRegistry()
 

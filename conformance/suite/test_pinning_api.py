@@ -404,6 +404,18 @@ def test_sparse_tensors_are_refused_naming_the_argument(area_api, pin_backend, l
     assert_names_argument(info.value, "t")
 
 
+@pytest.mark.parametrize("call", ["is_pinned", "unpin"])
+def test_sparse_tensors_off_the_cpu_are_refused_too(area_api, accelerator, call):
+    """A non-CPU tensor is never pinned, but a sparse one is refused first, as on the CPU: the layout check comes
+    before the device answer (a fast path that answers device tensors must not skip it)."""
+    device = accelerator.device() if accelerator.device_type != "cpu" else torch.device("meta")
+    sparse = torch.empty(4, 4, layout=torch.sparse_coo, device=device)
+    with pytest.raises(ConfigurationError, match=r"t must be a dense \(strided\) tensor"):
+        getattr(area_api, call)(sparse)
+    assert area_api.is_pinned(torch.empty(4, 4, device=device)) is False
+    assert area_api.is_pinned(torch.nn.Parameter(torch.empty(4, 4, device=device))) is False
+
+
 class _HookRecorder:
     """Registration hooks patched onto the accelerator's class: they record what is registered and can fail."""
 

@@ -114,3 +114,35 @@ def test_every_declared_tuning_variant_registers_and_copies_exactly(impl, area_a
             assert_bitwise_equal(pinned_dst, expected, f"non_blocking round trip under {env}")
             assert area_api.unpin(pinned_dst) is True and not pinned_dst.is_pinned(), f"unpin under {env}"
             del pinned_src, pinned_dst
+
+
+def test_is_pinned_misses_agree_with_torch(area_api, cuda_native):
+    """A registry miss is decided by what torch itself reports, however the implementation asks (the optimized
+    one asks the CUDA runtime from C++): memory torch pinned, memory pinned behind hostoffload's back
+    (``cudaHostRegister`` of a pageable buffer), pageable memory, a native buffer after ``unpin`` (locked no longer,
+    unregistered), and device tensors. Each case is asked several times: the first miss may take another path
+    than the ones after it (a cached decision)."""
+    torch.cuda.init()
+    torch_pinned = torch.empty(1 << 16, dtype=torch.uint8, pin_memory=True)
+    pageable = torch.empty(1 << 16, dtype=torch.uint8)
+    foreign = torch.empty(1 << 16, dtype=torch.uint8)
+    cudart = torch.cuda.cudart()
+    assert int(cudart.cudaHostRegister(foreign.data_ptr(), foreign.nbytes, 0)) == 0, "cudaHostRegister failed"
+    try:
+        unpinned = area_api.pin_empty(1 << 16, dtype=torch.uint8)
+        assert area_api.unpin(unpinned) is True
+        cases = {
+            "torch-pinned": (torch_pinned, True),
+            "torch-pinned slice": (torch_pinned[100:200], True),
+            "registered behind hostoffload's back": (foreign, True),
+            "pageable": (pageable, False),
+            "native after unpin": (unpinned, False),
+            "device": (torch.empty(16, device=cuda_native.device()), False),
+        }
+        for _ in range(3):
+            for what, (t, expected) in cases.items():
+                if t.is_cpu:
+                    assert bool(t.is_pinned()) is expected, f"{what}: torch itself says {t.is_pinned()}"
+                assert area_api.is_pinned(t) is expected, f"{what}: is_pinned is not {expected}"
+    finally:
+        assert int(cudart.cudaHostUnregister(foreign.data_ptr())) == 0

@@ -1,17 +1,14 @@
 """The pinning API, optimized: same functions, arguments, errors and environment variables as
 :mod:`reference.pinning`, over the native allocator and lock-free registry of ``optimized._native``.
 
-``HOSTOFFLOAD_PIN_BACKEND`` picks where new pinned memory comes from (``torch``: torch's pinned allocator,
-exactly as in the reference; ``native``: :mod:`optimized.pinning.native_backend`). Queries recognise memory
-from either backend. Argument checks and environment parsing are the reference's own helpers, so messages
-cannot drift.
+``HOSTOFFLOAD_PIN_BACKEND`` picks where new pinned memory comes from (``torch``: torch's pinned allocator;
+``native``: :mod:`optimized.pinning.native_backend`). Queries recognise memory from either backend. Argument checks,
+messages and result types come from the contract (:mod:`reference.contract.pinning_rules`,
+:mod:`reference.envvars`, :mod:`reference.accelerators`); nothing here imports the reference's pinning or ranges
+modules, which are the oracle the suite compares this module against.
 
-``is_pinned`` is the hot call (every copy decision asks it), so it is a native function: plain contiguous CPU
-tensors are answered by one registry lookup on ``(data_ptr, nbytes)``; a miss (a pageable tensor, the common case)
-is answered natively too once the first miss under the current ``HOSTOFFLOAD_ACCELERATOR`` value has cached
-whether that accelerator has torch pinning (False without it; torch's own ``Tensor.is_pinned()`` with it).
-Everything else (subclasses such as fake tensors, meta and device tensors, strided views, non-tensors) goes
-through the reference's checks.
+``is_pinned`` is the hot call (every copy decision asks it); how it decides is written down once, at
+:data:`is_pinned` below.
 """
 
 from __future__ import annotations
@@ -25,9 +22,18 @@ from optimized.pinning import native_backend
 from optimized.ranges import tensor_extent
 from reference import envvars
 from reference.accelerators import ACCELERATOR_ENV, Accelerator, get_accelerator
-from reference.pinning import empty_pinned, empty_pinned_like, move_to_pinned, torch_backend
-from reference.pinning.native_backend import PinnedStats
-from reference.pinning.tensors import check_tensor, is_data_less
+from reference.contract.pinning_rules import (
+    PinnedStats,
+    check_bool,
+    check_dtype,
+    check_host_device,
+    check_host_tensor,
+    check_nbytes,
+    check_tensor,
+    is_data_less,
+    normalize_shape,
+    refuse_moving_a_view,
+)
 
 __all__ = [
     "PinnedStats",
@@ -43,7 +49,7 @@ _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
 _strided = torch.strided
 _is_functional = torch._is_functional_tensor
-_native.set_tensor_types(_Tensor, _Parameter)
+_native.set_tensor_types(_Tensor, _Parameter, _strided)
 _registry_contains = _native.registry_contains
 
 
@@ -53,14 +59,19 @@ def _allocate(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     accelerator: Accelerator = get_accelerator()
     if backend == "native":
         return native_backend.empty(shape, dtype, accelerator, envvars.register_with_device())
-    return torch_backend.empty(shape, dtype, accelerator)
+    # torch's allocator; where the accelerator has no torch pinning, a documented no-op (pageable memory).
+    return torch.empty(shape, dtype=dtype, pin_memory=accelerator.has_torch_pinning)
 
 
 def pin_empty(
     *shape: int | tuple[int, ...], dtype: torch.dtype | None = None, device: object = None
 ) -> torch.Tensor:
     """An uninitialised pinned host tensor. ``device`` may only be None or 'cpu'."""
-    return empty_pinned(shape, dtype, device, _allocate)
+    dims = normalize_shape(shape)
+    dt = check_dtype(dtype)
+    check_host_device(device)
+    check_nbytes(dims, dt)
+    return _allocate(dims, dt)
 
 
 def pin_empty_like(t: torch.Tensor, *, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -68,7 +79,10 @@ def pin_empty_like(t: torch.Tensor, *, dtype: torch.dtype | None = None) -> torc
 
     ``t`` may live on any device (including meta): only its shape and dtype are read.
     """
-    return empty_pinned_like(t, dtype, _allocate)
+    check_tensor("t", t)
+    dims, dt = tuple(t.shape), check_dtype(dtype if dtype is not None else t.dtype)
+    check_nbytes(dims, dt)
+    return _allocate(dims, dt)
 
 
 def pin_memory(t: torch.Tensor, *, make_copy: bool = True, match_shape: bool = True) -> torch.Tensor:
@@ -76,70 +90,84 @@ def pin_memory(t: torch.Tensor, *, make_copy: bool = True, match_shape: bool = T
 
     The copy goes straight from ``t``'s strided layout into the pinned buffer: no pageable temporary.
     """
-    return move_to_pinned(t, make_copy, match_shape, _allocate, is_pinned)
+    check_host_tensor("t", t)
+    check_bool("make_copy", make_copy)
+    check_bool("match_shape", match_shape)
+    shape = tuple(t.shape) if match_shape else (t.numel(),)
+    if not make_copy:
+        if is_pinned(t) and t.is_contiguous():
+            if not match_shape:  # flattening a contiguous tensor is a view, not a copy
+                t.data = t.data.view(shape)
+            return t
+        refuse_moving_a_view(t)  # before anything is allocated: nothing is left pinned
+    dst = _allocate(shape, t.dtype)
+    dst.view(t.shape).copy_(t)
+    if make_copy:
+        return dst
+    with torch.no_grad():
+        t.data = dst
+    return t
 
 
-def _is_pinned_checked(t: object) -> bool:
-    """The reference's path: argument check, data-less and device checks, then the registry rule.
+# ---- is_pinned ------------------------------------------------------------------------------------------------------
+#: ``is_pinned(t) -> bool``: True iff ``t``'s whole byte extent is pinned host memory; never touches the data of
+#: meta or fake tensors. It is one native function (``optimized._native.is_pinned``, csrc/module.cpp), which
+#: decides, in this order:
+#:
+#: 1. a plain (``torch.Tensor``/``Parameter``) contiguous CPU tensor whose ``(data_ptr, nbytes)`` lies inside one
+#:    range of the native registry: True;
+#: 2. a plain strided tensor that is not on the CPU (a device or meta tensor): False, without running Python;
+#: 3. a plain contiguous CPU tensor outside every range (a miss): False where the current accelerator has no
+#:    torch pinning, and for a tensor with no elements; otherwise what torch reports: asked from C++ of the CUDA
+#:    runtime (``cudaPointerGetAttributes``, csrc/cuda_loader) on the stock CUDA accelerator, else through
+#:    ``Tensor.is_pinned()``. Which applies is cached per value of ``HOSTOFFLOAD_ACCELERATOR`` (and per forked
+#:    process) by :func:`_answer_misses`, the first time a miss reaches Python;
+#: 4. anything else (subclasses such as fake tensors, strided views, sparse layouts, non-tensors):
+#:    :func:`_is_pinned_general`, the specification's checks with the contract's errors.
+is_pinned = _native.is_pinned
 
-    A plain tensor (not a subclass) on the CPU is data-less only as a functionalization wrapper, so plain
-    strided CPU views skip the fake-tensor probe and go straight to their extent.
-    """
-    tp = type(t)
-    if (tp is _Tensor or tp is _Parameter) and t.layout is _strided and t.is_cpu and not _is_functional(t):
+
+def _is_pinned_general(t: object, hit: bool | None) -> bool:
+    """Steps 3 (``hit`` False: a miss the native side could not answer yet) and 4 (``hit`` None) of
+    :data:`is_pinned`; installed as the native function's fallback."""
+    if hit is None:
+        tp = type(t)
+        # A plain tensor on the CPU is data-less only as a functionalization wrapper, so plain strided CPU views
+        # skip the fake-tensor probe and go straight to their extent.
+        if not ((tp is _Tensor or tp is _Parameter) and t.layout is _strided and t.is_cpu and not _is_functional(t)):
+            check_tensor("t", t)
+            if is_data_less(t) or t.device.type != "cpu":
+                return False
         ptr, nbytes = tensor_extent(t)
-    else:
-        check_tensor("t", t)
-        if is_data_less(t) or t.device.type != "cpu":
-            return False
-        ptr, nbytes = tensor_extent(t)
-    if _registry_contains(ptr, nbytes):
-        return True
-    return _torch_reports_pinned(t)
+        if _registry_contains(ptr, nbytes):
+            return True
+    if t.numel() == 0:
+        # No elements, no bytes: never pinned (torch's own is_pinned() looks at the storage and may say yes).
+        return False
+    return _answer_misses() and bool(t.is_pinned())
 
 
 _torch_pinning_by_env: dict[str | None, bool] = {}
 
 
-def _torch_reports_pinned(t: torch.Tensor) -> bool:
-    """Whether torch itself reports ``t`` pinned, where the current accelerator has torch pinning.
+def _answer_misses() -> bool:
+    """Whether the current accelerator has torch pinning (so torch decides a miss), cached per value of
+    ``HOSTOFFLOAD_ACCELERATOR``; tells the native ``is_pinned`` to answer later misses itself.
 
-    Resolving the accelerator is the expensive part of a miss (entry points, availability), so the answer
-    to "does it have torch pinning" is cached per value of ``HOSTOFFLOAD_ACCELERATOR``; the variable is still
-    read at every call, and an invalid value still raises from ``get_accelerator`` (errors are never cached).
+    Resolving the accelerator is the expensive part (entry points, availability); the variable is still read at
+    every call, and an invalid value still raises from ``get_accelerator`` (errors are never cached).
     """
-    if t.numel() == 0:
-        # No elements, no bytes: never pinned (torch's own is_pinned() looks at the storage and may say yes).
-        return False
     key = os.environ.get(ACCELERATOR_ENV)
     has = _torch_pinning_by_env.get(key)
     if has is None:
         has = bool(get_accelerator().has_torch_pinning)
         _torch_pinning_by_env[key] = has
-    # From now on the native is_pinned answers misses under this variable value itself (no call back into Python).
-    _native.set_miss_answer(key, has)
-    return has and bool(t.is_pinned())
+    cuda_pointers = has and native_backend.is_stock_cuda(get_accelerator())
+    _native.set_miss_answer(key, has, cuda_pointers)
+    return has
 
 
-def _is_pinned_fallback(t: object, hit: bool | None) -> bool:
-    """The cases the native ``is_pinned`` does not answer itself.
-
-    ``hit`` is False for a plain contiguous CPU tensor outside every registered range (only torch's own pinning
-    can still say yes) and None for everything else (the reference's checks decide).
-    """
-    if hit is None:
-        return _is_pinned_checked(t)
-    return _torch_reports_pinned(t)
-
-
-_native.set_is_pinned_fallback(_is_pinned_fallback)
-
-#: ``is_pinned(t) -> bool``: True iff ``t``'s whole byte extent is pinned host memory; never touches the data
-#: of meta or fake tensors. It is the hot call (every copy decision asks it), so it is one native function: a
-#: plain contiguous CPU tensor whose ``(data_ptr, nbytes)`` lies in a registered range is answered without
-#: running any Python; every other case goes through :func:`_is_pinned_fallback` (the reference's checks, the
-#: same errors).
-is_pinned = _native.is_pinned
+_native.set_is_pinned_fallback(_is_pinned_general)
 
 
 def unpin(t: torch.Tensor) -> bool:

@@ -37,9 +37,9 @@ import torch
 from optimized import _native
 from reference.accelerators import Accelerator
 from reference.accelerators.cuda import CudaAccelerator
+from reference.contract.pinning_rules import PinnedStats
 from reference.envvars import read_bool, read_choice
 from reference.errors import ConfigurationError
-from reference.pinning.native_backend import PinnedStats
 
 HUGE_PAGES_ENV = "HOSTOFFLOAD_PIN_HUGE_PAGES"
 HUGE_PAGE_MODES: tuple[str, ...] = ("auto", "thp", "hugetlb", "off")
@@ -92,6 +92,17 @@ _STOCK_REGISTER = CudaAccelerator.register_host_memory
 _STOCK_UNREGISTER = CudaAccelerator.unregister_host_memory
 
 
+def is_stock_cuda(accelerator: Accelerator) -> bool:
+    """The stock CUDA accelerator with its registration hooks as shipped, and a CUDA runtime the native layer can
+    reach: the native layer may then talk to the runtime directly (registration, the is_pinned miss query)."""
+    return (
+        isinstance(accelerator, CudaAccelerator)
+        and type(accelerator).register_host_memory is _STOCK_REGISTER
+        and type(accelerator).unregister_host_memory is _STOCK_UNREGISTER
+        and _native.cuda_runtime_available()
+    )
+
+
 def _uses_native_cuda(accelerator: Accelerator) -> bool:
     """True if registration may bypass the Python hook: the stock CUDA accelerator, hook not overridden.
 
@@ -100,12 +111,7 @@ def _uses_native_cuda(accelerator: Accelerator) -> bool:
     through the runtime directly would not do that for it (the reference's hook does, via
     ``torch.cuda.cudart()``). It also makes the registration land in the primary context torch uses.
     """
-    if not (
-        isinstance(accelerator, CudaAccelerator)
-        and type(accelerator).register_host_memory is _STOCK_REGISTER
-        and type(accelerator).unregister_host_memory is _STOCK_UNREGISTER
-        and _native.cuda_runtime_available()
-    ):
+    if not is_stock_cuda(accelerator):
         return False
     torch.cuda.init()
     return True

@@ -14,7 +14,8 @@ import torch
 
 from reference import envvars
 from reference.accelerators import Accelerator, get_accelerator
-from reference.errors import ConfigurationError
+from reference.contract.pinning_rules import check_bool, refuse_moving_a_view
+from reference.contract.pinning_rules import shares_storage as shares_storage  # re-export (historical path)
 from reference.pinning import native_backend, torch_backend
 from reference.pinning.native_backend import PinnedStats
 from reference.pinning.tensors import (
@@ -112,25 +113,18 @@ def move_to_pinned(
     written once; only where the pinned bytes come from differs.
     """
     check_host_tensor("t", t)
-    if not isinstance(make_copy, bool):
-        raise_bool("make_copy", make_copy)
-    if not isinstance(match_shape, bool):
-        raise_bool("match_shape", match_shape)
+    check_bool("make_copy", make_copy)
+    check_bool("match_shape", match_shape)
     shape = tuple(t.shape) if match_shape else (t.numel(),)
     if not make_copy and pinned(t) and t.is_contiguous():
         # Already pinned in place: nothing to move. Flattening a contiguous tensor is a view, not a copy.
         if not match_shape:
             t.data = t.data.view(shape)
         return t
-    if not make_copy and shares_storage(t):
+    if not make_copy:
         # Replacing a view's .data would silently cut it off from its base: writes through one would no longer
         # reach the other. Refused before anything is allocated, so nothing is left pinned.
-        raise ConfigurationError(
-            "make_copy=False cannot move t onto pinned memory: t is a view of another tensor or a window "
-            f"into a storage it does not span (shape {tuple(t.shape)}, storage offset {t.storage_offset()}), "
-            "and replacing its data would detach it from that storage; pin the base tensor in place, or pass "
-            "make_copy=True"
-        )
+        refuse_moving_a_view(t)
     dst = allocate(shape, t.dtype)
     dst.view(t.shape).copy_(t)
     if make_copy:
@@ -138,23 +132,6 @@ def move_to_pinned(
     with torch.no_grad():
         t.data = dst
     return t
-
-
-def shares_storage(t: torch.Tensor) -> bool:
-    """True if ``t`` is a view of another tensor or a window into a storage larger than its own elements.
-
-    Such a tensor cannot be moved onto new memory in place without detaching it from the storage it shares
-    (docs/usage.md, "Pinning in place"). What torch does not record cannot be seen: a tensor made by
-    ``detach()`` or read from ``.data`` before the call spans the same storage without being a view, and keeps
-    the old memory.
-    """
-    if t._base is not None or t.storage_offset() != 0:
-        return True
-    return t.untyped_storage().nbytes() != t.numel() * t.element_size()
-
-
-def raise_bool(name: str, value: object) -> None:
-    raise ConfigurationError(f"{name} must be True or False, got {value!r}")
 
 
 def is_pinned(t: torch.Tensor) -> bool:

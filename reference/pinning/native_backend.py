@@ -21,13 +21,15 @@ import mmap
 import os
 import threading
 import warnings
-from typing import NamedTuple
 
 import torch
 
 from reference.accelerators import Accelerator
+from reference.contract.pinning_rules import PinnedStats
 from reference.errors import PinnedMemoryLockError
 from reference.ranges import RangeRegistry
+
+__all__ = ["NativeAllocation", "PinnedStats", "allocation_of", "empty", "stats"]
 
 _PROT_READ_WRITE = mmap.PROT_READ | mmap.PROT_WRITE
 _MAP_PRIVATE_ANON = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
@@ -50,20 +52,6 @@ def _load_libc() -> ctypes.CDLL:
 _libc = _load_libc()
 
 
-class PinnedStats(NamedTuple):
-    """Counters of memory pinned by the native backend.
-
-    ``allocations`` and ``bytes``: allocations that are pinned now and their page-rounded locked bytes.
-    ``registered_bytes``: the part of ``bytes`` registered with the device. ``unpinned_alive``: allocations that
-    were unpinned but are still mapped because a view references them.
-    """
-
-    allocations: int
-    bytes: int
-    registered_bytes: int
-    unpinned_alive: int
-
-
 class _Ledger:
     """Process-wide bookkeeping of native allocations, guarded by one lock."""
 
@@ -73,11 +61,47 @@ class _Ledger:
         # plain Lock would deadlock there. Each block's own state is only touched by calls holding the lock.
         self.lock = threading.RLock()
         self.live: dict[int, NativeAllocation] = {}
+        # Allocations between their registry entry and their place in ``live`` (the fork rule must find them).
+        self.creating: dict[int, NativeAllocation] = {}
         self.ids = itertools.count(1)
         self.warned_registration = False
 
 
 _ledger = _Ledger()
+
+
+# ---- fork() -----------------------------------------------------------------------------------------------------
+# The fork rule (docs/native.md, "fork()"; the optimized native layer follows the same one): in a forked child no
+# allocation made before the fork is pinned. The kernel does not copy page locks to the child and a device
+# registration belongs to the parent's device context, so the child must neither report these buffers pinned nor
+# undo the parent's locks or registrations. Each inherited allocation stays mapped (copy-on-write) while a view of
+# it lives, is counted as unpinned-but-alive, and is unmapped (never unlocked or unregistered) when the last view
+# dies; ``unpin`` of it returns False. The ledger lock is held across the fork so the child never inherits it
+# half-way through an update (a thread of the parent may be inside mlock or a hook, with the GIL released).
+
+
+def _before_fork() -> None:
+    _ledger.lock.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    _ledger.lock.release()
+
+
+def _after_fork_in_child() -> None:
+    _ledger.lock = threading.RLock()  # the parent's is held by the thread that forked; start with a fresh one
+    # Half-made allocations of threads that did not survive the fork are forgotten, their ranges dropped too.
+    creating, _ledger.creating = list(_ledger.creating.values()), {}
+    for alloc in [*_ledger.live.values(), *creating]:
+        if alloc.pinned:
+            entry = alloc.registry.find(alloc.ptr)
+            if entry is not None and entry.start == alloc.ptr and entry.owner == alloc.id:
+                alloc.registry.remove(alloc.ptr)
+        alloc.pinned = False
+        alloc.registered = False
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
 
 
 class NativeAllocation:
@@ -112,12 +136,17 @@ class NativeAllocation:
                 self.registered = accelerator.register_host_memory(self.ptr, self.size)
                 if not self.registered:
                     _warn_registration_failed(accelerator, self.size)
+            with _ledger.lock:
+                _ledger.creating[self.id] = self
             registry.add(self.ptr, self.size, self.id)
         except BaseException:
+            with _ledger.lock:
+                _ledger.creating.pop(self.id, None)
             self._release_pins()
             self._unmap()
             raise
         with _ledger.lock:
+            _ledger.creating.pop(self.id, None)
             _ledger.live[self.id] = self
 
     def _release_pins(self) -> None:

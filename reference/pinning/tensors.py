@@ -1,95 +1,29 @@
-"""Argument checks and tensor predicates shared by the pinning backends."""
+"""Argument checks and tensor predicates shared by the pinning backends.
+
+They are contract rules every implementation shares; they live in :mod:`reference.contract.pinning_rules` and
+are re-exported here under their historical names.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from reference.contract.pinning_rules import (
+    MAX_NBYTES,
+    check_dtype,
+    check_host_device,
+    check_host_tensor,
+    check_nbytes,
+    check_tensor,
+    is_data_less,
+    normalize_shape,
+)
 
-import torch
-
-from reference.errors import ConfigurationError
-
-
-def is_data_less(t: torch.Tensor) -> bool:
-    """True for tensors whose data must not (or cannot) be touched: meta tensors and fake tensors.
-
-    A fake tensor may claim ``device='cpu'``, so the device check alone is not enough; and reading
-    ``data_ptr()`` of one raises, which is exactly what ``is_pinned`` must never do.
-    """
-    if t.is_meta:
-        return True
-    try:
-        from torch._subclasses.fake_tensor import is_fake
-    except ImportError:  # pragma: no cover - every supported torch has it
-        return False
-    return bool(is_fake(t))
-
-
-def check_tensor(name: str, t: object) -> torch.Tensor:
-    """A tensor with a dense (strided) layout. Sparse, sparse-compressed and mkldnn tensors have no single byte
-    extent to pin or look up, so every pinning call refuses them by name instead of failing inside torch."""
-    if not isinstance(t, torch.Tensor):
-        raise ConfigurationError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.layout is not torch.strided:
-        raise ConfigurationError(
-            f"{name} must be a dense (strided) tensor, got layout {t.layout}; convert it with .to_dense() first"
-        )
-    return t
-
-
-#: The largest allocation a pinning call accepts: what a signed 64-bit byte count (torch's, mmap's) can hold.
-MAX_NBYTES = 2**63 - 1
-
-
-def check_nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
-    """The byte count of ``shape``/``dtype``, refused by name when no allocator could ever hold it."""
-    numel = 1
-    for s in shape:
-        numel *= s
-    nbytes = numel * torch.empty((), dtype=dtype).element_size()
-    if nbytes > MAX_NBYTES:
-        raise ConfigurationError(
-            f"shape {shape!r} of {dtype} is {nbytes} bytes; allowed values: at most {MAX_NBYTES} bytes (2**63 - 1)"
-        )
-    return nbytes
-
-
-def check_host_tensor(name: str, t: object) -> torch.Tensor:
-    t = check_tensor(name, t)
-    if is_data_less(t) or t.device.type != "cpu":
-        what = "a meta/fake tensor" if is_data_less(t) else f"a tensor on {t.device}"
-        raise ConfigurationError(f"{name} must be a CPU tensor with data (device 'cpu'), got {what}")
-    return t
-
-
-def normalize_shape(shape: Sequence[object]) -> tuple[int, ...]:
-    """Accept ``pin_empty(2, 3)`` and ``pin_empty((2, 3))`` alike; every size an int >= 0."""
-    if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
-        shape = tuple(shape[0])
-    out = []
-    for s in shape:
-        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
-            raise ConfigurationError(f"shape must be ints >= 0, got {tuple(shape)!r}")
-        out.append(int(s))
-    return tuple(out)
-
-
-def check_dtype(dtype: object) -> torch.dtype:
-    if dtype is None:
-        return torch.get_default_dtype()
-    if not isinstance(dtype, torch.dtype):
-        raise ConfigurationError(f"dtype must be a torch.dtype or None, got {dtype!r}")
-    return dtype
-
-
-def check_host_device(device: object) -> None:
-    """``pin_empty*`` allocate host memory only; a device argument may say so, nothing else."""
-    if device is None:
-        return
-    try:
-        dev = torch.device(device)  # type: ignore[arg-type]
-    except (RuntimeError, TypeError):
-        raise ConfigurationError(f"device must be None or 'cpu', got {device!r}") from None
-    if dev.type != "cpu":
-        raise ConfigurationError(
-            f"device must be None or 'cpu' (pinned memory is host memory), got {device!r}"
-        )
+__all__ = [
+    "MAX_NBYTES",
+    "check_dtype",
+    "check_host_device",
+    "check_host_tensor",
+    "check_nbytes",
+    "check_tensor",
+    "is_data_less",
+    "normalize_shape",
+]

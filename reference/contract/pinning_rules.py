@@ -1,0 +1,211 @@
+"""The pinning and ranges rules every implementation shares: value types, argument checks and their messages.
+
+Why a contract module: the reference's pinning and ranges modules are the executable specification (an oracle the
+suite compares implementations against); an implementation that imported them would share the oracle's bugs and
+hide them from the comparison. What must be identical in every implementation, byte for byte, lives here instead:
+the result types (``PinnedRange``, ``PinnedStats``), the argument checks with their ``ConfigurationError``
+messages, and the in-place pinning refusal. The reference re-exports each name from its old path
+(``reference.pinning.tensors``, ``reference.pinning.native_backend.PinnedStats``, ``reference.ranges.PinnedRange``),
+so existing imports keep working.
+
+The optimized native registry reports argument errors through :func:`check_range_int` and :func:`check_range_end`
+(called from C++ only once its own fast checks failed), so each message is written once, here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+
+from reference.errors import ConfigurationError
+
+__all__ = [
+    "MAX_NBYTES",
+    "PinnedRange",
+    "PinnedStats",
+    "check_bool",
+    "check_dtype",
+    "check_host_device",
+    "check_host_tensor",
+    "check_nbytes",
+    "check_range_end",
+    "check_range_int",
+    "check_tensor",
+    "is_data_less",
+    "normalize_shape",
+    "refuse_moving_a_view",
+    "shares_storage",
+]
+
+
+# ---- value types ------------------------------------------------------------------------------------------------
+class PinnedRange(NamedTuple):
+    """One registered range: its first byte, its length, and an opaque owner token (an int)."""
+
+    start: int
+    nbytes: int
+    owner: int
+
+
+class PinnedStats(NamedTuple):
+    """Counters of memory pinned by the native backend.
+
+    ``allocations`` and ``bytes``: allocations that are pinned now and their page-rounded locked bytes.
+    ``registered_bytes``: the part of ``bytes`` registered with the device. ``unpinned_alive``: allocations that
+    were unpinned (or inherited through ``fork()``: docs/usage.md, "After fork()") but are still mapped because a
+    view references them.
+    """
+
+    allocations: int
+    bytes: int
+    registered_bytes: int
+    unpinned_alive: int
+
+
+# ---- ranges arguments -------------------------------------------------------------------------------------------
+def check_range_int(name: str, value: object, minimum: int, limit: int | None = None) -> int:
+    """An int ``>= minimum`` (and ``< limit`` where the registry stores bounded words); else ``ConfigurationError``
+    naming the argument and the allowed values."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigurationError(f"{name} must be an int >= {minimum}, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ConfigurationError(f"{name} must be an int >= {minimum}, got {value}")
+    if limit is not None and value >= limit:
+        raise ConfigurationError(
+            f"{name} must be an int < {_power_of_two(limit)} (a 64-bit address or size), got {value}"
+        )
+    return value
+
+
+def check_range_end(start: int, nbytes: int, limit: int | None = None) -> None:
+    """A range must end inside the address space a bounded registry stores (``start + nbytes <= limit``)."""
+    if limit is not None and start + nbytes > limit:
+        raise ConfigurationError(
+            f"start + nbytes must be <= {_power_of_two(limit)} (the range must fit the address space), "
+            f"got {start} + {nbytes}"
+        )
+
+
+def _power_of_two(limit: int) -> str:
+    bits = limit.bit_length() - 1
+    return f"2**{bits}" if limit == 1 << bits else str(limit)
+
+
+# ---- tensors ------------------------------------------------------------------------------------------------------
+def is_data_less(t: torch.Tensor) -> bool:
+    """True for tensors whose data must not (or cannot) be touched: meta tensors and fake tensors.
+
+    A fake tensor may claim ``device='cpu'``, so the device check alone is not enough; and reading
+    ``data_ptr()`` of one raises, which is exactly what ``is_pinned`` must never do.
+    """
+    if t.is_meta:
+        return True
+    try:
+        from torch._subclasses.fake_tensor import is_fake
+    except ImportError:  # pragma: no cover - every supported torch has it
+        return False
+    return bool(is_fake(t))
+
+
+def check_tensor(name: str, t: object) -> torch.Tensor:
+    """A tensor with a dense (strided) layout. Sparse, sparse-compressed and mkldnn tensors have no single byte
+    extent to pin or look up, so every pinning call refuses them by name instead of failing inside torch."""
+    if not isinstance(t, torch.Tensor):
+        raise ConfigurationError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.layout is not torch.strided:
+        raise ConfigurationError(
+            f"{name} must be a dense (strided) tensor, got layout {t.layout}; convert it with .to_dense() first"
+        )
+    return t
+
+
+#: The largest allocation a pinning call accepts: what a signed 64-bit byte count (torch's, mmap's) can hold.
+MAX_NBYTES = 2**63 - 1
+
+
+def check_nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    """The byte count of ``shape``/``dtype``, refused by name when no allocator could ever hold it."""
+    numel = 1
+    for s in shape:
+        numel *= s
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    if nbytes > MAX_NBYTES:
+        raise ConfigurationError(
+            f"shape {shape!r} of {dtype} is {nbytes} bytes; allowed values: at most {MAX_NBYTES} bytes (2**63 - 1)"
+        )
+    return nbytes
+
+
+def check_host_tensor(name: str, t: object) -> torch.Tensor:
+    t = check_tensor(name, t)
+    if is_data_less(t) or t.device.type != "cpu":
+        what = "a meta/fake tensor" if is_data_less(t) else f"a tensor on {t.device}"
+        raise ConfigurationError(f"{name} must be a CPU tensor with data (device 'cpu'), got {what}")
+    return t
+
+
+def normalize_shape(shape: Sequence[object]) -> tuple[int, ...]:
+    """Accept ``pin_empty(2, 3)`` and ``pin_empty((2, 3))`` alike; every size an int >= 0."""
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
+        shape = tuple(shape[0])
+    out = []
+    for s in shape:
+        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+            raise ConfigurationError(f"shape must be ints >= 0, got {tuple(shape)!r}")
+        out.append(int(s))
+    return tuple(out)
+
+
+def check_dtype(dtype: object) -> torch.dtype:
+    if dtype is None:
+        return torch.get_default_dtype()
+    if not isinstance(dtype, torch.dtype):
+        raise ConfigurationError(f"dtype must be a torch.dtype or None, got {dtype!r}")
+    return dtype
+
+
+def check_host_device(device: object) -> None:
+    """``pin_empty*`` allocate host memory only; a device argument may say so, nothing else."""
+    if device is None:
+        return
+    try:
+        dev = torch.device(device)  # type: ignore[arg-type]
+    except (RuntimeError, TypeError):
+        raise ConfigurationError(f"device must be None or 'cpu', got {device!r}") from None
+    if dev.type != "cpu":
+        raise ConfigurationError(
+            f"device must be None or 'cpu' (pinned memory is host memory), got {device!r}"
+        )
+
+
+def check_bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+# ---- pinning in place (docs/usage.md, "Pinning in place") ---------------------------------------------------------
+def shares_storage(t: torch.Tensor) -> bool:
+    """True if ``t`` is a view of another tensor or a window into a storage larger than its own elements.
+
+    Such a tensor cannot be moved onto new memory in place without detaching it from the storage it shares
+    (docs/usage.md, "Pinning in place"). What torch does not record cannot be seen: a tensor made by
+    ``detach()`` or read from ``.data`` before the call spans the same storage without being a view, and keeps
+    the old memory.
+    """
+    if t._base is not None or t.storage_offset() != 0:
+        return True
+    return t.untyped_storage().nbytes() != t.numel() * t.element_size()
+
+
+def refuse_moving_a_view(t: torch.Tensor) -> None:
+    """``pin_memory(t, make_copy=False)`` of a view not pinned yet: refused before anything is allocated."""
+    if shares_storage(t):
+        raise ConfigurationError(
+            "make_copy=False cannot move t onto pinned memory: t is a view of another tensor or a window "
+            f"into a storage it does not span (shape {tuple(t.shape)}, storage offset {t.storage_offset()}), "
+            "and replacing its data would detach it from that storage; pin the base tensor in place, or pass "
+            "make_copy=True"
+        )
