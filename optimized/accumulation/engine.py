@@ -53,6 +53,7 @@ import os
 import shutil
 import tempfile
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any

@@ -39,7 +39,7 @@ import torch
 
 from optimized import cpu_adam
 from reference.accumulation.config import OptimizerConfig
-from reference.accumulation.partition import FlatLayout
+from reference.contract.accumulation_partition import FlatLayout
 
 __all__ = ["BucketRange", "StreamedUpdate"]
 
