@@ -39,8 +39,8 @@ from reference.accumulation.scenario import (
     compute_loss,
     micro_batch,
 )
-from reference.envvars import normalize
-from reference.errors import ConfigurationError
+from reference.contract.envvars import normalize
+from reference.contract.errors import ConfigurationError
 
 __all__ = ["BACKEND_ENV", "POOL_SIZE_ENV", "TIMEOUT_ENV", "run_engine_scenario", "run_on_ranks"]
 
@@ -83,7 +83,7 @@ def _choose_backend(world: int, backend: str | None) -> str:
     if choice == "gloo":
         return "gloo"
     if choice == "auto":
-        from reference.accelerators import get_accelerator
+        from reference.contract.accelerators import get_accelerator
 
         if get_accelerator().device_type != "cuda":
             return "gloo"

@@ -22,7 +22,7 @@ are sent back and replayed here as if the test had run in this process. Two ways
 Which tests are isolated (``--conformance-isolation``):
 
 - ``auto`` (default): tests marked ``isolated`` (probes that may fault by design, e.g. use-after-unpin reads), and
-  every test of an implementation whose :class:`~reference.capabilities.Capabilities` keep ``crash_isolation``
+  every test of an implementation whose :class:`~reference.contract.capabilities.Capabilities` keep ``crash_isolation``
   (the default: third-party code is isolated unless it opts out), except tests marked ``runs_in_subprocesses``
   (their implementation code already runs in processes of their own, e.g. the engine's rank pool).
 - ``all``: every test that takes ``impl``. ``off``: none (a crash then ends the run, as plain pytest would).

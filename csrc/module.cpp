@@ -4,7 +4,7 @@
 // dlpack_export, cuda_loader, slab_arena). The module never links against CUDA or torch, so it imports on any
 // machine; device entry points are resolved at run time.
 //
-// Errors are raised as the shared classes of reference.errors (looked up once, at import), so callers catch the
+// Errors are raised as the shared classes of reference.contract.errors (looked up once, at import), so callers catch the
 // same types whichever implementation is underneath.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -387,7 +387,7 @@ PYBIND11_MODULE(_native, m) {
                                  "): the native layer cannot be made fork-safe");
     }
 
-    py::module_ errors = py::module_::import("reference.errors");
+    py::module_ errors = py::module_::import("reference.contract.errors");
     g_configuration_error = py::object(errors.attr("ConfigurationError")).release().ptr();
     g_lock_error = py::object(errors.attr("PinnedMemoryLockError")).release().ptr();
     py::module_ rules = py::module_::import("reference.contract.pinning_rules");

@@ -25,8 +25,8 @@ import os
 
 import torch
 
-from reference.accumulation.config import OptimizerConfig
-from reference.errors import ConfigurationError
+from reference.contract.accumulation_config import OptimizerConfig
+from reference.contract.errors import ConfigurationError
 
 try:
     from optimized import _native

@@ -41,10 +41,10 @@ import torch
 
 from optimized import _native
 from optimized.pinning import native_backend
-from reference import envvars
-from reference.accelerators import Accelerator, get_accelerator
+from reference.contract import envvars
+from reference.contract.accelerators import Accelerator, get_accelerator
+from reference.contract.errors import ConfigurationError, UnsupportedOperationError
 from reference.contract.pinning_rules import check_dtype, check_tensor, normalize_shape
-from reference.errors import ConfigurationError, UnsupportedOperationError
 
 __all__ = ["DEFAULT_ALIGNMENT", "PinnedSlab", "SlabStats"]
 
@@ -81,7 +81,7 @@ class PinnedSlab:
     """One pinned allocation of ``nbytes`` (page-rounded) with sub-allocation.
 
     ``register``: register with the accelerator (default: ``HOSTOFFLOAD_PIN_REGISTER_DEVICE``, on).
-    ``accelerator``: an :class:`~reference.accelerators.Accelerator` or its name (default: the current one).
+    ``accelerator``: an :class:`~reference.contract.accelerators.Accelerator` or its name (default: the current one).
     ``alignment``: default alignment of pieces (power of two).
     """
 
@@ -98,7 +98,7 @@ class PinnedSlab:
         self._alignment = _check_alignment(alignment)
         acc = accelerator if isinstance(accelerator, Accelerator) else get_accelerator(accelerator)
         if register is None:
-            register = envvars.register_with_device()
+            register = envvars.pin_register_device()
         elif not isinstance(register, bool):
             raise ConfigurationError(f"register must be True, False or None, got {register!r}")
         self._base = native_backend.allocate(nbytes, acc, register, slab=True)

@@ -2,14 +2,14 @@
 
 Every behaviour here is written to be obviously correct rather than fast; the optimized implementation and any
 third-party one are checked against it by the conformance suite. This package also owns the shared contracts:
-the accelerator interface (:mod:`reference.accelerators`), the errors (:mod:`reference.errors`), the environment
-variables (:mod:`reference.envvars`) and the implementation descriptor (:mod:`reference.implementation`).
+the accelerator interface (:mod:`reference.contract.accelerators`), the errors (:mod:`reference.contract.errors`), the environment
+variables (:mod:`reference.contract.envvars`) and the implementation descriptor (:mod:`reference.contract.implementation`).
 """
 
 from __future__ import annotations
 
-from reference.capabilities import Capabilities
-from reference.implementation import Implementation
+from reference.contract.capabilities import Capabilities
+from reference.contract.implementation import Implementation
 from reference.pinning import PinnedStats, is_pinned, pin_empty, pin_empty_like, pin_memory, pinned_stats, unpin
 
 __version__ = "0.1.0"

@@ -7,7 +7,7 @@ change them between calls.
 One rule for every ``HOSTOFFLOAD_*`` variable with named values (backends, accelerators, modes, booleans): the
 value is read with surrounding blanks stripped and compared case-insensitively (``CPU``, ``Native`` and ``ON``
 mean ``cpu``, ``native`` and ``on``); unset or empty means the default. Anything else is a
-:class:`~reference.errors.ConfigurationError` naming the variable and its allowed values. :func:`normalize` is
+:class:`~reference.contract.errors.ConfigurationError` naming the variable and its allowed values. :func:`normalize` is
 the rule; every reader here and in the implementations goes through it.
 
 Every pinning variable is validated at every pinning call whatever the backend: a bad
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 
-from reference.errors import allowed_values_error
+from reference.contract.errors import allowed_values_error
 
 PIN_BACKEND_ENV = "HOSTOFFLOAD_PIN_BACKEND"
 PIN_BACKENDS: tuple[str, ...] = ("torch", "native")

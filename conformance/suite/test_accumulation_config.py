@@ -11,7 +11,7 @@ from hypothesis import given
 
 from conformance.accumulation_strategies import accumulation_configs
 from conformance.assertions import assert_names_argument
-from reference.errors import ConfigurationError
+from reference.contract.errors import ConfigurationError
 
 pytestmark = pytest.mark.conformance_area("accumulation")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from conformance.assertions import assert_names_argument
-from reference.errors import ConfigurationError
+from reference.contract.errors import ConfigurationError
 
 pytestmark = pytest.mark.conformance_area("accumulation")
 

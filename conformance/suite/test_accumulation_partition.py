@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from conformance.accumulation_assertions import assert_tensor_equal
 from conformance.assertions import assert_names_argument
-from reference.errors import ConfigurationError
+from reference.contract.errors import ConfigurationError
 
 pytestmark = pytest.mark.conformance_area("accumulation")
 

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from conformance.cost_growth import LARGE, MAX_REQUEST_RATIO, SMALL, SyntheticRanges, growth_message, per_op_seconds
-from reference.envvars import PIN_BACKEND_ENV
+from reference.contract.envvars import PIN_BACKEND_ENV
 
 pytestmark = pytest.mark.conformance_area("io")
 

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from conformance.assertions import assert_names_argument
-from reference.errors import ConfigurationError
+from reference.contract.errors import ConfigurationError
 
 pytestmark = pytest.mark.conformance_area("io")
 

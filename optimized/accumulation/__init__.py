@@ -3,7 +3,7 @@
 :class:`ZeroEngine` is what training scripts use (one per rank, like DeepSpeed's engine). :func:`run_scenario`
 is the area's uniform entry point (R26): it runs a shared :class:`Scenario` on W rank processes and returns the
 shared :class:`Trace`, which the conformance suite compares with the reference's. The config, scenario and
-trace types are the area's contract (``reference.accumulation.config``, ``reference.contract.accumulation_*``),
+trace types are the area's contract (``reference.contract.accumulation_config``, ``reference.contract.accumulation_*``),
 re-exported here unchanged so that the engine accepts exactly what the reference accepts; everything else in
 this package is the optimized implementation's own code.
 """
@@ -15,7 +15,7 @@ from optimized.accumulation.collectives import CollectiveError, Collectives, fol
 from optimized.accumulation.engine import DEFAULT_BUCKET_ELEMENTS, StepOutcome, ZeroEngine
 from optimized.accumulation.lr import EngineOptimizer
 from optimized.accumulation.optimizers import step_master, torch_step, uses_native
-from reference.accumulation.config import (
+from reference.contract.accumulation_config import (
     CONFIG_KEYS,
     DTYPES,
     OFFLOAD_DEVICES,
@@ -42,7 +42,7 @@ from reference.contract.accumulation_scenario import (
     micro_batch,
     scenario_calls,
 )
-from reference.errors import CheckpointError, ConfigurationError, UnsupportedOperationError
+from reference.contract.errors import CheckpointError, ConfigurationError, UnsupportedOperationError
 
 #: Names that moved to the conformance harness (the multi-process runner is test machinery); still importable from
 #: here, resolved on first use so that importing the engine does not import the harness.

@@ -71,10 +71,10 @@ from optimized.accumulation.partition import FlatLayout, build_layout, owners, u
 from optimized.accumulation.streamed_update import StreamedUpdate
 from optimized.accumulation.swap import StateSwapper
 from optimized.pinning import pin_empty, unpin
-from reference.accumulation.config import AccumulationConfig
+from reference.contract.accumulation_config import AccumulationConfig
 from reference.contract.accumulation_schedule import AccumulationSchedule
 from reference.contract.accumulation_step import CLIP_EPSILON, OptimizerState, StepOutcome
-from reference.errors import CheckpointError, ConfigurationError, UnsupportedOperationError
+from reference.contract.errors import CheckpointError, ConfigurationError, UnsupportedOperationError
 
 __all__ = ["DEFAULT_BUCKET_ELEMENTS", "StepOutcome", "ZeroEngine"]
 

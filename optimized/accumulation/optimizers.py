@@ -19,7 +19,7 @@ import math
 import torch
 
 from optimized import cpu_adam
-from reference.accumulation.config import OptimizerConfig
+from reference.contract.accumulation_config import OptimizerConfig
 from reference.contract.accumulation_step import OptimizerState, state_buffer_names
 
 __all__ = ["CHUNK_ELEMENTS", "OptimizerState", "init_state", "step_master", "torch_step", "uses_native"]

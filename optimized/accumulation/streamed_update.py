@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import torch
 
 from optimized import cpu_adam
-from reference.accumulation.config import OptimizerConfig
+from reference.contract.accumulation_config import OptimizerConfig
 from reference.contract.accumulation_partition import FlatLayout
 
 __all__ = ["BucketRange", "StreamedUpdate"]

@@ -30,7 +30,8 @@ import torch
 from optimized.io import SwapHandle, SwapRequest
 from optimized.pinning import pin_empty, unpin
 from reference.contract.accumulation_swap_files import make_state_directory, state_file
-from reference.io import SwapConfig, SwapStats
+from reference.contract.io_config import SwapConfig
+from reference.contract.io_stats import SwapStats
 
 __all__ = ["StateSwapper"]
 

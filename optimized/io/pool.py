@@ -15,10 +15,10 @@ import threading
 import torch
 
 from optimized.pinning import native_backend
-from reference import envvars
-from reference.accelerators import get_accelerator
-from reference.errors import PinnedMemoryLockError
-from reference.io.config import DIRECT_ALIGNMENT
+from reference.contract import envvars
+from reference.contract.accelerators import get_accelerator
+from reference.contract.errors import PinnedMemoryLockError
+from reference.contract.io_config import DIRECT_ALIGNMENT
 
 
 class BouncePool:
@@ -34,7 +34,7 @@ class BouncePool:
     def _allocate_locked(self) -> None:
         total = self._count * self._size
         try:
-            flat = native_backend.allocate(total, get_accelerator(), envvars.register_with_device())
+            flat = native_backend.allocate(total, get_accelerator(), envvars.pin_register_device())
             self.pinned = True
         except PinnedMemoryLockError:
             raw = torch.empty(total + DIRECT_ALIGNMENT, dtype=torch.uint8)

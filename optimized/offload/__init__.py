@@ -16,13 +16,13 @@ the stack of active managers) come from the contract and are re-exported here un
 from __future__ import annotations
 
 from optimized.offload.manager import ActivationOffload
+from reference.contract.errors import ConfigurationError, UnsupportedOperationError
 from reference.contract.offload_checkpoint import build_checkpoint
+from reference.contract.offload_config import MODE_ALL, MODE_CHECKPOINT_INPUTS, MODES, OffloadConfig
 from reference.contract.offload_hf import MissingDependencyError
 from reference.contract.offload_manager import active_managers, current_manager
 from reference.contract.offload_selection import mark_checkpoint_input
-from reference.errors import ConfigurationError, UnsupportedOperationError
-from reference.offload.config import MODE_ALL, MODE_CHECKPOINT_INPUTS, MODES, OffloadConfig
-from reference.offload.stats import OffloadStats
+from reference.contract.offload_stats import OffloadStats
 
 IMPLEMENTATION_NAME = "optimized"
 

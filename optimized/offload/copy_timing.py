@@ -25,8 +25,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from reference.accelerators import Accelerator
-from reference.offload.stats import StatsRecorder
+from reference.contract.accelerators import Accelerator
+from reference.contract.offload_stats import StatsRecorder
 
 #: Kinds of timed spans, and the counters each one feeds.
 D2H = "d2h"  # an offload copy on the D2H stream

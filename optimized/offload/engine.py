@@ -41,16 +41,16 @@ import torch
 from optimized.offload.copy_timing import CONSUMER_WAIT, D2H, H2D_ON_DEMAND, H2D_PREFETCH, CopyTimer
 from optimized.offload.pool import PinnedBlock, PinnedBlockPool
 from optimized.offload.prefetch import DeferredPrefetch, current_autograd_node
-from reference.accelerators import Accelerator
+from reference.contract.accelerators import Accelerator
+from reference.contract.offload_config import MODE_CHECKPOINT_INPUTS, OffloadConfig
 from reference.contract.offload_layout import StorageSpan, flat_source, rebuild, span_of
 from reference.contract.offload_selection import (
     is_marked_checkpoint_input,
     never_offload_reason,
     saved_by_torch_checkpoint,
 )
+from reference.contract.offload_stats import OffloadStats, StatsRecorder
 from reference.contract.offload_version_check import SavedVersion, version_probe
-from reference.offload.config import MODE_CHECKPOINT_INPUTS, OffloadConfig
-from reference.offload.stats import OffloadStats, StatsRecorder
 
 #: Where a saved activation's bytes are.
 ON_DEVICE = "device"

@@ -4,7 +4,7 @@
 ``HOSTOFFLOAD_PIN_BACKEND`` picks where new pinned memory comes from (``torch``: torch's pinned allocator;
 ``native``: :mod:`optimized.pinning.native_backend`). Queries recognise memory from either backend. Argument checks,
 messages and result types come from the contract (:mod:`reference.contract.pinning_rules`,
-:mod:`reference.envvars`, :mod:`reference.accelerators`); nothing here imports the reference's pinning or ranges
+:mod:`reference.contract.envvars`, :mod:`reference.contract.accelerators`); nothing here imports the reference's pinning or ranges
 modules, which are the oracle the suite compares this module against.
 
 ``is_pinned`` is the hot call (every copy decision asks it); how it decides is written down once, at
@@ -20,8 +20,9 @@ import torch
 from optimized import _native
 from optimized.pinning import native_backend
 from optimized.ranges import tensor_extent
-from reference import envvars
-from reference.accelerators import ACCELERATOR_ENV, Accelerator, get_accelerator
+from reference.contract import envvars
+from reference.contract.accelerators import Accelerator, get_accelerator
+from reference.contract.envvars import ACCELERATOR_ENV
 from reference.contract.pinning_rules import (
     PinnedStats,
     check_bool,
@@ -58,7 +59,7 @@ def _allocate(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     backend = envvars.check_pinning_environment()
     accelerator: Accelerator = get_accelerator()
     if backend == "native":
-        return native_backend.empty(shape, dtype, accelerator, envvars.register_with_device())
+        return native_backend.empty(shape, dtype, accelerator, envvars.pin_register_device())
     # torch's allocator; where the accelerator has no torch pinning, a documented no-op (pageable memory).
     return torch.empty(shape, dtype=dtype, pin_memory=accelerator.has_torch_pinning)
 

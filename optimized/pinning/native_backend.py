@@ -35,11 +35,11 @@ import warnings
 import torch
 
 from optimized import _native
-from reference.accelerators import Accelerator
-from reference.accelerators.cuda import CudaAccelerator
+from reference.contract.accelerators import Accelerator
+from reference.contract.accelerators.cuda import CudaAccelerator
+from reference.contract.envvars import read_bool, read_choice
+from reference.contract.errors import ConfigurationError
 from reference.contract.pinning_rules import PinnedStats
-from reference.envvars import read_bool, read_choice
-from reference.errors import ConfigurationError
 
 HUGE_PAGES_ENV = "HOSTOFFLOAD_PIN_HUGE_PAGES"
 HUGE_PAGE_MODES: tuple[str, ...] = ("auto", "thp", "hugetlb", "off")

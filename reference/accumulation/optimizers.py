@@ -39,7 +39,7 @@ import math
 
 import torch
 
-from reference.accumulation.config import OptimizerConfig
+from reference.contract.accumulation_config import OptimizerConfig
 from reference.contract.accumulation_step import OptimizerState, state_buffer_names
 
 

@@ -18,7 +18,7 @@ from reference.contract.accumulation_partition import (
     build_layout,
     unflatten,
 )
-from reference.errors import ConfigurationError
+from reference.contract.errors import ConfigurationError
 
 __all__ = [
     "FLAT_ALIGNMENT",

@@ -34,7 +34,7 @@ from reference.contract.accumulation_scenario import (
     micro_batch,
     scenario_calls,
 )
-from reference.errors import ConfigurationError
+from reference.contract.errors import ConfigurationError
 
 __all__ = [
     "AccumulationMLP",

@@ -24,8 +24,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from reference.accumulation.config import AccumulationConfig
-from reference.errors import ConfigurationError
+from reference.contract.accumulation_config import AccumulationConfig
+from reference.contract.errors import ConfigurationError
 
 # ---- the model ---------------------------------------------------------------------------------------------
 

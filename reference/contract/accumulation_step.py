@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from reference.accumulation.config import OptimizerConfig
+from reference.contract.accumulation_config import OptimizerConfig
 
 __all__ = ["CLIP_EPSILON", "OptimizerState", "StepOutcome", "state_buffer_names"]
 

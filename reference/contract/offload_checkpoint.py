@@ -18,9 +18,9 @@ from typing import Any
 import torch
 import torch.utils.checkpoint as torch_checkpoint
 
+from reference.contract.errors import ConfigurationError
 from reference.contract.offload_manager import OffloadManager, current_manager
 from reference.contract.offload_selection import mark_checkpoint_input
-from reference.errors import ConfigurationError
 
 #: The docstring of every ``checkpoint`` :func:`build_checkpoint` makes.
 CHECKPOINT_DOC = """\

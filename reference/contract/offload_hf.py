@@ -23,8 +23,8 @@ import functools
 import threading
 from typing import Any
 
+from reference.contract.errors import UnsupportedOperationError
 from reference.contract.offload_selection import mark_checkpoint_input
-from reference.errors import UnsupportedOperationError
 
 _MISSING = object()
 _lock = threading.Lock()

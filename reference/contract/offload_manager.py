@@ -16,11 +16,11 @@ import abc
 import threading
 from typing import TYPE_CHECKING, Any
 
-from reference.accelerators import Accelerator, get_accelerator
-from reference.errors import ConfigurationError
+from reference.contract.accelerators import Accelerator, get_accelerator
+from reference.contract.errors import ConfigurationError
 
 if TYPE_CHECKING:  # importing the config here would import reference.offload, which imports this module
-    from reference.offload.config import OffloadConfig
+    from reference.contract.offload_config import OffloadConfig
 
 
 class OffloadManager(abc.ABC):

@@ -5,7 +5,7 @@ suite compares implementations against); an implementation that imported them wo
 hide them from the comparison. What must be identical in every implementation, byte for byte, lives here instead:
 the result types (``PinnedRange``, ``PinnedStats``), the argument checks with their ``ConfigurationError``
 messages, and the in-place pinning refusal. The reference re-exports each name from its old path
-(``reference.pinning.tensors``, ``reference.pinning.native_backend.PinnedStats``, ``reference.ranges.PinnedRange``),
+(``reference.contract.pinning_rules``, ``reference.contract.pinning_rules.PinnedStats``, ``reference.contract.pinning_rules.PinnedRange``),
 so existing imports keep working.
 
 The optimized native registry reports argument errors through :func:`check_range_int` and :func:`check_range_end`
@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import torch
 
-from reference.errors import ConfigurationError
+from reference.contract.errors import ConfigurationError
 
 __all__ = [
     "MAX_NBYTES",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from reference.errors import ConfigurationError
+from reference.contract.errors import ConfigurationError
 
 KIB = 1 << 10
 MIB = 1 << 20

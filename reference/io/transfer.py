@@ -7,7 +7,7 @@ read or write its own memory) iff
 2. its whole byte extent is registered in the implementation's process-wide pinned-range registry (the
    registry rule of :mod:`reference.ranges`: inside ONE range, so any view or narrow of a pinned buffer or a
    slab piece qualifies, an extent straddling two ranges does not), and
-3. when the request's file is open with ``O_DIRECT``, its address is :data:`~reference.io.config.DIRECT_ALIGNMENT`
+3. when the request's file is open with ``O_DIRECT``, its address is :data:`~reference.contract.io_config.DIRECT_ALIGNMENT`
    aligned (the kernel rejects unaligned direct I/O buffers).
 
 Everything else (pageable memory, unaligned views, strided views, device tensors) is staged through a bounce
@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 import torch
 
-from reference.errors import ConfigurationError
-from reference.io.config import DIRECT_ALIGNMENT
-from reference.io.temporaries import temporary_name  # noqa: F401  (re-exported: both handles import it here)
-from reference.pinning.tensors import is_data_less
+from reference.contract.errors import ConfigurationError
+from reference.contract.io_config import DIRECT_ALIGNMENT
+from reference.contract.io_temporaries import temporary_name  # noqa: F401  (re-exported: both handles import it here)
+from reference.contract.pinning_rules import is_data_less
 
 
 def check_request(tensor: object, path: object, offset: object) -> tuple[torch.Tensor, str, int]:
@@ -59,7 +59,7 @@ def check_file_kind(path: str) -> None:
 
     A missing path is fine (a write creates it, a read reports it missing from ``wait()``); so are regular files
     and devices, which are seekable (a raw block device is a legitimate swap target). FIFOs, sockets and
-    directories raise :class:`~reference.errors.ConfigurationError` naming ``path`` at once: opening a FIFO without
+    directories raise :class:`~reference.contract.errors.ConfigurationError` naming ``path`` at once: opening a FIFO without
     a peer blocks forever, which would hang the caller (reference) or a worker and ``close()`` (optimized).
     """
     try:

@@ -20,14 +20,14 @@ suite compares the optimized implementation against.
 
 from __future__ import annotations
 
+from reference.contract.errors import ConfigurationError, UnsupportedOperationError
 from reference.contract.offload_checkpoint import build_checkpoint
+from reference.contract.offload_config import MODE_ALL, MODE_CHECKPOINT_INPUTS, MODES, OffloadConfig
 from reference.contract.offload_hf import MissingDependencyError
 from reference.contract.offload_manager import active_managers, current_manager
 from reference.contract.offload_selection import mark_checkpoint_input
-from reference.errors import ConfigurationError, UnsupportedOperationError
-from reference.offload.config import MODE_ALL, MODE_CHECKPOINT_INPUTS, MODES, OffloadConfig
+from reference.contract.offload_stats import OffloadStats
 from reference.offload.manager import ActivationOffload
-from reference.offload.stats import OffloadStats
 
 #: ``checkpoint`` on the reference manager (see :data:`reference.contract.offload_checkpoint.CHECKPOINT_DOC`).
 checkpoint = build_checkpoint(ActivationOffload)

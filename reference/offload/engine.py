@@ -23,16 +23,16 @@ from typing import Any
 
 import torch
 
-from reference.accelerators import Accelerator
+from reference.contract.accelerators import Accelerator
+from reference.contract.offload_config import MODE_CHECKPOINT_INPUTS, OffloadConfig
 from reference.contract.offload_layout import StorageSpan, flat_source, rebuild, span_of
 from reference.contract.offload_selection import (
     is_marked_checkpoint_input,
     never_offload_reason,
     saved_by_torch_checkpoint,
 )
+from reference.contract.offload_stats import OffloadStats, StatsRecorder
 from reference.contract.offload_version_check import SavedVersion, version_probe
-from reference.offload.config import MODE_CHECKPOINT_INPUTS, OffloadConfig
-from reference.offload.stats import OffloadStats, StatsRecorder
 
 #: Where a saved activation's bytes are.
 ON_DEVICE = "device"

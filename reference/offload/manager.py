@@ -17,20 +17,20 @@ from typing import Any
 
 import torch
 
-from reference.accelerators import Accelerator
 from reference.contract import offload_hf
+from reference.contract.accelerators import Accelerator
+from reference.contract.errors import UnsupportedOperationError
+from reference.contract.offload_config import OffloadConfig
 from reference.contract.offload_manager import OffloadManager, manager_accelerator, pop_active, push_active
-from reference.errors import UnsupportedOperationError
-from reference.offload.config import OffloadConfig
+from reference.contract.offload_stats import OffloadStats
 from reference.offload.engine import BlockingOffloadEngine
-from reference.offload.stats import OffloadStats
 
 
 class ActivationOffload(OffloadManager):
     """Offload saved activations to host memory during forward and bring them back in backward.
 
     ``ActivationOffload(config=None, *, accelerator=None, **knobs)``: ``knobs`` override fields of
-    ``config`` (see :class:`~reference.offload.config.OffloadConfig`); ``accelerator`` is an Accelerator,
+    ``config`` (see :class:`~reference.contract.offload_config.OffloadConfig`); ``accelerator`` is an Accelerator,
     its name, or None for the default one.
     """
 

@@ -12,13 +12,11 @@ from collections.abc import Callable
 
 import torch
 
-from reference import envvars
-from reference.accelerators import Accelerator, get_accelerator
-from reference.contract.pinning_rules import check_bool, refuse_moving_a_view
-from reference.contract.pinning_rules import shares_storage as shares_storage  # re-export (historical path)
-from reference.pinning import native_backend, torch_backend
-from reference.pinning.native_backend import PinnedStats
-from reference.pinning.tensors import (
+from reference.contract import envvars
+from reference.contract.accelerators import Accelerator, get_accelerator
+from reference.contract.pinning_rules import (
+    PinnedStats,
+    check_bool,
     check_dtype,
     check_host_device,
     check_host_tensor,
@@ -26,7 +24,10 @@ from reference.pinning.tensors import (
     check_tensor,
     is_data_less,
     normalize_shape,
+    refuse_moving_a_view,
 )
+from reference.contract.pinning_rules import shares_storage as shares_storage  # re-export (historical path)
+from reference.pinning import native_backend, torch_backend
 from reference.ranges import global_registry, tensor_extent
 
 __all__ = [
@@ -45,7 +46,7 @@ def _allocate(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     backend = envvars.check_pinning_environment()
     accelerator: Accelerator = get_accelerator()
     if backend == "native":
-        register = envvars.register_with_device()
+        register = envvars.pin_register_device()
         return native_backend.empty(shape, dtype, accelerator, register, global_registry())
     return torch_backend.empty(shape, dtype, accelerator)
 

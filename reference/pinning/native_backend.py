@@ -24,9 +24,9 @@ import warnings
 
 import torch
 
-from reference.accelerators import Accelerator
+from reference.contract.accelerators import Accelerator
+from reference.contract.errors import PinnedMemoryLockError
 from reference.contract.pinning_rules import PinnedStats
-from reference.errors import PinnedMemoryLockError
 from reference.ranges import RangeRegistry
 
 __all__ = ["NativeAllocation", "PinnedStats", "allocation_of", "empty", "stats"]
