@@ -1,5 +1,5 @@
 """``@pytest.mark.requires(...)``: a test states what it needs from the implementation; the harness decides at
-collection, from the implementation's typed declaration (:class:`reference.capabilities.Capabilities`).
+collection, from the implementation's typed declaration (:class:`reference.contract.capabilities.Capabilities`).
 
     @pytest.mark.requires("distributed_engine")                 # a declared flag
     @pytest.mark.requires(pin_backends="native")                # an item of a tuple-valued capability
@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from reference.capabilities import Capabilities
-from reference.implementation import Implementation
+from reference.contract.capabilities import Capabilities
+from reference.contract.implementation import Implementation
 
 MARKER = "requires"
 
@@ -28,7 +28,7 @@ def register(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "requires(*flags, areas=(...), **items): skip unless the implementation declares these capabilities "
-        "(reference.capabilities.Capabilities) and provides these areas",
+        "(reference.contract.capabilities.Capabilities) and provides these areas",
     )
 
 

@@ -2,7 +2,7 @@
 
 On the ``cpu`` accelerator every copy is synchronous, so an offload engine that forgets an event wait, rewrites a
 pool block a copy still reads, or hands out a buffer before its copy landed passes every CPU test. This
-accelerator implements the same contract (:class:`reference.accelerators.Accelerator`) with host memory as the
+accelerator implements the same contract (:class:`reference.contract.accelerators.Accelerator`) with host memory as the
 device memory, but a copy issued on a side stream does not run when it is issued: it is queued on that stream and
 runs later, at a synchronise, at an event wait, or when the seeded scheduler decides. Streams advance
 independently (the scheduler picks which one moves), an event is complete only when the work queued before its
@@ -41,7 +41,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from reference.accelerators.base import Accelerator
+from reference.contract.accelerators.base import Accelerator
 
 __all__ = ["ChaosAccelerator", "ChaosEvent", "ChaosSchedule", "ChaosStream", "ChaosViolation", "Restore"]
 

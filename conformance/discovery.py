@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from importlib.metadata import entry_points
 
-from reference.accelerators import Accelerator, discover_accelerators
-from reference.errors import UnknownPluginError
-from reference.implementation import Implementation
+from reference.contract.accelerators import Accelerator, discover_accelerators
+from reference.contract.errors import UnknownPluginError
+from reference.contract.implementation import Implementation
 
 IMPLEMENTATION_ENTRY_POINT_GROUP = "hostoffload.implementations"
 
@@ -26,7 +26,7 @@ def discover_implementations() -> dict[str, Implementation]:
         if not isinstance(obj, Implementation):
             raise TypeError(
                 f"entry point {IMPLEMENTATION_ENTRY_POINT_GROUP}:{ep.name} = {ep.value} is "
-                f"{type(obj).__name__}, not a reference.implementation.Implementation"
+                f"{type(obj).__name__}, not a reference.contract.implementation.Implementation"
             )
         if obj.name != ep.name:
             raise TypeError(f"implementation {obj.name!r} is registered as {ep.name!r}; the two must match")

@@ -39,18 +39,19 @@ from reference.accumulation.scenario import (
     compute_loss,
     micro_batch,
 )
-from reference.envvars import normalize
-from reference.errors import ConfigurationError
+from reference.contract import envvars
+from reference.contract.envvars import normalize
+from reference.contract.errors import ConfigurationError
 
 __all__ = ["BACKEND_ENV", "POOL_SIZE_ENV", "TIMEOUT_ENV", "run_engine_scenario", "run_on_ranks"]
 
 #: Default transport of run_scenario: gloo (host, the default), nccl (one GPU per rank) or auto.
-BACKEND_ENV = "HOSTOFFLOAD_ACCUMULATION_BACKEND"
+BACKEND_ENV = envvars.ACCUMULATION_BACKEND_ENV
 BACKENDS = ("gloo", "nccl", "auto")
 #: Seconds a collective may wait before the process group reports a timeout (default 60).
-TIMEOUT_ENV = "HOSTOFFLOAD_ACCUMULATION_TIMEOUT"
+TIMEOUT_ENV = envvars.ACCUMULATION_TIMEOUT_ENV
 #: Ranks the host (gloo) pool starts with, so that growing W does not respawn it (default 4).
-POOL_SIZE_ENV = "HOSTOFFLOAD_ACCUMULATION_POOL_SIZE"
+POOL_SIZE_ENV = envvars.ACCUMULATION_POOL_SIZE_ENV
 #: Elements per stage-2/3 bucket in scenario runs: small, so several buckets and their overlap are exercised.
 SCENARIO_BUCKET_ELEMENTS = 16
 
@@ -83,7 +84,7 @@ def _choose_backend(world: int, backend: str | None) -> str:
     if choice == "gloo":
         return "gloo"
     if choice == "auto":
-        from reference.accelerators import get_accelerator
+        from reference.contract.accelerators import get_accelerator
 
         if get_accelerator().device_type != "cuda":
             return "gloo"

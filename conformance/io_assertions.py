@@ -75,7 +75,7 @@ def assert_bytes_equal(actual: bytes, expected: bytes, what: str) -> None:
 
 def assert_swap_error(exc: BaseException | None, cls: type, path: str | None, what: str) -> None:
     """``exc`` is an instance of ``cls`` (and of HostOffloadError), and its message names the path."""
-    from reference.errors import HostOffloadError
+    from reference.contract.errors import HostOffloadError
 
     if exc is None:
         raise AssertionError(f"{what}: no error raised, expected {cls.__name__}")

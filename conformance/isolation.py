@@ -14,7 +14,7 @@ are sent back and replayed here as if the test had run in this process. Two ways
 Which tests are isolated (``--conformance-isolation``):
 
 - ``auto`` (default): tests marked ``isolated`` (probes that may fault by design, e.g. use-after-unpin reads), and
-  every test of an implementation whose :class:`~reference.capabilities.Capabilities` keep ``crash_isolation``
+  every test of an implementation whose :class:`~reference.contract.capabilities.Capabilities` keep ``crash_isolation``
   (the default: third-party code is isolated unless it opts out), except tests marked ``runs_in_subprocesses``
   (their implementation code already runs in processes of their own, e.g. the engine's rank pool).
 - ``all``: every test that takes ``impl``. ``off``: none (a crash then ends the run, as plain pytest would).
@@ -35,8 +35,10 @@ from typing import Any
 
 import pytest
 
+from reference.contract import envvars
+
 #: Set in the child: its reports go to this file, and nothing is isolated again.
-CHILD_REPORTS_ENV = "HOSTOFFLOAD_ISOLATED_REPORTS"
+CHILD_REPORTS_ENV = envvars.ISOLATED_REPORTS_ENV
 #: How many of the child's last output lines a crash report quotes.
 TAIL_LINES = 30
 #: Seconds an isolated test may run before the child is killed and the test failed.

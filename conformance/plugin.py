@@ -7,7 +7,7 @@ profile, and writes the report.
 
 Suite modules declare their area with ``pytestmark = pytest.mark.conformance_area("pinning")``. A test asks for:
 
-- ``impl``: an :class:`~reference.implementation.Implementation`; skipped (with the reason) where the
+- ``impl``: an :class:`~reference.contract.implementation.Implementation`; skipped (with the reason) where the
   implementation does not provide the module's area, so a partial implementation is never failed for what it
   does not claim.
 - ``area_api`` / ``reference_api``: the implementation's module for the area, and the reference's (the oracle).
@@ -30,9 +30,10 @@ import pytest
 from conformance import discovery, profiles
 from conformance.accumulation_engines import native_pinning  # noqa: F401 (a fixture the engine tests share)
 from conformance.report import ReportCollector, build_report, check_report_dir, totals_line, write_report
-from reference.accelerators import ACCELERATOR_ENV, Accelerator
-from reference.errors import ConfigurationError
-from reference.implementation import Implementation
+from reference.contract.accelerators import Accelerator
+from reference.contract.envvars import ACCELERATOR_ENV
+from reference.contract.errors import ConfigurationError
+from reference.contract.implementation import Implementation
 
 _COLLECTOR_KEY = pytest.StashKey[ReportCollector]()
 _SELECTION_KEY = pytest.StashKey[dict[str, Any]]()
@@ -147,7 +148,7 @@ def print_discovered(config: pytest.Config) -> None:
         areas = ", ".join(f"{a}{'' if impl.provides(a) else ' (declared, missing)'}" for a in impl.areas)
         print(f"  {impl.name} {impl.version}: areas {areas}; capabilities {impl.capabilities.summary()}")
     print("accelerators (hostoffload.accelerators):")
-    from reference.accelerators import discover_accelerators
+    from reference.contract.accelerators import discover_accelerators
 
     for acc in discover_accelerators().values():
         print(f"  {acc.name}: {acc.describe()}")

@@ -22,7 +22,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-PROFILE_ENV = "HOSTOFFLOAD_HYPOTHESIS_PROFILE"
+from reference.contract import envvars
+
+PROFILE_ENV = envvars.HYPOTHESIS_PROFILE_ENV
 PROFILES: tuple[str, ...] = ("dev", "ci", "conformance", "gpu", "thorough")
 #: Prefix of the names the profiles are registered under with hypothesis.
 HYPOTHESIS_PREFIX = "hostoffload-"
@@ -74,7 +76,7 @@ def choose_profile(option: str | None) -> str:
     """The profile this run uses: the option, else ``$HOSTOFFLOAD_HYPOTHESIS_PROFILE``, else by ``$CI``."""
     name = option or os.environ.get(PROFILE_ENV) or ("ci" if os.environ.get("CI") else "dev")
     if name not in PROFILES:
-        from reference.errors import allowed_values_error
+        from reference.contract.errors import allowed_values_error
 
         source = "--conformance-profile" if option else PROFILE_ENV
         raise allowed_values_error(source, name, PROFILES)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from reference.errors import HostOffloadError
+from reference.contract.errors import HostOffloadError
 
 __all__ = ["RankFailure", "WorkerPool", "WorkerTimeoutError", "get_pool", "shutdown_pools"]
 

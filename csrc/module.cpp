@@ -4,8 +4,8 @@
 // dlpack_export, cuda_loader, slab_arena). The module never links against CUDA or torch, so it imports on any
 // machine; device entry points are resolved at run time.
 //
-// Errors are raised as the shared classes of reference.errors (looked up once, at import), so callers catch the
-// same types whichever implementation is underneath.
+// Errors are raised as the shared classes of reference.contract.errors (looked up once, at import), so callers catch
+// the same types whichever implementation is underneath.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -35,7 +35,7 @@ PyObject* g_pinned_range = nullptr;
 
 PyObject* pinned_range_type() {
     if (g_pinned_range == nullptr) {
-        py::object cls = py::module_::import("reference.ranges").attr("PinnedRange");  // NOLINT
+        py::object cls = py::module_::import("reference.contract.pinned_range").attr("PinnedRange");  // NOLINT
         g_pinned_range = cls.release().ptr();
     }
     return g_pinned_range;
@@ -329,7 +329,7 @@ PYBIND11_MODULE(_native, m) {
     m.doc() = "hostoffload native layer: pinned host memory and the process-wide pinned-range registry";
     m.attr("ABI_VERSION") = 2;
 
-    py::module_ errors = py::module_::import("reference.errors");
+    py::module_ errors = py::module_::import("reference.contract.errors");
     g_configuration_error = py::object(errors.attr("ConfigurationError")).release().ptr();
     g_lock_error = py::object(errors.attr("PinnedMemoryLockError")).release().ptr();
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from optimized.errors import *  # noqa: F403  (the error classes, for `except optimized.ConfigurationError`)
 from optimized.errors import __all__ as _errors_all
 from optimized.pinning import PinnedStats, is_pinned, pin_empty, pin_empty_like, pin_memory, pinned_stats, unpin
-from reference.capabilities import Capabilities
-from reference.implementation import Implementation
+from reference.contract.capabilities import Capabilities
+from reference.contract.implementation import Implementation
 
 __version__ = "0.1.0"
 

@@ -1,20 +1,20 @@
 """The error classes of hostoffload, importable from the implementation a user imports.
 
-They are the shared contract's classes (:mod:`reference.errors`, :mod:`reference.io.errors`), not copies: an
-``except optimized.ConfigurationError`` catches what either implementation raises, and the conformance suite
-checks both against the same classes.
+They are the shared contract's classes (:mod:`reference.contract.errors`, :mod:`reference.contract.io_errors`),
+not copies: an ``except optimized.ConfigurationError`` catches what either implementation raises, and the
+conformance suite checks both against the same classes.
 """
 
 from __future__ import annotations
 
-from reference.errors import (
+from reference.contract.errors import (
     ConfigurationError,
     HostOffloadError,
     PinnedMemoryLockError,
     UnknownPluginError,
     UnsupportedOperationError,
 )
-from reference.io.errors import (
+from reference.contract.io_errors import (
     DtypeMismatchError,
     HandleClosedError,
     IncompleteRecordError,

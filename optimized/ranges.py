@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from optimized import _native
-from reference.ranges import PinnedRange
+from reference.contract.pinned_range import PinnedRange
 
 __all__ = [
     "PinnedRange",

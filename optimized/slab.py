@@ -41,10 +41,10 @@ import torch
 
 from optimized import _native
 from optimized.pinning import native_backend
-from reference import envvars
-from reference.accelerators import Accelerator, get_accelerator
-from reference.errors import ConfigurationError, UnsupportedOperationError
-from reference.pinning.tensors import check_dtype, check_tensor, normalize_shape
+from reference.contract import envvars
+from reference.contract.accelerators import Accelerator, get_accelerator
+from reference.contract.errors import ConfigurationError, UnsupportedOperationError
+from reference.contract.pinning_arguments import check_dtype, check_tensor, normalize_shape
 
 __all__ = ["DEFAULT_ALIGNMENT", "PinnedSlab", "SlabStats"]
 
@@ -81,7 +81,7 @@ class PinnedSlab:
     """One pinned allocation of ``nbytes`` (page-rounded) with sub-allocation.
 
     ``register``: register with the accelerator (default: ``HOSTOFFLOAD_PIN_REGISTER_DEVICE``, on).
-    ``accelerator``: an :class:`~reference.accelerators.Accelerator` or its name (default: the current one).
+    ``accelerator``: an :class:`~reference.contract.accelerators.Accelerator` or its name (default: the current one).
     ``alignment``: default alignment of pieces (power of two).
     """
 

@@ -17,19 +17,11 @@ from __future__ import annotations
 
 import bisect
 import threading
-from typing import NamedTuple
 
 import torch
 
-from reference.errors import ConfigurationError
-
-
-class PinnedRange(NamedTuple):
-    """One registered range: its first byte, its length, and an opaque owner token (an int)."""
-
-    start: int
-    nbytes: int
-    owner: int
+from reference.contract.errors import ConfigurationError
+from reference.contract.pinned_range import PinnedRange
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:

@@ -14,8 +14,8 @@ import sys
 import pytest
 
 from conformance.selftest.runner import run_pytest, run_python, source_root
-from reference.accelerators import Accelerator, default_accelerator
-from reference.accelerators.cpu import CpuAccelerator
+from reference.contract.accelerators import Accelerator, default_accelerator
+from reference.contract.accelerators.cpu import CpuAccelerator
 
 pytestmark = pytest.mark.conformance_area("harness")
 
@@ -70,7 +70,7 @@ def test_example_accelerator_is_never_the_default(example_env, tmp_path):
     """Installing the example changes no program's default accelerator, yet it is there to be named."""
     code = (
         "import json, os; os.environ.pop('HOSTOFFLOAD_ACCELERATOR', None);"
-        "from reference.accelerators import discover_accelerators, get_accelerator;"
+        "from reference.contract.accelerators import discover_accelerators, get_accelerator;"
         "print(json.dumps([sorted(discover_accelerators()), get_accelerator().name]))"
     )
     without = run_python(code, cwd=tmp_path)

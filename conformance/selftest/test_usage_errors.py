@@ -15,7 +15,7 @@ from conformance.selftest.runner import run_pytest
 pytestmark = pytest.mark.conformance_area("harness")
 
 _ABSENT_ACCELERATOR = '''
-from reference.accelerators.cpu import CpuAccelerator
+from reference.contract.accelerators.cpu import CpuAccelerator
 
 class AbsentAccelerator(CpuAccelerator):
     """A device this machine never has."""

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from conformance.observation import Observation, RegistrationWatch
-from reference.envvars import PIN_BACKEND_ENV, PIN_BACKENDS, REGISTER_DEVICE_ENV
+from reference.contract.envvars import PIN_BACKEND_ENV, PIN_BACKENDS, REGISTER_DEVICE_ENV
 
 
 @pytest.fixture(params=PIN_BACKENDS, ids=[f"backend={b}" for b in PIN_BACKENDS])

@@ -14,8 +14,8 @@ import mmap
 import pytest
 import torch
 
-from reference.accelerators import Accelerator, discover_accelerators, get_accelerator
-from reference.errors import ConfigurationError
+from reference.contract.accelerators import Accelerator, discover_accelerators, get_accelerator
+from reference.contract.errors import ConfigurationError
 
 pytestmark = pytest.mark.conformance_area("accelerator")
 

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given
 
 from conformance.accumulation_strategies import accumulation_configs
-from reference.errors import ConfigurationError
+from reference.contract.errors import ConfigurationError
 
 pytestmark = pytest.mark.conformance_area("accumulation")
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from reference.errors import ConfigurationError
+from reference.contract.errors import ConfigurationError
 
 pytestmark = pytest.mark.conformance_area("accumulation")
 

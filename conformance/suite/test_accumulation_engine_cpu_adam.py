@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from conformance.accumulation_assertions import assert_tensor_equal
 from conformance.accumulation_strategies import optimizer_configs
-from reference.errors import ConfigurationError
+from reference.contract.errors import ConfigurationError
 
 pytestmark = pytest.mark.conformance_area("accumulation")
 

@@ -22,7 +22,7 @@ from conformance.accumulation_engines import (
     pinned_stats_of,
 )
 from reference.accumulation import AccumulationConfig, ModelSpec, Scenario, compute_loss, micro_batch
-from reference.errors import ConfigurationError, UnsupportedOperationError
+from reference.contract.errors import ConfigurationError, UnsupportedOperationError
 
 pytestmark = [pytest.mark.conformance_area("accumulation"), REQUIRES_ENGINE, IN_RANK_PROCESSES]
 

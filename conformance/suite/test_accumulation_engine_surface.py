@@ -17,7 +17,7 @@ import torch
 
 from conformance.accumulation_engines import REQUIRES_ENGINE, engine_api
 from reference.accumulation import ModelSpec, compute_loss
-from reference.errors import ConfigurationError, UnsupportedOperationError
+from reference.contract.errors import ConfigurationError, UnsupportedOperationError
 
 pytestmark = [pytest.mark.conformance_area("accumulation"), REQUIRES_ENGINE, pytest.mark.runs_in_subprocesses]
 

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance.accumulation_assertions import assert_tensor_equal
-from reference.errors import ConfigurationError
+from reference.contract.errors import ConfigurationError
 
 pytestmark = pytest.mark.conformance_area("accumulation")
 

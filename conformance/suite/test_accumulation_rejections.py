@@ -15,7 +15,7 @@ import torch
 
 from conformance.accumulation_assertions import assert_boundaries_match
 from reference.accumulation import Scenario, scenario_calls
-from reference.errors import ConfigurationError, UnsupportedOperationError
+from reference.contract.errors import ConfigurationError, UnsupportedOperationError
 
 pytestmark = pytest.mark.conformance_area("accumulation")
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from conformance.io_assertions import assert_decision, assert_round_trip, expected_direct
 from conformance.strategies import DTYPES, filled
-from reference.envvars import PIN_BACKEND_ENV
+from reference.contract.envvars import PIN_BACKEND_ENV
 
 pytestmark = pytest.mark.conformance_area("io")
 

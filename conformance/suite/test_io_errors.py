@@ -21,8 +21,8 @@ import torch
 
 from conformance.io_assertions import assert_round_trip, assert_swap_error
 from conformance.io_strategies import BAD_KNOBS
-from reference.envvars import PIN_BACKEND_ENV, REGISTER_DEVICE_ENV
-from reference.errors import ConfigurationError, HostOffloadError, UnsupportedOperationError
+from reference.contract.envvars import PIN_BACKEND_ENV, REGISTER_DEVICE_ENV
+from reference.contract.errors import ConfigurationError, HostOffloadError, UnsupportedOperationError
 
 pytestmark = pytest.mark.conformance_area("io")
 

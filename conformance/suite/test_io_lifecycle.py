@@ -24,7 +24,7 @@ from conformance.io_assertions import (
     assert_stats_consistent,
     thread_baseline,
 )
-from reference.envvars import PIN_BACKEND_ENV
+from reference.contract.envvars import PIN_BACKEND_ENV
 
 pytestmark = pytest.mark.conformance_area("io")
 

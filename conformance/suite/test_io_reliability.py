@@ -23,7 +23,7 @@ import time
 import pytest
 import torch
 
-from reference.errors import ConfigurationError
+from reference.contract.errors import ConfigurationError
 
 pytestmark = pytest.mark.conformance_area("io")
 

@@ -23,7 +23,7 @@ from conformance.io_assertions import (
     raw_bytes,
 )
 from conformance.io_strategies import DEST_KINDS, SOURCE_KINDS, handle_configs, offsets, swap_tensors, tensor_specs
-from reference.envvars import PIN_BACKEND_ENV
+from reference.contract.envvars import PIN_BACKEND_ENV
 
 pytestmark = pytest.mark.conformance_area("io")
 

@@ -28,7 +28,7 @@ from conformance.io_strategies import handle_configs
 from conformance.profiles import state_machine_settings
 from conformance.stateful import rule_failed
 from conformance.strategies import DTYPES, filled
-from reference.envvars import PIN_BACKEND_ENV
+from reference.contract.envvars import PIN_BACKEND_ENV
 
 pytestmark = pytest.mark.conformance_area("io")
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from conformance.chaos import ChaosAccelerator, ChaosSchedule
 from conformance.offload_assertions import assert_nothing_held, assert_results_bitwise_equal
 from conformance.offload_strategies import build_stack, make_input, offload_knobs, run_step, stack_specs
-from reference.accelerators import ACCELERATOR_ENV
+from reference.contract.envvars import ACCELERATOR_ENV
 
 pytestmark = pytest.mark.conformance_area("offload")
 
@@ -261,8 +261,8 @@ def test_O7_block_reuse_waits_for_reads(streamed_api, stall):
 def test_chaos_accelerator_is_never_a_default(monkeypatch):
     """The chaos accelerator exists only inside these tests: no entry point names it, so neither discovery nor
     ``HOSTOFFLOAD_ACCELERATOR`` can pick it, and it honours the accelerator contract's identity members."""
-    from reference.accelerators import discover_accelerators, get_accelerator
-    from reference.errors import UnknownPluginError
+    from reference.contract.accelerators import discover_accelerators, get_accelerator
+    from reference.contract.errors import UnknownPluginError
 
     assert ChaosAccelerator.name not in discover_accelerators()
     monkeypatch.delenv(ACCELERATOR_ENV, raising=False)

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from conformance.assertions import assert_bitwise_equal, assert_names_argument, assert_pinned
 from conformance.strategies import dtypes, filled, host_tensors, shapes, views_of
-from reference.errors import ConfigurationError
+from reference.contract.errors import ConfigurationError
 
 pytestmark = pytest.mark.conformance_area("pinning")
 

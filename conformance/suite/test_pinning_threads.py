@@ -127,7 +127,7 @@ def _snapshot(api, registry) -> tuple:
 def test_eight_threads_pin_view_lookup_unpin_drop(impl, area_api, accelerator, conformance_property, seed):
     import os
 
-    from reference.envvars import PIN_BACKEND_ENV
+    from reference.contract.envvars import PIN_BACKEND_ENV
 
     old = os.environ.get(PIN_BACKEND_ENV)
     os.environ[PIN_BACKEND_ENV] = "native"
@@ -168,7 +168,7 @@ def test_lookups_never_miss_while_other_threads_churn(impl, area_api, accelerato
     remove neighbouring ranges (a torn or half-published registry would make a probe miss)."""
     import os
 
-    from reference.envvars import PIN_BACKEND_ENV
+    from reference.contract.envvars import PIN_BACKEND_ENV
 
     old = os.environ.get(PIN_BACKEND_ENV)
     os.environ[PIN_BACKEND_ENV] = "native"
@@ -223,7 +223,7 @@ def test_slab_pieces_under_contention(impl, area_api, accelerator):
     module = impl.capabilities.pinned_slab
     import importlib
 
-    from reference.errors import ConfigurationError
+    from reference.contract.errors import ConfigurationError
 
     slab_cls = importlib.import_module(module).PinnedSlab
     gc.collect()

@@ -31,7 +31,7 @@ from reference.accumulation.scenario import (
     micro_batch,
     scenario_calls,
 )
-from reference.errors import CheckpointError, ConfigurationError, UnsupportedOperationError
+from reference.contract.errors import CheckpointError, ConfigurationError, UnsupportedOperationError
 
 #: Names that moved to the conformance harness (the multi-process runner is test machinery); still importable from
 #: here, resolved on first use so that importing the engine does not import the harness.

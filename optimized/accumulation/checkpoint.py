@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from reference.errors import CheckpointError, ConfigurationError
+from reference.contract.errors import CheckpointError, ConfigurationError
 
 __all__ = [
     "FORMAT",

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from reference.errors import HostOffloadError
+from reference.contract.errors import HostOffloadError
 
 # torch >= 2.13 renames all_gather_into_tensor (and warns on the old name); 2.4-2.12 only have the old one.
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

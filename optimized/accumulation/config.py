@@ -7,7 +7,7 @@ accepts by using the same class rather than a copy that could drift.
 
 from __future__ import annotations
 
-from reference.accumulation.config import (
+from reference.contract.accumulation_config import (
     CONFIG_KEYS,
     DTYPES,
     OFFLOAD_DEVICES,

@@ -65,11 +65,11 @@ from optimized.accumulation.optimizers import step_master, uses_native
 from optimized.accumulation.partition import FlatLayout, build_layout, owners, unflatten
 from optimized.accumulation.swap import StateSwapper
 from optimized.pinning import pin_empty, unpin
-from reference.accumulation.config import AccumulationConfig
 from reference.accumulation.engine import CLIP_EPSILON, StepOutcome, tensors_in
 from reference.accumulation.optimizers import OptimizerState
 from reference.accumulation.schedule import AccumulationSchedule, ScheduledEngine
-from reference.errors import CheckpointError, ConfigurationError, UnsupportedOperationError
+from reference.contract.accumulation_config import AccumulationConfig
+from reference.contract.errors import CheckpointError, ConfigurationError, UnsupportedOperationError
 
 __all__ = ["DEFAULT_BUCKET_ELEMENTS", "StepOutcome", "ZeroEngine"]
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from reference.accumulation.config import OptimizerConfig
-from reference.errors import UnsupportedOperationError
+from reference.contract.accumulation_config import OptimizerConfig
+from reference.contract.errors import UnsupportedOperationError
 
 __all__ = ["EngineOptimizer"]
 

@@ -19,8 +19,8 @@ import math
 import torch
 
 from optimized import cpu_adam
-from reference.accumulation.config import OptimizerConfig
 from reference.accumulation.optimizers import OptimizerState, correctly_rounded_sqrt, init_state
+from reference.contract.accumulation_config import OptimizerConfig
 
 __all__ = ["CHUNK_ELEMENTS", "OptimizerState", "init_state", "step_master", "torch_step", "uses_native"]
 

@@ -28,7 +28,8 @@ import torch
 from optimized.io import SwapHandle, SwapRequest
 from optimized.pinning import pin_empty, unpin
 from reference.accumulation.swap import open_swap_directory, state_file
-from reference.io import SwapConfig, SwapStats
+from reference.contract.io_config import SwapConfig
+from reference.contract.io_stats import SwapStats
 
 __all__ = ["StateSwapper"]
 

@@ -8,9 +8,11 @@ imported from there, so they cannot drift); see :mod:`optimized.io.handle` for h
 from __future__ import annotations
 
 from optimized.io.handle import SwapHandle, SwapRequest
-from reference.io import (
+from reference.contract.io_config import (
     DIRECT_ALIGNMENT,
-    HEADER_SIZE,
+    SwapConfig,
+)
+from reference.contract.io_errors import (
     DtypeMismatchError,
     HandleClosedError,
     IncompleteRecordError,
@@ -18,15 +20,17 @@ from reference.io import (
     RecordFormatError,
     ShortFileError,
     SizeMismatchError,
-    SwapConfig,
     SwapError,
     SwapFileNotFoundError,
     SwapIOError,
     SwapNoSpaceError,
-    SwapStats,
+)
+from reference.contract.io_record import (
+    HEADER_SIZE,
     record_nbytes,
     record_span,
 )
+from reference.contract.io_stats import SwapStats
 
 __all__ = [
     "DIRECT_ALIGNMENT",

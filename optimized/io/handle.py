@@ -40,19 +40,21 @@ import torch
 
 from optimized.io.pool import BouncePool
 from optimized.ranges import global_registry, tensor_extent
-from reference.errors import HostOffloadError
-from reference.io import record
-from reference.io.config import DIRECT_ALIGNMENT, SwapConfig, SwapStats
-from reference.io.errors import HandleClosedError, ShortFileError, SwapError, chain, os_error
-from reference.io.temporaries import sweep_stale_temporaries
-from reference.io.transfer import (
+from reference.contract import io_record as record
+from reference.contract.errors import HostOffloadError
+from reference.contract.io_config import DIRECT_ALIGNMENT, SwapConfig
+from reference.contract.io_errors import HandleClosedError, ShortFileError, SwapError, chain, os_error
+from reference.contract.io_stats import SwapStats
+from reference.contract.io_temporaries import sweep_stale_temporaries, temporary_name
+from reference.contract.io_transfer import (
+    check_request,
+    is_direct,
+    tensor_nbytes,
+)
+from reference.io.staging import (
     Staging,
     byte_view,
-    check_request,
     flat_bytes,
-    is_direct,
-    temporary_name,
-    tensor_nbytes,
 )
 
 _O_DIRECT = getattr(os, "O_DIRECT", 0)

@@ -15,10 +15,10 @@ import threading
 import torch
 
 from optimized.pinning import native_backend
-from reference import envvars
-from reference.accelerators import get_accelerator
-from reference.errors import PinnedMemoryLockError
-from reference.io.config import DIRECT_ALIGNMENT
+from reference.contract import envvars
+from reference.contract.accelerators import get_accelerator
+from reference.contract.errors import PinnedMemoryLockError
+from reference.contract.io_config import DIRECT_ALIGNMENT
 
 
 class BouncePool:

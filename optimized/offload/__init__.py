@@ -12,7 +12,7 @@ from optimized.offload.config import MODE_ALL, MODE_CHECKPOINT_INPUTS, MODES, Of
 from optimized.offload.hf import MissingDependencyError
 from optimized.offload.hooks import ActivationOffload, active_managers, current_manager
 from optimized.offload.stats import OffloadStats
-from reference.errors import ConfigurationError, UnsupportedOperationError
+from reference.contract.errors import ConfigurationError, UnsupportedOperationError
 from reference.offload.checkpoint import build_checkpoint
 from reference.offload.selection import mark_checkpoint_input
 

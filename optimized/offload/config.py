@@ -3,7 +3,7 @@
 Both implementations must accept and reject exactly the same knobs, so there is one class, not a copy.
 """
 
-from reference.offload.config import (
+from reference.contract.offload_config import (
     MAX_BYTES,
     MAX_COUNT,
     MODE_ALL,

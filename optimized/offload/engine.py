@@ -31,11 +31,11 @@ from typing import Any
 import torch
 
 from optimized.offload.pool import PinnedPool
-from reference.accelerators import Accelerator
-from reference.offload.config import OffloadConfig
+from reference.contract.accelerators import Accelerator
+from reference.contract.offload_config import OffloadConfig
+from reference.contract.offload_stats import OffloadStats
 from reference.offload.engine import ON_HOST, RELEASED, EngineBase, Record
 from reference.offload.layout import flat_source, rebuild
-from reference.offload.stats import OffloadStats
 
 # Per record, how many "last read" events to keep for pool reuse (one per restore; more only with
 # retain_graph).

@@ -88,7 +88,7 @@ class SlabSource:
 def default_source() -> HostBlockSource:
     """The native slab where the accelerator can use registered host memory (that is where pinning pays),
     otherwise the pinning API (on a CPU-only machine it does not lock memory, so no RLIMIT_MEMLOCK applies)."""
-    from reference.accelerators import get_accelerator
+    from reference.contract.accelerators import get_accelerator
 
     if get_accelerator().supports_host_registration:
         return SlabSource()

@@ -1,6 +1,6 @@
 """Offload stats: the reference's snapshot and recorder classes (one definition keeps the fields
 identical)."""
 
-from reference.offload.stats import OffloadStats, StatsRecorder
+from reference.contract.offload_stats import OffloadStats, StatsRecorder
 
 __all__ = ["OffloadStats", "StatsRecorder"]

@@ -23,11 +23,12 @@ import torch
 from optimized import _native
 from optimized.pinning import native_backend
 from optimized.ranges import tensor_extent
-from reference import envvars
-from reference.accelerators import ACCELERATOR_ENV, Accelerator, get_accelerator
+from reference.contract import envvars
+from reference.contract.accelerators import Accelerator, get_accelerator
+from reference.contract.envvars import ACCELERATOR_ENV
+from reference.contract.pinning_arguments import check_tensor, is_data_less
+from reference.contract.pinning_stats import PinnedStats
 from reference.pinning import empty_pinned, empty_pinned_like, move_to_pinned, torch_backend
-from reference.pinning.native_backend import PinnedStats
-from reference.pinning.tensors import check_tensor, is_data_less
 
 __all__ = [
     "PinnedStats",

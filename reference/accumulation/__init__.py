@@ -8,7 +8,6 @@ the suite builds and compares, and the error classes its rejections raise.
 from __future__ import annotations
 
 from reference.accumulation.collectives import average_across_ranks
-from reference.accumulation.config import CONFIG_KEYS, DTYPES, AccumulationConfig, OptimizerConfig
 from reference.accumulation.engine import CLIP_EPSILON, AccumulationEngine, StepOutcome, global_grad_norm
 from reference.accumulation.optimizers import OptimizerState, init_state, optimizer_step
 from reference.accumulation.partition import (
@@ -45,7 +44,8 @@ from reference.accumulation.scenario import (
     run_scenario,
     scenario_calls,
 )
-from reference.errors import ConfigurationError, UnsupportedOperationError
+from reference.contract.accumulation_config import CONFIG_KEYS, DTYPES, AccumulationConfig, OptimizerConfig
+from reference.contract.errors import ConfigurationError, UnsupportedOperationError
 
 __all__ = [
     "CLIP_EPSILON",

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from reference.errors import ConfigurationError
+from reference.contract.errors import ConfigurationError
 
 
 def average_across_ranks(contributions: Sequence[torch.Tensor], order: Sequence[int] | None = None) -> torch.Tensor:

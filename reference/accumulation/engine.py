@@ -26,12 +26,12 @@ import torch
 from torch import nn
 
 from reference.accumulation.collectives import average_across_ranks
-from reference.accumulation.config import AccumulationConfig
 from reference.accumulation.optimizers import OptimizerState, init_state, optimizer_step
 from reference.accumulation.partition import FlatLayout, build_layout, flatten, gather, shard, unflatten
 from reference.accumulation.schedule import AccumulationSchedule, ScheduledEngine
 from reference.accumulation.swap import OptimizerStateSwap
-from reference.errors import ConfigurationError, UnsupportedOperationError
+from reference.contract.accumulation_config import AccumulationConfig
+from reference.contract.errors import ConfigurationError, UnsupportedOperationError
 
 #: Added to the norm in the clipping coefficient (R15) so a zero gradient never divides by zero.
 CLIP_EPSILON = 1e-6

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from reference.accumulation.config import OptimizerConfig
+from reference.contract.accumulation_config import OptimizerConfig
 
 
 @dataclass

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reference.errors import ConfigurationError
+from reference.contract.errors import ConfigurationError
 
 #: Alignment of every parameter's start offset and of each rank's partition, in elements. Four elements keep
 #: fp32 partitions 16-byte aligned, which is what vectorised host optimizers (issue 6's CPU Adam) load.

@@ -24,9 +24,9 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from reference.accumulation.config import AccumulationConfig
 from reference.accumulation.engine import AccumulationEngine
-from reference.errors import ConfigurationError
+from reference.contract.accumulation_config import AccumulationConfig
+from reference.contract.errors import ConfigurationError
 
 # ---- the model ---------------------------------------------------------------------------------------------
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from reference.accumulation.config import AccumulationConfig
-from reference.errors import ConfigurationError, UnsupportedOperationError
+from reference.contract.accumulation_config import AccumulationConfig
+from reference.contract.errors import ConfigurationError, UnsupportedOperationError
 
 
 class AccumulationSchedule:

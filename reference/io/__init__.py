@@ -2,9 +2,11 @@
 
 A :class:`SwapHandle` writes tensors to files as self-describing records and reads them back, using a
 caller's tensor directly when its whole extent is registered pinned memory and a bounce buffer otherwise. The
-config (:mod:`reference.io.config`), the errors (:mod:`reference.io.errors`), the record format
-(:mod:`reference.io.record`) and the direct-versus-bounce rule (:mod:`reference.io.transfer`) are the area's
-shared contract: every implementation imports them from here.
+config (:mod:`reference.contract.io_config`), the stats (:mod:`reference.contract.io_stats`), the errors
+(:mod:`reference.contract.io_errors`), the record format (:mod:`reference.contract.io_record`), the temporaries
+(:mod:`reference.contract.io_temporaries`) and the direct-versus-bounce rule (:mod:`reference.contract.io_transfer`)
+are the area's shared contract: every implementation imports them from :mod:`reference.contract`; this package
+re-exports the public ones so that ``reference.io`` and ``optimized.io`` offer the same names.
 
 Usage::
 
@@ -17,8 +19,8 @@ Usage::
 
 from __future__ import annotations
 
-from reference.io.config import DIRECT_ALIGNMENT, SwapConfig, SwapStats
-from reference.io.errors import (
+from reference.contract.io_config import DIRECT_ALIGNMENT, SwapConfig
+from reference.contract.io_errors import (
     DtypeMismatchError,
     HandleClosedError,
     IncompleteRecordError,
@@ -31,8 +33,9 @@ from reference.io.errors import (
     SwapIOError,
     SwapNoSpaceError,
 )
+from reference.contract.io_record import HEADER_SIZE, record_nbytes, record_span
+from reference.contract.io_stats import SwapStats
 from reference.io.handle import SwapHandle, SwapRequest
-from reference.io.record import HEADER_SIZE, record_nbytes, record_span
 
 __all__ = [
     "DIRECT_ALIGNMENT",

@@ -2,10 +2,10 @@
 objects.
 
 It is the executable specification of the area: the same arguments, the same on-disk records
-(:mod:`reference.io.record`), the same direct-versus-bounce rule (:mod:`reference.io.transfer`) and the same errors
-(raised by ``wait()``, never by ``write``/``read`` themselves, exactly where an asynchronous handle raises them)
-as :mod:`optimized.io`, with none of the speed: one bounce buffer, no threads, no ``O_DIRECT``. It may be called
-from several threads; their requests run one at a time.
+(:mod:`reference.contract.io_record`), the same direct-versus-bounce rule (:mod:`reference.contract.io_transfer`)
+and the same errors (raised by ``wait()``, never by ``write``/``read`` themselves, exactly where an asynchronous
+handle raises them) as :mod:`optimized.io`, with none of the speed: one bounce buffer, no threads, no
+``O_DIRECT``. It may be called from several threads; their requests run one at a time.
 
 Semantics both implementations follow:
 
@@ -14,12 +14,12 @@ Semantics both implementations follow:
   when the whole record is written, so a failed write leaves no file at ``path``. An existing file is updated
   in place: the record's header is first marked ``WRITING``, then the payload is written, then the header is
   marked complete, so a write that fails half way leaves a record that reads as
-  :class:`~reference.io.errors.IncompleteRecordError`, never as data.
+  :class:`~reference.contract.io_errors.IncompleteRecordError`, never as data.
 - ``read(tensor, path, offset=0)`` fills ``tensor`` from the record at ``offset`` after checking that it is a
   complete record of the same dtype and byte count. On failure the tensor's contents are unspecified.
 - Requests on the same path take effect in submission order; the tensor of a pending request must not be
   touched by the caller until the request is waited on.
-- Bad arguments raise :class:`~reference.errors.ConfigurationError` at once; everything else is stored on the
+- Bad arguments raise :class:`~reference.contract.errors.ConfigurationError` at once; everything else is stored on the
   request and raised by ``request.wait()`` / ``handle.wait()``.
 """
 
@@ -30,22 +30,24 @@ import threading
 
 import torch
 
-from reference import envvars
-from reference.accelerators import get_accelerator
-from reference.errors import HostOffloadError, PinnedMemoryLockError
-from reference.io import record
-from reference.io.config import SwapConfig, SwapStats
-from reference.io.errors import HandleClosedError, ShortFileError, SwapError, chain, os_error
-from reference.io.temporaries import sweep_stale_temporaries
-from reference.io.transfer import (
+from reference.contract import envvars
+from reference.contract import io_record as record
+from reference.contract.accelerators import get_accelerator
+from reference.contract.errors import HostOffloadError, PinnedMemoryLockError
+from reference.contract.io_config import SwapConfig
+from reference.contract.io_errors import HandleClosedError, ShortFileError, SwapError, chain, os_error
+from reference.contract.io_stats import SwapStats
+from reference.contract.io_temporaries import sweep_stale_temporaries, temporary_name
+from reference.contract.io_transfer import (
+    check_request,
+    is_direct,
+    tensor_nbytes,
+)
+from reference.io.staging import (
     Staging,
     blocks,
     byte_view,
-    check_request,
     flat_bytes,
-    is_direct,
-    temporary_name,
-    tensor_nbytes,
 )
 from reference.pinning import native_backend
 from reference.ranges import global_registry, tensor_extent

@@ -15,13 +15,13 @@ suite compares the optimized implementation against.
 
 from __future__ import annotations
 
-from reference.errors import ConfigurationError, UnsupportedOperationError
+from reference.contract.errors import ConfigurationError, UnsupportedOperationError
+from reference.contract.offload_config import MODE_ALL, MODE_CHECKPOINT_INPUTS, MODES, OffloadConfig
+from reference.contract.offload_stats import OffloadStats
 from reference.offload.checkpoint import build_checkpoint, checkpoint
-from reference.offload.config import MODE_ALL, MODE_CHECKPOINT_INPUTS, MODES, OffloadConfig
 from reference.offload.hf import MissingDependencyError
 from reference.offload.hooks import ActivationOffload, active_managers, current_manager
 from reference.offload.selection import mark_checkpoint_input
-from reference.offload.stats import OffloadStats
 
 IMPLEMENTATION_NAME = "reference"
 

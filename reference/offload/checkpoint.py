@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.utils.checkpoint as torch_checkpoint
 
-from reference.errors import ConfigurationError
+from reference.contract.errors import ConfigurationError
 from reference.offload.engine import EngineBase
 from reference.offload.hooks import ActivationOffload, current_manager
 from reference.offload.selection import mark_checkpoint_input

@@ -30,15 +30,15 @@ from typing import Any
 
 import torch
 
-from reference.accelerators import Accelerator
-from reference.offload.config import MODE_CHECKPOINT_INPUTS, OffloadConfig
+from reference.contract.accelerators import Accelerator
+from reference.contract.offload_config import MODE_CHECKPOINT_INPUTS, OffloadConfig
+from reference.contract.offload_stats import OffloadStats, StatsRecorder
 from reference.offload.layout import StorageSpan, flat_source, rebuild, span_of
 from reference.offload.selection import (
     is_marked_checkpoint_input,
     never_offload_reason,
     saved_by_torch_checkpoint,
 )
-from reference.offload.stats import OffloadStats, StatsRecorder
 
 ON_DEVICE = "device"
 ON_HOST = "host"

@@ -19,7 +19,7 @@ import functools
 import threading
 from typing import Any
 
-from reference.errors import UnsupportedOperationError
+from reference.contract.errors import UnsupportedOperationError
 from reference.offload.selection import mark_checkpoint_input
 
 _MISSING = object()

@@ -18,11 +18,11 @@ from typing import Any
 
 import torch
 
-from reference.accelerators import Accelerator, get_accelerator
-from reference.errors import ConfigurationError, UnsupportedOperationError
-from reference.offload.config import OffloadConfig
+from reference.contract.accelerators import Accelerator, get_accelerator
+from reference.contract.errors import ConfigurationError, UnsupportedOperationError
+from reference.contract.offload_config import OffloadConfig
+from reference.contract.offload_stats import OffloadStats
 from reference.offload.engine import EngineBase, ReferenceEngine
-from reference.offload.stats import OffloadStats
 
 _active = threading.local()
 
@@ -52,7 +52,7 @@ class ActivationOffload:
     """Offload saved activations to host memory during forward and bring them back in backward.
 
     ``ActivationOffload(config=None, *, accelerator=None, **knobs)``: ``knobs`` override fields of
-    ``config`` (see :class:`~reference.offload.config.OffloadConfig`); ``accelerator`` is an Accelerator,
+    ``config`` (see :class:`~reference.contract.offload_config.OffloadConfig`); ``accelerator`` is an Accelerator,
     its name, or None for the default one.
     """
 

@@ -12,12 +12,10 @@ from collections.abc import Callable
 
 import torch
 
-from reference import envvars
-from reference.accelerators import Accelerator, get_accelerator
-from reference.errors import ConfigurationError
-from reference.pinning import native_backend, torch_backend
-from reference.pinning.native_backend import PinnedStats
-from reference.pinning.tensors import (
+from reference.contract import envvars
+from reference.contract.accelerators import Accelerator, get_accelerator
+from reference.contract.errors import ConfigurationError
+from reference.contract.pinning_arguments import (
     check_dtype,
     check_host_device,
     check_host_tensor,
@@ -26,6 +24,8 @@ from reference.pinning.tensors import (
     is_data_less,
     normalize_shape,
 )
+from reference.contract.pinning_stats import PinnedStats
+from reference.pinning import native_backend, torch_backend
 from reference.ranges import global_registry, tensor_extent
 
 __all__ = [

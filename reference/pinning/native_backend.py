@@ -21,12 +21,12 @@ import mmap
 import os
 import threading
 import warnings
-from typing import NamedTuple
 
 import torch
 
-from reference.accelerators import Accelerator
-from reference.errors import PinnedMemoryLockError
+from reference.contract.accelerators import Accelerator
+from reference.contract.errors import PinnedMemoryLockError
+from reference.contract.pinning_stats import PinnedStats
 from reference.ranges import RangeRegistry
 
 _PROT_READ_WRITE = mmap.PROT_READ | mmap.PROT_WRITE
@@ -48,20 +48,6 @@ def _load_libc() -> ctypes.CDLL:
 
 
 _libc = _load_libc()
-
-
-class PinnedStats(NamedTuple):
-    """Counters of memory pinned by the native backend.
-
-    ``allocations`` and ``bytes``: allocations that are pinned now and their page-rounded locked bytes.
-    ``registered_bytes``: the part of ``bytes`` registered with the device. ``unpinned_alive``: allocations that
-    were unpinned but are still mapped because a view references them.
-    """
-
-    allocations: int
-    bytes: int
-    registered_bytes: int
-    unpinned_alive: int
 
 
 class _Ledger:

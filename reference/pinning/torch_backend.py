@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from reference.accelerators import Accelerator
+from reference.contract.accelerators import Accelerator
 
 
 def empty(shape: tuple[int, ...], dtype: torch.dtype, accelerator: Accelerator) -> torch.Tensor:

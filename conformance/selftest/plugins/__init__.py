@@ -15,8 +15,8 @@ package is found) and checks that the right test flags each one while the run st
 
 from __future__ import annotations
 
-from reference.capabilities import Capabilities
-from reference.implementation import Implementation
+from reference.contract.capabilities import Capabilities
+from reference.contract.implementation import Implementation
 
 _PLUGINS = "conformance.selftest.plugins"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import threading
 
+from reference.contract.pinned_range import PinnedRange
 from reference.ranges import *  # noqa: F403 (tensor_extent and the rest, unchanged)
-from reference.ranges import PinnedRange
 
 
 class RangeRegistry:

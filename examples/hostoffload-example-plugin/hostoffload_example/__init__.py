@@ -5,8 +5,8 @@ area's API. This example provides pinning and ranges by reusing the reference mo
 starting point for a port: the suite then checks the vendor's accelerator underneath them.
 """
 
-from reference.capabilities import Capabilities
-from reference.implementation import Implementation
+from reference.contract.capabilities import Capabilities
+from reference.contract.implementation import Implementation
 
 IMPLEMENTATION = Implementation(
     name="example",

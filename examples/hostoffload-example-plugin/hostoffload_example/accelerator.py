@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from reference.accelerators.base import Accelerator, SynchronousEvent, null_stream_context
+from reference.contract.accelerators.base import Accelerator, SynchronousEvent, null_stream_context
 
 
 class RecordingHostAccelerator(Accelerator):

@@ -1,7 +1,7 @@
 """The validated configuration of an activation-offload manager (a shared contract).
 
 Both implementations take exactly this object, so a config written for one runs unchanged on the other, and
-a bad knob is rejected with the same :class:`~reference.errors.ConfigurationError` whichever implementation
+a bad knob is rejected with the same :class:`~reference.contract.errors.ConfigurationError` whichever implementation
 the user picked. Validation happens at construction: a knob that is wrong must fail where it is written,
 not in the middle of the first backward pass.
 """
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from reference.errors import ConfigurationError, allowed_values_error
+from reference.contract.errors import ConfigurationError, allowed_values_error
 
 #: Offload every saved activation that passes the never-offload rules and ``min_offload_bytes``.
 MODE_ALL = "all"

@@ -3,7 +3,7 @@
 Why a header rather than raw bytes: a raw file cannot tell a read that it is about to fill a float32 buffer with
 bfloat16 state, or with a record whose write died half way. The header names the dtype and byte count and
 carries a state word that is ``WRITING`` while the payload is incomplete, so a failed in-place update is reported
-as :class:`~reference.io.errors.IncompleteRecordError` instead of being read as data. It is exactly
+as :class:`~reference.contract.io_errors.IncompleteRecordError` instead of being read as data. It is exactly
 :data:`HEADER_SIZE` bytes so that a record placed at a 4 KiB-aligned offset keeps its payload aligned for
 ``O_DIRECT``.
 
@@ -20,8 +20,8 @@ import struct
 
 import torch
 
-from reference.io.config import DIRECT_ALIGNMENT
-from reference.io.errors import DtypeMismatchError, IncompleteRecordError, RecordFormatError, SizeMismatchError
+from reference.contract.io_config import DIRECT_ALIGNMENT
+from reference.contract.io_errors import DtypeMismatchError, IncompleteRecordError, RecordFormatError, SizeMismatchError
 
 MAGIC = b"HOFFSWAP"
 VERSION = 1
@@ -44,7 +44,7 @@ def pack_header(dtype: torch.dtype, nbytes: int, state: int) -> bytes:
 
 
 def check_header(raw: bytes, dtype: torch.dtype, nbytes: int, path: str, offset: int) -> None:
-    """Raise the precise :class:`~reference.io.errors.RecordError` if ``raw`` is not a complete record of
+    """Raise the precise :class:`~reference.contract.io_errors.RecordError` if ``raw`` is not a complete record of
     ``nbytes`` bytes of ``dtype``. Checks run in a fixed order (format, state, dtype, size) so every
     implementation reports the same error for the same file."""
     where = f"{path!r} at offset {offset}"

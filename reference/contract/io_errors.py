@@ -1,6 +1,6 @@
 """Errors of the swap I/O area, shared by every implementation of it.
 
-Argument mistakes are :class:`~reference.errors.ConfigurationError` and are raised at once, by the call that
+Argument mistakes are :class:`~reference.contract.errors.ConfigurationError` and are raised at once, by the call that
 received the argument. Everything that can only be known once the file is touched (a missing directory, a short
 file, a record of another dtype, a full disk, a write failing half way) is a :class:`SwapError`, stored on the
 request and raised by ``wait()``: an asynchronous implementation cannot raise it any earlier, so the blocking
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import errno as _errno
 
-from reference.errors import HostOffloadError, UnsupportedOperationError
+from reference.contract.errors import HostOffloadError, UnsupportedOperationError
 
 
 class SwapError(HostOffloadError):

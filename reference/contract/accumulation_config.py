@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from reference.errors import ConfigurationError, allowed_values_error
-from reference.io.config import SwapConfig
+from reference.contract.errors import ConfigurationError, allowed_values_error
+from reference.contract.io_config import SwapConfig
 
 #: Model / communication / accumulation dtypes the model describes (fp16 needs loss scaling: out of scope).
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}

@@ -15,13 +15,12 @@ import os
 import threading
 from importlib.metadata import entry_points
 
-from reference.accelerators.base import Accelerator
-from reference.envvars import normalize
-from reference.errors import ConfigurationError, UnknownPluginError
+from reference.contract.accelerators.base import Accelerator
+from reference.contract.envvars import ACCELERATOR_ENV, accelerator_name
+from reference.contract.errors import ConfigurationError, UnknownPluginError
 
 __all__ = [
     "ACCELERATOR_ENTRY_POINT_GROUP",
-    "ACCELERATOR_ENV",
     "Accelerator",
     "default_accelerator",
     "discover_accelerators",
@@ -29,7 +28,6 @@ __all__ = [
 ]
 
 ACCELERATOR_ENTRY_POINT_GROUP = "hostoffload.accelerators"
-ACCELERATOR_ENV = "HOSTOFFLOAD_ACCELERATOR"
 
 _lock = threading.Lock()
 _instances: dict[str, Accelerator] = {}
@@ -47,7 +45,7 @@ def discover_accelerators() -> dict[str, Accelerator]:
                 if not isinstance(obj, Accelerator):
                     raise TypeError(
                         f"entry point {ACCELERATOR_ENTRY_POINT_GROUP}:{ep.name} = {ep.value} produced "
-                        f"{type(obj).__name__}, not a reference.accelerators.Accelerator"
+                        f"{type(obj).__name__}, not a reference.contract.accelerators.Accelerator"
                     )
                 if obj.name != ep.name:
                     raise TypeError(
@@ -64,10 +62,9 @@ def get_accelerator(name: str | None = None) -> Accelerator:
     known = discover_accelerators()
     source = "name"
     if name is None:
-        # The variable follows the one rule of reference.envvars: stripped, case-insensitive, blank = unset.
-        raw = os.environ.get(ACCELERATOR_ENV)
-        wanted = normalize(raw)
-        name = None if wanted is None else next((k for k in known if k.lower() == wanted), raw)
+        # The variable follows the one rule of reference.contract.envvars: stripped, case-insensitive, blank = unset.
+        wanted = accelerator_name()
+        name = None if wanted is None else next((k for k in known if k.lower() == wanted), os.environ[ACCELERATOR_ENV])
         source = ACCELERATOR_ENV
     if name is not None:
         acc = known.get(name)

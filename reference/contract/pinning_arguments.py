@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from reference.errors import ConfigurationError
+from reference.contract.errors import ConfigurationError
 
 
 def is_data_less(t: torch.Tensor) -> bool:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from reference.accelerators.base import Accelerator
+from reference.contract.accelerators.base import Accelerator
 
 # cudaHostRegisterDefault: plain page-locking of existing pages for DMA. Portable/mapped flags are not needed for
 # copies issued on the device that is current, which is how every hostoffload component copies.

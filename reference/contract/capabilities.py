@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-#: The pin backends the specification defines (mirrors reference.envvars.PIN_BACKENDS; kept literal here so this
-#: module imports nothing).
+#: The pin backends the specification defines (mirrors reference.contract.envvars.PIN_BACKENDS; kept literal here
+#: so this module imports nothing).
 _PIN_BACKENDS = ("torch", "native")
 
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
 
-from reference.capabilities import Capabilities
+from reference.contract.capabilities import Capabilities
 
 #: Every area of the specification, in the order the report lists them.
 AREAS: tuple[str, ...] = ("pinning", "ranges", "offload", "accumulation", "io")
@@ -25,7 +25,7 @@ class Implementation:
 
     ``areas`` maps an area name (one of :data:`AREAS`) to the dotted path of the module implementing it.
     ``capabilities`` is the one typed declaration of features and tolerances the suite reads instead of
-    special-casing implementations (:class:`~reference.capabilities.Capabilities`; a plain mapping is accepted
+    special-casing implementations (:class:`~reference.contract.capabilities.Capabilities`; a plain mapping is accepted
     and converted, unknown keys are an error).
     """
 
@@ -45,7 +45,7 @@ class Implementation:
             caps = Capabilities.from_mapping(caps)
         if not isinstance(caps, Capabilities):
             raise TypeError(
-                f"Implementation {self.name!r}: capabilities must be a reference.capabilities.Capabilities "
+                f"Implementation {self.name!r}: capabilities must be a reference.contract.capabilities.Capabilities "
                 f"(or a mapping of its field names), got {type(caps).__name__}"
             )
         object.__setattr__(self, "capabilities", caps)

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from reference.accelerators.base import Accelerator, SynchronousEvent, null_stream_context
+from reference.contract.accelerators.base import Accelerator, SynchronousEvent, null_stream_context
 
 
 class CpuAccelerator(Accelerator):
