@@ -74,7 +74,8 @@ def register_profiles() -> None:
 
 def choose_profile(option: str | None) -> str:
     """The profile this run uses: the option, else ``$HOSTOFFLOAD_HYPOTHESIS_PROFILE``, else by ``$CI``."""
-    name = option or os.environ.get(PROFILE_ENV) or ("ci" if os.environ.get("CI") else "dev")
+    # The variable follows the one rule of reference.contract.envvars: stripped, case-insensitive, blank = unset.
+    name = option or envvars.normalize(os.environ.get(PROFILE_ENV)) or ("ci" if os.environ.get("CI") else "dev")
     if name not in PROFILES:
         from reference.contract.errors import allowed_values_error
 
