@@ -7,6 +7,8 @@ vocabulary: an unknown key is an error, so a typo cannot silently turn a check o
 
 Tests ask for a feature with ``@pytest.mark.requires(...)`` (see ``conformance.capability_marks``); the names
 accepted there are the field names below.
+
+Contract: the vocabulary between an implementation and the suite; every implementation declares itself in it.
 """
 
 from __future__ import annotations

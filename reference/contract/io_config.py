@@ -1,4 +1,4 @@
-"""The knobs of a swap handle, their validation, and the statistics a handle reports.
+"""The knobs of a swap handle and their validation (what a handle reports: :mod:`reference.contract.io_stats`).
 
 Both implementations take the same knobs with the same allowed values, so a configuration that works with the
 reference works with the optimized handle and vice versa. The reference honours ``block_size`` (the size of its

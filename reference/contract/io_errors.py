@@ -9,6 +9,9 @@ reference raises it at the same place to keep the two interchangeable.
 Each class also derives from the builtin a Python user would reach for (``OSError`` and ``FileNotFoundError``
 for operating-system failures, ``EOFError`` for a file that ends too early, ``ValueError`` for a record that does
 not match the tensor), so existing ``except`` clauses keep working.
+
+Contract: which class a failed request raises, and from where (``wait()``), is what makes the blocking
+reference and an asynchronous handle interchangeable; both raise these classes.
 """
 
 from __future__ import annotations

@@ -12,6 +12,9 @@ read or write its own memory) iff
 
 Everything else (pageable memory, unaligned views, strided views, device tensors) is staged through a bounce
 buffer from the handle's own pinned pool, ``block_size`` bytes at a time.
+
+Contract: the decision is observable (``SwapStats.direct_bytes``/``bounced_bytes``) and compared across
+implementations, and the argument checks decide which error a bad request raises; both must be one definition.
 """
 
 from __future__ import annotations

@@ -1,4 +1,9 @@
-"""Argument checks and tensor predicates shared by the pinning backends."""
+"""Argument checks and tensor predicates shared by the pinning backends.
+
+Contract: which arguments a pinning call refuses, and the error class and argument name it reports, must be the
+same in every implementation (the suite feeds both the same bad input); how the call then pins is each
+implementation's own.
+"""
 
 from __future__ import annotations
 

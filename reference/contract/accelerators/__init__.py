@@ -7,6 +7,9 @@ names a class (or a zero-argument factory) returning an :class:`Accelerator`.
 ``HOSTOFFLOAD_ACCELERATOR`` forces one by name; otherwise the default is the first available accelerator that is not
 ``cpu`` and declares ``may_be_default`` (in entry-point name order, for determinism), and ``cpu`` is the fallback.
 Test-only accelerators declare ``may_be_default = False``, so installing one never changes the default.
+
+Contract: every implementation resolves devices through this one registry, so that ``HOSTOFFLOAD_ACCELERATOR``
+and the default choice mean the same whichever implementation runs.
 """
 
 from __future__ import annotations
