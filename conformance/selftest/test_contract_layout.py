@@ -186,6 +186,13 @@ def test_only_the_contract_spells_a_variable_in_the_implementations() -> None:
     assert not bad, "use the constant and parser of reference.contract.envvars instead:\n" + "\n".join(bad)
 
 
+def test_every_variable_is_in_the_usage_table() -> None:
+    usage = _root() / "docs" / "usage.md"
+    rows = set(re.findall(r"^\| `(HOSTOFFLOAD_[A-Z0-9_]+)` \|", usage.read_text(), re.MULTILINE))
+    missing = sorted(set(envvars.BY_NAME) - rows)
+    assert not missing, f"docs/usage.md's variable table lacks: {missing}"
+
+
 def test_the_readers_named_in_the_table_exist() -> None:
     assert {v.reader for v in envvars.VARIABLES} <= set(envvars.READERS)
     assert len(envvars.BY_NAME) == len(envvars.VARIABLES), "a variable is declared twice"
