@@ -41,10 +41,6 @@ PENDING_UNTIL_MERGE: frozenset[str] = frozenset(
         "optimized.offload.engine",
         "optimized.offload.hf",
         "optimized.offload.hooks",
-        # io: the reference handle's staging helpers
-        "optimized.io.handle",
-        # pinning: the reference's torch backend and its move-to-pinned helpers
-        "optimized.pinning",
     }
 )
 

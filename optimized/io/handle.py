@@ -39,6 +39,7 @@ from collections import deque
 import torch
 
 from optimized.io.pool import BouncePool
+from optimized.io.staging import Staging, byte_view, flat_bytes
 from optimized.ranges import global_registry, tensor_extent
 from reference.contract import io_record as record
 from reference.contract.errors import HostOffloadError
@@ -50,11 +51,6 @@ from reference.contract.io_transfer import (
     check_request,
     is_direct,
     tensor_nbytes,
-)
-from reference.io.staging import (
-    Staging,
-    byte_view,
-    flat_bytes,
 )
 
 _O_DIRECT = getattr(os, "O_DIRECT", 0)

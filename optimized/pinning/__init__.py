@@ -3,15 +3,15 @@
 
 ``HOSTOFFLOAD_PIN_BACKEND`` picks where new pinned memory comes from (``torch``: torch's pinned allocator,
 exactly as in the reference; ``native``: :mod:`optimized.pinning.native_backend`). Queries recognise memory
-from either backend. Argument checks and environment parsing are the reference's own helpers, so messages
-cannot drift.
+from either backend. Argument checks and environment parsing are the contract's (:mod:`reference.contract`), so
+messages cannot drift; the allocation, the copy and the registry are this package's own.
 
 ``is_pinned`` is the hot call (every copy decision asks it), so it is a native function: plain contiguous CPU
 tensors are answered by one registry lookup on ``(data_ptr, nbytes)``; a miss (a pageable tensor, the common case)
 is answered natively too once the first miss under the current ``HOSTOFFLOAD_ACCELERATOR`` value has cached
 whether that accelerator has torch pinning (False without it; torch's own ``Tensor.is_pinned()`` with it).
 Everything else (subclasses such as fake tensors, meta and device tensors, strided views, non-tensors) goes
-through the reference's checks.
+through the contract's checks.
 """
 
 from __future__ import annotations
@@ -26,9 +26,15 @@ from optimized.ranges import tensor_extent
 from reference.contract import envvars
 from reference.contract.accelerators import Accelerator, get_accelerator
 from reference.contract.envvars import ACCELERATOR_ENV
-from reference.contract.pinning_arguments import check_tensor, is_data_less
+from reference.contract.pinning_arguments import (
+    check_in_place_move,
+    check_tensor,
+    is_data_less,
+    pin_empty_arguments,
+    pin_empty_like_arguments,
+    pin_memory_arguments,
+)
 from reference.contract.pinning_stats import PinnedStats
-from reference.pinning import empty_pinned, empty_pinned_like, move_to_pinned, torch_backend
 
 __all__ = [
     "PinnedStats",
@@ -54,14 +60,16 @@ def _allocate(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     accelerator: Accelerator = get_accelerator()
     if backend == "native":
         return native_backend.empty(shape, dtype, accelerator, envvars.register_with_device())
-    return torch_backend.empty(shape, dtype, accelerator)
+    # torch's pinned allocator where the accelerator has one; elsewhere a documented no-op (pageable memory).
+    return torch.empty(shape, dtype=dtype, pin_memory=accelerator.has_torch_pinning)
 
 
 def pin_empty(
     *shape: int | tuple[int, ...], dtype: torch.dtype | None = None, device: object = None
 ) -> torch.Tensor:
     """An uninitialised pinned host tensor. ``device`` may only be None or 'cpu'."""
-    return empty_pinned(shape, dtype, device, _allocate)
+    dims, dt = pin_empty_arguments(shape, dtype, device)
+    return _allocate(dims, dt)
 
 
 def pin_empty_like(t: torch.Tensor, *, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -69,7 +77,8 @@ def pin_empty_like(t: torch.Tensor, *, dtype: torch.dtype | None = None) -> torc
 
     ``t`` may live on any device (including meta): only its shape and dtype are read.
     """
-    return empty_pinned_like(t, dtype, _allocate)
+    dims, dt = pin_empty_like_arguments(t, dtype)
+    return _allocate(dims, dt)
 
 
 def pin_memory(t: torch.Tensor, *, make_copy: bool = True, match_shape: bool = True) -> torch.Tensor:
@@ -77,7 +86,21 @@ def pin_memory(t: torch.Tensor, *, make_copy: bool = True, match_shape: bool = T
 
     The copy goes straight from ``t``'s strided layout into the pinned buffer: no pageable temporary.
     """
-    return move_to_pinned(t, make_copy, match_shape, _allocate, is_pinned)
+    shape = pin_memory_arguments(t, make_copy, match_shape)
+    if not make_copy and is_pinned(t) and t.is_contiguous():
+        # Already pinned where it is: a flat result of a contiguous tensor is a view, no move.
+        if not match_shape:
+            t.data = t.data.view(shape)
+        return t
+    if not make_copy:
+        check_in_place_move(t)
+    pinned = _allocate(shape, t.dtype)
+    pinned.view(t.shape).copy_(t)
+    if make_copy:
+        return pinned
+    with torch.no_grad():
+        t.data = pinned
+    return t
 
 
 def _is_pinned_checked(t: object) -> bool:

@@ -1,4 +1,4 @@
-"""Argument checks and tensor predicates shared by the pinning backends.
+"""Argument checks of the pinning calls, and the tensor predicates they rest on.
 
 Contract: which arguments a pinning call refuses, and the error class and argument name it reports, must be the
 same in every implementation (the suite feeds both the same bad input); how the call then pins is each
@@ -97,4 +97,64 @@ def check_host_device(device: object) -> None:
     if dev.type != "cpu":
         raise ConfigurationError(
             f"device must be None or 'cpu' (pinned memory is host memory), got {device!r}"
+        )
+
+
+def check_bool(name: str, value: object) -> bool:
+    """A flag argument: True or False, nothing truthy in between."""
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def pin_empty_arguments(shape: Sequence[object], dtype: object, device: object) -> tuple[tuple[int, ...], torch.dtype]:
+    """The checks of ``pin_empty(*shape, dtype, device)``, in the order every implementation applies them;
+    returns the shape and dtype to allocate."""
+    dims = normalize_shape(shape)
+    dt = check_dtype(dtype)
+    check_host_device(device)
+    check_nbytes(dims, dt)
+    return dims, dt
+
+
+def pin_empty_like_arguments(t: object, dtype: object) -> tuple[tuple[int, ...], torch.dtype]:
+    """The checks of ``pin_empty_like(t, dtype)`` (``t`` may live anywhere, even on meta: only its shape and dtype
+    are read); returns the shape and dtype to allocate."""
+    t = check_tensor("t", t)
+    dims, dt = tuple(t.shape), check_dtype(dtype if dtype is not None else t.dtype)
+    check_nbytes(dims, dt)
+    return dims, dt
+
+
+def pin_memory_arguments(t: object, make_copy: object, match_shape: object) -> tuple[int, ...]:
+    """The checks of ``pin_memory(t, make_copy, match_shape)``; returns the shape of the pinned result (``t``'s, or
+    flat with ``match_shape=False``). The in-place rule for views is :func:`check_in_place_move`."""
+    t = check_host_tensor("t", t)
+    check_bool("make_copy", make_copy)
+    check_bool("match_shape", match_shape)
+    return tuple(t.shape) if match_shape else (t.numel(),)
+
+
+def shares_storage(t: torch.Tensor) -> bool:
+    """True if ``t`` is a view of another tensor or a window into a storage larger than its own elements.
+
+    Such a tensor cannot be moved onto new memory in place without detaching it from the storage it shares
+    (docs/usage.md, "Pinning in place"). What torch does not record cannot be seen: a tensor made by
+    ``detach()`` or read from ``.data`` before the call spans the same storage without being a view, and keeps
+    the old memory.
+    """
+    if t._base is not None or t.storage_offset() != 0:
+        return True
+    return t.untyped_storage().nbytes() != t.numel() * t.element_size()
+
+
+def check_in_place_move(t: torch.Tensor) -> None:
+    """``pin_memory(t, make_copy=False)`` on memory that is not pinned yet: refuse a ``t`` that shares its storage
+    (replacing its ``.data`` would silently cut it off from its base), before anything is allocated."""
+    if shares_storage(t):
+        raise ConfigurationError(
+            "make_copy=False cannot move t onto pinned memory: t is a view of another tensor or a window "
+            f"into a storage it does not span (shape {tuple(t.shape)}, storage offset {t.storage_offset()}), "
+            "and replacing its data would detach it from that storage; pin the base tensor in place, or pass "
+            "make_copy=True"
         )
