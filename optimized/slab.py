@@ -98,7 +98,7 @@ class PinnedSlab:
         self._alignment = _check_alignment(alignment)
         acc = accelerator if isinstance(accelerator, Accelerator) else get_accelerator(accelerator)
         if register is None:
-            register = envvars.register_with_device()
+            register = envvars.pin_register_device()
         elif not isinstance(register, bool):
             raise ConfigurationError(f"register must be True, False or None, got {register!r}")
         self._base = native_backend.allocate(nbytes, acc, register, slab=True)

@@ -20,11 +20,11 @@ from reference.contract.errors import ConfigurationError
 # (parser, variable, a spelling in another case with blanks around it, what it means)
 SPELLINGS: list[tuple[Callable[[], object], str, str, object]] = [
     (envvars.pin_backend, envvars.PIN_BACKEND_ENV, " NATIVE ", "native"),
-    (envvars.register_with_device, envvars.REGISTER_DEVICE_ENV, "Off ", False),
-    (envvars.huge_page_mode, envvars.HUGE_PAGES_ENV, " THP", "thp"),
-    (envvars.register_overlap, envvars.REGISTER_OVERLAP_ENV, " No ", False),
+    (envvars.pin_register_device, envvars.PIN_REGISTER_DEVICE_ENV, "Off ", False),
+    (envvars.pin_huge_pages, envvars.PIN_HUGE_PAGES_ENV, " THP", "thp"),
+    (envvars.pin_register_overlap, envvars.PIN_REGISTER_OVERLAP_ENV, " No ", False),
     (envvars.accelerator_name, envvars.ACCELERATOR_ENV, " CPU ", "cpu"),
-    (envvars.populate_threads, envvars.POPULATE_THREADS_ENV, " 3 ", 3),
+    (envvars.pin_populate_threads, envvars.PIN_POPULATE_THREADS_ENV, " 3 ", 3),
     (envvars.cpu_adam_threads, envvars.CPU_ADAM_THREADS_ENV, " 2\t", 2),
     (lambda: envvars.read_number(envvars.ACCUMULATION_TIMEOUT_ENV, 1.0, 60.0), envvars.ACCUMULATION_TIMEOUT_ENV,
      " 7.5 ", 7.5),
@@ -34,11 +34,11 @@ SPELLINGS: list[tuple[Callable[[], object], str, str, object]] = [
 # (parser, variable, default when unset or blank, values it must refuse)
 DEFAULTS: list[tuple[Callable[[], object], str, object, tuple[str, ...]]] = [
     (envvars.pin_backend, envvars.PIN_BACKEND_ENV, "torch", ("cuda", "native2", "1")),
-    (envvars.register_with_device, envvars.REGISTER_DEVICE_ENV, True, ("maybe", "2", "onn")),
-    (envvars.huge_page_mode, envvars.HUGE_PAGES_ENV, "auto", ("huge", "1")),
-    (envvars.register_overlap, envvars.REGISTER_OVERLAP_ENV, True, ("maybe",)),
+    (envvars.pin_register_device, envvars.PIN_REGISTER_DEVICE_ENV, True, ("maybe", "2", "onn")),
+    (envvars.pin_huge_pages, envvars.PIN_HUGE_PAGES_ENV, "auto", ("huge", "1")),
+    (envvars.pin_register_overlap, envvars.PIN_REGISTER_OVERLAP_ENV, True, ("maybe",)),
     (envvars.accelerator_name, envvars.ACCELERATOR_ENV, None, ()),
-    (envvars.populate_threads, envvars.POPULATE_THREADS_ENV, 0, ("-1", "two", "1.5", "0x10")),
+    (envvars.pin_populate_threads, envvars.PIN_POPULATE_THREADS_ENV, 0, ("-1", "two", "1.5", "0x10")),
     (envvars.cpu_adam_threads, envvars.CPU_ADAM_THREADS_ENV, None, ("0", "-3", "many", "2.0")),
     (lambda: envvars.read_number(envvars.ACCUMULATION_TIMEOUT_ENV, 1.0, 60.0), envvars.ACCUMULATION_TIMEOUT_ENV,
      60.0, ("0.5", "soon", "inf", "nan")),

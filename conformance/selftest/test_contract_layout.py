@@ -189,6 +189,13 @@ def test_every_variable_is_in_the_usage_table() -> None:
     assert not missing, f"docs/usage.md's variable table lacks: {missing}"
 
 
+def test_each_variable_has_its_constant_by_the_naming_rule() -> None:
+    """``HOSTOFFLOAD_<X>`` is ``envvars.<X>_ENV``, so that a reader finds the constant from the variable's name."""
+    wrong = [v.name for v in envvars.VARIABLES if getattr(envvars, v.name.removeprefix("HOSTOFFLOAD_") + "_ENV", None)
+             != v.name]
+    assert not wrong, f"no constant <X>_ENV for: {wrong}"
+
+
 def test_the_readers_named_in_the_table_exist() -> None:
     assert {v.reader for v in envvars.VARIABLES} <= set(envvars.READERS)
     assert len(envvars.BY_NAME) == len(envvars.VARIABLES), "a variable is declared twice"

@@ -44,7 +44,13 @@ from optimized.ranges import global_registry, tensor_extent
 from reference.contract import io_record as record
 from reference.contract.errors import HostOffloadError
 from reference.contract.io_config import DIRECT_ALIGNMENT, SwapConfig
-from reference.contract.io_errors import HandleClosedError, ShortFileError, SwapError, chain, os_error
+from reference.contract.io_errors import (
+    HandleClosedError,
+    ShortFileError,
+    SwapError,
+    swap_io_error,
+    with_cause,
+)
 from reference.contract.io_stats import SwapStats
 from reference.contract.io_temporaries import sweep_stale_temporaries, temporary_name
 from reference.contract.io_transfer import (
@@ -291,9 +297,9 @@ class SwapEngine:
             except HostOffloadError as exc:  # a SwapError, or e.g. a bad pinning variable met by the bounce pool
                 error = exc
             except OSError as exc:
-                error = chain(os_error(req.op, req.path, exc), exc)
+                error = with_cause(swap_io_error(req.op, req.path, exc), exc)
             except Exception as exc:
-                error = chain(SwapError(f"{req.op} {req.path!r} failed: {exc!r}"), exc)
+                error = with_cause(SwapError(f"{req.op} {req.path!r} failed: {exc!r}"), exc)
             if error is not None and phase == "finish":
                 # Finish failed (e.g. the rename): still release everything it did not get to.
                 self._cleanup(req)

@@ -34,7 +34,7 @@ class BouncePool:
     def _allocate_locked(self) -> None:
         total = self._count * self._size
         try:
-            flat = native_backend.allocate(total, get_accelerator(), envvars.register_with_device())
+            flat = native_backend.allocate(total, get_accelerator(), envvars.pin_register_device())
             self.pinned = True
         except PinnedMemoryLockError:
             raw = torch.empty(total + DIRECT_ALIGNMENT, dtype=torch.uint8)

@@ -59,7 +59,7 @@ def _allocate(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     backend = envvars.check_pinning_environment()
     accelerator: Accelerator = get_accelerator()
     if backend == "native":
-        return native_backend.empty(shape, dtype, accelerator, envvars.register_with_device())
+        return native_backend.empty(shape, dtype, accelerator, envvars.pin_register_device())
     # torch's pinned allocator where the accelerator has one; elsewhere a documented no-op (pageable memory).
     return torch.empty(shape, dtype=dtype, pin_memory=accelerator.has_torch_pinning)
 

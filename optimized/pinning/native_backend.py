@@ -36,7 +36,11 @@ import torch
 from optimized import _native
 from reference.contract.accelerators import Accelerator
 from reference.contract.accelerators.cuda import CudaAccelerator
-from reference.contract.envvars import huge_page_mode, populate_threads, register_overlap
+from reference.contract.envvars import (
+    pin_huge_pages,
+    pin_populate_threads,
+    pin_register_overlap,
+)
 from reference.contract.pinning_stats import PinnedStats
 
 # The reference CUDA accelerator registers with cudaHostRegisterDefault; the native path uses the same flags
@@ -102,9 +106,9 @@ def allocate(nbytes: int, accelerator: Accelerator, register: bool, *, slab: boo
 
     The tensor spans the whole page-rounded allocation; callers slice it. Reads the tuning variables now.
     """
-    huge = huge_page_mode()
-    threads = populate_threads()
-    overlap = register_overlap()
+    huge = pin_huge_pages()
+    threads = pin_populate_threads()
+    overlap = pin_register_overlap()
     want_registration = register and accelerator.supports_host_registration
     native_cuda = want_registration and _uses_native_cuda(accelerator)
     alloc = _native.allocate(nbytes, huge, threads, native_cuda, _CUDA_REGISTER_FLAGS, slab, overlap)

@@ -10,6 +10,10 @@ ones read by the native extension, the conformance harness, the benchmarks and t
 the one place to look; ``conformance.selftest.test_contract_layout`` fails when a ``HOSTOFFLOAD_*`` name appears
 anywhere in the source tree without being declared here.
 
+Names: the constant of ``HOSTOFFLOAD_<X>`` is ``<X>_ENV`` (``PIN_BACKEND_ENV``), and the parser an implementation
+calls is ``<x>()`` in lower case (``pin_backend()``; ``accelerator_name()`` for the accelerator, whose object
+comes from the registry).
+
 Variables are read at each use (the first pinning call and every call after, each engine construction ...),
 never at import: a bad value must surface where the user uses the feature, with a message naming the variable
 and its allowed values, and a test or a launcher may change them between calls.
@@ -106,7 +110,7 @@ PIN_BACKEND_ENV = "HOSTOFFLOAD_PIN_BACKEND"
 PIN_BACKENDS: tuple[str, ...] = ("torch", "native")
 DEFAULT_PIN_BACKEND = "torch"
 
-REGISTER_DEVICE_ENV = "HOSTOFFLOAD_PIN_REGISTER_DEVICE"
+PIN_REGISTER_DEVICE_ENV = "HOSTOFFLOAD_PIN_REGISTER_DEVICE"
 
 
 def pin_backend() -> str:
@@ -114,15 +118,15 @@ def pin_backend() -> str:
     return read_choice(PIN_BACKEND_ENV, PIN_BACKENDS, DEFAULT_PIN_BACKEND)
 
 
-def register_with_device() -> bool:
+def pin_register_device() -> bool:
     """Whether the native backend registers its pages with the device (``HOSTOFFLOAD_PIN_REGISTER_DEVICE``)."""
-    return read_bool(REGISTER_DEVICE_ENV, True)
+    return read_bool(PIN_REGISTER_DEVICE_ENV, True)
 
 
 def check_pinning_environment() -> str:
     """Validate every pinning variable now, whatever the backend; return the selected backend."""
     backend = pin_backend()
-    register_with_device()
+    pin_register_device()
     return backend
 
 
@@ -140,27 +144,26 @@ def accelerator_name() -> str | None:
 
 # -- tuning of a native pinning path (optional: an implementation without one ignores them) ----------------------
 
-HUGE_PAGES_ENV = "HOSTOFFLOAD_PIN_HUGE_PAGES"
-HUGE_PAGE_MODES: tuple[str, ...] = ("auto", "thp", "hugetlb", "off")
-POPULATE_THREADS_ENV = "HOSTOFFLOAD_PIN_POPULATE_THREADS"
-REGISTER_OVERLAP_ENV = "HOSTOFFLOAD_PIN_REGISTER_OVERLAP"
+PIN_HUGE_PAGES_ENV = "HOSTOFFLOAD_PIN_HUGE_PAGES"
+PIN_HUGE_PAGES_MODES: tuple[str, ...] = ("auto", "thp", "hugetlb", "off")
+PIN_POPULATE_THREADS_ENV = "HOSTOFFLOAD_PIN_POPULATE_THREADS"
+PIN_REGISTER_OVERLAP_ENV = "HOSTOFFLOAD_PIN_REGISTER_OVERLAP"
 
 
-def huge_page_mode() -> str:
+def pin_huge_pages() -> str:
     """How native pinned buffers use huge pages (``HOSTOFFLOAD_PIN_HUGE_PAGES``, default ``auto``)."""
-    return read_choice(HUGE_PAGES_ENV, HUGE_PAGE_MODES, "auto")
+    return read_choice(PIN_HUGE_PAGES_ENV, PIN_HUGE_PAGES_MODES, "auto")
 
 
-def populate_threads() -> int:
-    """Threads faulting in a fresh native buffer (``HOSTOFFLOAD_PIN_POPULATE_THREADS``; 0, the default: automatic)."""
-    value = read_int(POPULATE_THREADS_ENV, 0, 0, " (0: automatic)")
-    assert value is not None
-    return value
+def pin_populate_threads() -> int:
+    """Threads faulting in a fresh native buffer (``HOSTOFFLOAD_PIN_POPULATE_THREADS``; 0, the default: auto)."""
+    value = read_int(PIN_POPULATE_THREADS_ENV, 0, 0, " (0: automatic)")
+    return 0 if value is None else value
 
 
-def register_overlap() -> bool:
+def pin_register_overlap() -> bool:
     """Whether device registration overlaps page population (``HOSTOFFLOAD_PIN_REGISTER_OVERLAP``, default on)."""
-    return read_bool(REGISTER_OVERLAP_ENV, True)
+    return read_bool(PIN_REGISTER_OVERLAP_ENV, True)
 
 
 # -- tuning of a native CPU optimizer (optional) -----------------------------------------------------------------
@@ -183,6 +186,13 @@ ISOLATED_REPORTS_ENV = "HOSTOFFLOAD_ISOLATED_REPORTS"
 HYPOTHESIS_PROFILE_ENV = "HOSTOFFLOAD_HYPOTHESIS_PROFILE"
 SOURCE_ROOT_ENV = "HOSTOFFLOAD_SOURCE_ROOT"
 IO_NO_O_DIRECT_DIR_ENV = "HOSTOFFLOAD_IO_NO_O_DIRECT_DIR"
+
+# -- read by the benchmarks and the build (declared so that this list is complete) --------------------------------
+
+BENCH_IO_DIR_ENV = "HOSTOFFLOAD_BENCH_IO_DIR"
+BENCH_IO_JSON_ENV = "HOSTOFFLOAD_BENCH_IO_JSON"
+BENCH_IO_MIB_ENV = "HOSTOFFLOAD_BENCH_IO_MIB"
+TORCH_SPEC_ENV = "HOSTOFFLOAD_TORCH_SPEC"
 
 
 # -- the list ------------------------------------------------------------------------------------------------------
@@ -214,7 +224,7 @@ _BOOL = "1 0 true false yes no on off"
 #: Every ``HOSTOFFLOAD_*`` variable of the project (docs/usage.md shows the same table).
 VARIABLES: tuple[Variable, ...] = (
     Variable(PIN_BACKEND_ENV, "implementations", "torch, native", DEFAULT_PIN_BACKEND, "pinning backend"),
-    Variable(REGISTER_DEVICE_ENV, "implementations", _BOOL, "on", "native backend registers pages with the device"),
+    Variable(PIN_REGISTER_DEVICE_ENV, "implementations", _BOOL, "on", "native backend registers pages with the device"),
     Variable(
         ACCELERATOR_ENV,
         "implementations",
@@ -222,9 +232,9 @@ VARIABLES: tuple[Variable, ...] = (
         "first available non-cpu that may be a default, else cpu",
         "the accelerator every call uses (the native is_pinned cache keys on it too, csrc/module.cpp)",
     ),
-    Variable(HUGE_PAGES_ENV, "native pinning", ", ".join(HUGE_PAGE_MODES), "auto", "huge pages for native buffers"),
-    Variable(POPULATE_THREADS_ENV, "native pinning", "an int >= 0 (0: automatic)", "0", "page-population threads"),
-    Variable(REGISTER_OVERLAP_ENV, "native pinning", _BOOL, "on", "register with the device while populating"),
+    Variable(PIN_HUGE_PAGES_ENV, "native pinning", ", ".join(PIN_HUGE_PAGES_MODES), "auto", "huge pages of buffers"),
+    Variable(PIN_POPULATE_THREADS_ENV, "native pinning", "an int >= 0 (0: automatic)", "0", "page-population threads"),
+    Variable(PIN_REGISTER_OVERLAP_ENV, "native pinning", _BOOL, "on", "register with the device while populating"),
     Variable(CPU_ADAM_THREADS_ENV, "native optimizer", "an int >= 1", "the cores this process may use", "CPU Adam"),
     Variable(ACCUMULATION_BACKEND_ENV, "conformance", "gloo, nccl, auto", "gloo", "transport of the rank pool"),
     Variable(ACCUMULATION_TIMEOUT_ENV, "conformance", "a number >= 1 (seconds)", "60", "collective timeout"),
@@ -239,10 +249,10 @@ VARIABLES: tuple[Variable, ...] = (
     ),
     Variable(SOURCE_ROOT_ENV, "conformance", "a checkout's root", "the installed package's parent", "source tests"),
     Variable(IO_NO_O_DIRECT_DIR_ENV, "conformance", "a directory", "/dev/shm, /run/shm, /run", "O_DIRECT refusal"),
-    Variable("HOSTOFFLOAD_BENCH_IO_DIR", "benchmarks", "a directory", "a temporary directory", "bench_io files"),
-    Variable("HOSTOFFLOAD_BENCH_IO_JSON", "benchmarks", "a file path", "unset (no JSON)", "bench_io results"),
-    Variable("HOSTOFFLOAD_BENCH_IO_MIB", "benchmarks", "an int >= 1", "bench_io's size", "bench_io tensor MiB"),
-    Variable("HOSTOFFLOAD_TORCH_SPEC", "build", "a pip version spec", "==2.13.0", "torch tox installs"),
+    Variable(BENCH_IO_DIR_ENV, "benchmarks", "a directory", "a temporary directory", "bench_io files"),
+    Variable(BENCH_IO_JSON_ENV, "benchmarks", "a file path", "unset (no JSON)", "bench_io results"),
+    Variable(BENCH_IO_MIB_ENV, "benchmarks", "an int >= 1", "bench_io's size", "bench_io tensor MiB"),
+    Variable(TORCH_SPEC_ENV, "build", "a pip version spec", "==2.13.0", "torch tox installs"),
 )
 
 #: Names by variable, for lookups and the structural test.

@@ -74,7 +74,7 @@ class HandleClosedError(UnsupportedOperationError):
     """A request submitted to a handle after ``close()``."""
 
 
-def os_error(op: str, path: str, exc: OSError) -> SwapIOError:
+def swap_io_error(op: str, path: str, exc: OSError) -> SwapIOError:
     """Translate an ``OSError`` raised by ``op`` on ``path`` into the matching :class:`SwapIOError`."""
     code = exc.errno
     reason = exc.strerror or str(exc)
@@ -85,7 +85,7 @@ def os_error(op: str, path: str, exc: OSError) -> SwapIOError:
     return SwapIOError(f"{op} {path!r} failed: {reason} (errno {code})", code, path)
 
 
-def chain(error: SwapError, cause: BaseException) -> SwapError:
+def with_cause(error: SwapError, cause: BaseException) -> SwapError:
     """Attach ``cause`` as the error's ``__cause__`` (the original traceback stays visible)."""
     error.__cause__ = cause
     return error

@@ -35,7 +35,13 @@ from reference.contract import io_record as record
 from reference.contract.accelerators import get_accelerator
 from reference.contract.errors import HostOffloadError, PinnedMemoryLockError
 from reference.contract.io_config import SwapConfig
-from reference.contract.io_errors import HandleClosedError, ShortFileError, SwapError, chain, os_error
+from reference.contract.io_errors import (
+    HandleClosedError,
+    ShortFileError,
+    SwapError,
+    swap_io_error,
+    with_cause,
+)
 from reference.contract.io_stats import SwapStats
 from reference.contract.io_temporaries import sweep_stale_temporaries, temporary_name
 from reference.contract.io_transfer import (
@@ -148,9 +154,9 @@ class SwapHandle:
             except HostOffloadError as exc:  # a SwapError, or e.g. a bad pinning variable met by the bounce buffer
                 self._fail(req, exc)
             except OSError as exc:
-                self._fail(req, chain(os_error(op, p, exc), exc))
+                self._fail(req, with_cause(swap_io_error(op, p, exc), exc))
             except Exception as exc:  # e.g. a device copy into the bounce buffer: still the request's failure
-                self._fail(req, chain(SwapError(f"{op} {p!r} failed: {exc!r}"), exc))
+                self._fail(req, with_cause(SwapError(f"{op} {p!r} failed: {exc!r}"), exc))
             else:
                 key = "bytes_written" if op == "write" else "bytes_read"
                 self._counts[key] += req.nbytes
@@ -261,7 +267,7 @@ class SwapHandle:
                     (self.config.block_size,),
                     torch.uint8,
                     get_accelerator(),
-                    envvars.register_with_device(),
+                    envvars.pin_register_device(),
                     global_registry(),
                 )
                 self._bounce_pinned = True

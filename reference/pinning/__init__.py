@@ -40,7 +40,7 @@ def _allocate(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     backend = envvars.check_pinning_environment()
     accelerator: Accelerator = get_accelerator()
     if backend == "native":
-        register = envvars.register_with_device()
+        register = envvars.pin_register_device()
         return native_backend.empty(shape, dtype, accelerator, register, global_registry())
     return torch_backend.empty(shape, dtype, accelerator)
 
