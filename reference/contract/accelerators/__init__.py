@@ -70,26 +70,26 @@ def get_accelerator(name: str | None = None) -> Accelerator:
         name = None if wanted is None else next((k for k in known if k.lower() == wanted), os.environ[ACCELERATOR_ENV])
         source = ACCELERATOR_ENV
     if name is not None:
-        acc = known.get(name)
-        if acc is None:
+        accelerator = known.get(name)
+        if accelerator is None:
             raise UnknownPluginError(
                 f"{source}={name!r} names no installed accelerator; allowed values: {', '.join(sorted(known))}"
             )
-        if not acc.is_available():
+        if not accelerator.is_available():
             raise ConfigurationError(
                 f"{source}={name!r} names an accelerator that is not available on this machine; available: "
                 f"{', '.join(n for n, a in sorted(known.items()) if a.is_available())}"
             )
-        return acc
+        return accelerator
     return default_accelerator(known)
 
 
 def default_accelerator(known: dict[str, Accelerator] | None = None) -> Accelerator:
     """What runs when nobody names an accelerator: the first available one that may be a default, else cpu."""
     known = discover_accelerators() if known is None else known
-    for acc_name, acc in sorted(known.items()):
-        if acc_name != "cpu" and acc.may_be_default and acc.is_available():
-            return acc
+    for name, accelerator in sorted(known.items()):
+        if name != "cpu" and accelerator.may_be_default and accelerator.is_available():
+            return accelerator
     if "cpu" not in known:
         raise UnknownPluginError("no accelerator is installed (entry-point group hostoffload.accelerators is empty)")
     return known["cpu"]
