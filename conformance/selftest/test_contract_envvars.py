@@ -73,3 +73,12 @@ def test_the_registry_follows_the_rule(monkeypatch) -> None:
     monkeypatch.setenv(envvars.ACCELERATOR_ENV, "no-such-device")
     with pytest.raises(ConfigurationError, match=envvars.ACCELERATOR_ENV):
         get_accelerator()
+
+
+def test_the_harness_names_the_declared_variables() -> None:
+    """The harness modules that must stay light spell their variable; it must be the one the contract declares."""
+    from conformance import engine_runner, isolation
+
+    assert profiles.PROFILE_ENV == envvars.HYPOTHESIS_PROFILE_ENV
+    assert isolation.CHILD_REPORTS_ENV == envvars.ISOLATED_REPORTS_ENV
+    assert engine_runner.BACKEND_ENV == envvars.ACCUMULATION_BACKEND_ENV
