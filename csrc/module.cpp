@@ -35,7 +35,7 @@ PyObject* g_pinned_range = nullptr;
 
 PyObject* pinned_range_type() {
     if (g_pinned_range == nullptr) {
-        py::object cls = py::module_::import("reference.contract.pinned_range").attr("PinnedRange");  // NOLINT
+        py::object cls = py::module_::import("reference.contract.pinning_rules").attr("PinnedRange");  // NOLINT
         g_pinned_range = cls.release().ptr();
     }
     return g_pinned_range;

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from optimized import _native
-from reference.contract.pinned_range import PinnedRange
+from reference.contract.pinning_rules import PinnedRange
 
 __all__ = [
     "PinnedRange",

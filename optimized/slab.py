@@ -44,7 +44,7 @@ from optimized.pinning import native_backend
 from reference.contract import envvars
 from reference.contract.accelerators import Accelerator, get_accelerator
 from reference.contract.errors import ConfigurationError, UnsupportedOperationError
-from reference.contract.pinning_arguments import check_dtype, check_tensor, normalize_shape
+from reference.contract.pinning_rules import check_dtype, check_tensor, normalize_shape
 
 __all__ = ["DEFAULT_ALIGNMENT", "PinnedSlab", "SlabStats"]
 

@@ -21,7 +21,7 @@ import threading
 import torch
 
 from reference.contract.errors import ConfigurationError
-from reference.contract.pinned_range import PinnedRange
+from reference.contract.pinning_rules import PinnedRange
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:

@@ -26,15 +26,15 @@ from optimized.ranges import tensor_extent
 from reference.contract import envvars
 from reference.contract.accelerators import Accelerator, get_accelerator
 from reference.contract.envvars import ACCELERATOR_ENV
-from reference.contract.pinning_arguments import (
-    check_in_place_move,
+from reference.contract.pinning_rules import (
+    PinnedStats,
     check_tensor,
     is_data_less,
     pin_empty_arguments,
     pin_empty_like_arguments,
     pin_memory_arguments,
+    refuse_moving_a_view,
 )
-from reference.contract.pinning_stats import PinnedStats
 
 __all__ = [
     "PinnedStats",
@@ -93,7 +93,7 @@ def pin_memory(t: torch.Tensor, *, make_copy: bool = True, match_shape: bool = T
             t.data = t.data.view(shape)
         return t
     if not make_copy:
-        check_in_place_move(t)
+        refuse_moving_a_view(t)
     pinned = _allocate(shape, t.dtype)
     pinned.view(t.shape).copy_(t)
     if make_copy:

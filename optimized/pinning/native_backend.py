@@ -41,7 +41,7 @@ from reference.contract.envvars import (
     pin_populate_threads,
     pin_register_overlap,
 )
-from reference.contract.pinning_stats import PinnedStats
+from reference.contract.pinning_rules import PinnedStats
 
 # The reference CUDA accelerator registers with cudaHostRegisterDefault; the native path uses the same flags
 # so both implementations produce the same kind of registration.

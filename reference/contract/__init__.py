@@ -22,9 +22,7 @@ One concept per module (import each by its full path; this package re-exports no
 :mod:`~reference.contract.accelerators` the device interface, the shipped ``cpu``/``cuda`` devices, the registry
 :mod:`~reference.contract.capabilities` the typed capability declaration of an implementation
 :mod:`~reference.contract.implementation` the entry-point descriptor and lazy area loading
-:mod:`~reference.contract.pinning_arguments` argument checks of the pinning calls
-:mod:`~reference.contract.pinning_stats` ``PinnedStats``
-:mod:`~reference.contract.pinned_range` ``PinnedRange``, what a range registry returns
+:mod:`~reference.contract.pinning_rules` ``PinnedRange``, ``PinnedStats`` and the pinning calls' argument checks
 :mod:`~reference.contract.offload_config` ``OffloadConfig`` and its validation
 :mod:`~reference.contract.offload_stats` ``OffloadStats`` and the recorder that defines its counters and gauges
 :mod:`~reference.contract.accumulation_config` ``AccumulationConfig``/``OptimizerConfig``, DeepSpeed-style input

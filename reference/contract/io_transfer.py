@@ -26,7 +26,7 @@ import torch
 
 from reference.contract.errors import ConfigurationError
 from reference.contract.io_config import DIRECT_ALIGNMENT
-from reference.contract.pinning_arguments import is_data_less
+from reference.contract.pinning_rules import is_data_less
 
 
 def check_request(tensor: object, path: object, offset: object) -> tuple[torch.Tensor, str, int]:

@@ -26,7 +26,7 @@ import torch
 
 from reference.contract.accelerators import Accelerator
 from reference.contract.errors import PinnedMemoryLockError
-from reference.contract.pinning_stats import PinnedStats
+from reference.contract.pinning_rules import PinnedStats
 from reference.ranges import RangeRegistry
 
 _PROT_READ_WRITE = mmap.PROT_READ | mmap.PROT_WRITE

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from reference.contract.pinned_range import PinnedRange
+from reference.contract.pinning_rules import PinnedRange
 from reference.ranges import *  # noqa: F403 (tensor_extent and the rest, unchanged)
 
 

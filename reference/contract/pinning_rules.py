@@ -1,17 +1,44 @@
-"""Argument checks of the pinning calls, and the tensor predicates they rest on.
+"""The pinning and ranges rules every implementation shares: result types, argument checks and their messages.
 
-Contract: which arguments a pinning call refuses, and the error class and argument name it reports, must be the
-same in every implementation (the suite feeds both the same bad input); how the call then pins is each
+Contract, not oracle: the reference's pinning and ranges modules are the executable specification the suite
+compares implementations with; an implementation that imported them would share the oracle's bugs and hide them
+from the comparison. What must be identical in every implementation lives here instead: the result types
+(``PinnedRange``, what a registry's ``find``/``ranges`` return, and ``PinnedStats``, what ``pinned_stats()``
+returns), which arguments each pinning call refuses with which ``ConfigurationError`` (the suite feeds every
+implementation the same bad input), and the in-place rule for views. How memory is then pinned is each
 implementation's own.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
 from reference.contract.errors import ConfigurationError
+
+
+class PinnedRange(NamedTuple):
+    """One registered range: its first byte, its length, and an opaque owner token (an int)."""
+
+    start: int
+    nbytes: int
+    owner: int
+
+
+class PinnedStats(NamedTuple):
+    """Counters of memory pinned by the native backend.
+
+    ``allocations`` and ``bytes``: allocations that are pinned now and their page-rounded locked bytes.
+    ``registered_bytes``: the part of ``bytes`` registered with the device. ``unpinned_alive``: allocations that
+    were unpinned but are still mapped because a view references them.
+    """
+
+    allocations: int
+    bytes: int
+    registered_bytes: int
+    unpinned_alive: int
 
 
 def is_data_less(t: torch.Tensor) -> bool:
@@ -128,7 +155,7 @@ def pin_empty_like_arguments(t: object, dtype: object) -> tuple[tuple[int, ...],
 
 def pin_memory_arguments(t: object, make_copy: object, match_shape: object) -> tuple[int, ...]:
     """The checks of ``pin_memory(t, make_copy, match_shape)``; returns the shape of the pinned result (``t``'s, or
-    flat with ``match_shape=False``). The in-place rule for views is :func:`check_in_place_move`."""
+    flat with ``match_shape=False``). The in-place rule for views is :func:`refuse_moving_a_view`."""
     t = check_host_tensor("t", t)
     check_bool("make_copy", make_copy)
     check_bool("match_shape", match_shape)
@@ -148,7 +175,7 @@ def shares_storage(t: torch.Tensor) -> bool:
     return t.untyped_storage().nbytes() != t.numel() * t.element_size()
 
 
-def check_in_place_move(t: torch.Tensor) -> None:
+def refuse_moving_a_view(t: torch.Tensor) -> None:
     """``pin_memory(t, make_copy=False)`` on memory that is not pinned yet: refuse a ``t`` that shares its storage
     (replacing its ``.data`` would silently cut it off from its base), before anything is allocated."""
     if shares_storage(t):
