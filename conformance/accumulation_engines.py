@@ -7,9 +7,9 @@ accumulation area module (one object per rank on a torch.distributed group) and 
 :func:`engine_api`: the engine class, the pinning API and the harness's rank runner, all resolved from the
 implementation being judged, so a third-party engine is tested as itself and never with ours.
 
-Rank functions run in the harness's worker processes and receive the :class:`~reference.contract.implementation.Implementation`
-itself as an argument (it pickles by value), then resolve the classes they need with :func:`engine_class` and
-:func:`pinned_stats_of`.
+Rank functions run in the harness's worker processes and receive the
+:class:`~reference.contract.implementation.Implementation` itself as an argument (it pickles by value), then
+resolve the classes they need with :func:`engine_class` and :func:`pinned_stats_of`.
 """
 
 from __future__ import annotations

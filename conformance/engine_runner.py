@@ -39,33 +39,21 @@ from reference.accumulation.scenario import (
     compute_loss,
     micro_batch,
 )
+from reference.contract import envvars
 from reference.contract.envvars import normalize
 from reference.contract.errors import ConfigurationError
 
 __all__ = ["BACKEND_ENV", "POOL_SIZE_ENV", "TIMEOUT_ENV", "run_engine_scenario", "run_on_ranks"]
 
 #: Default transport of run_scenario: gloo (host, the default), nccl (one GPU per rank) or auto.
-BACKEND_ENV = "HOSTOFFLOAD_ACCUMULATION_BACKEND"
+BACKEND_ENV = envvars.ACCUMULATION_BACKEND_ENV
 BACKENDS = ("gloo", "nccl", "auto")
 #: Seconds a collective may wait before the process group reports a timeout (default 60).
-TIMEOUT_ENV = "HOSTOFFLOAD_ACCUMULATION_TIMEOUT"
+TIMEOUT_ENV = envvars.ACCUMULATION_TIMEOUT_ENV
 #: Ranks the host (gloo) pool starts with, so that growing W does not respawn it (default 4).
-POOL_SIZE_ENV = "HOSTOFFLOAD_ACCUMULATION_POOL_SIZE"
+POOL_SIZE_ENV = envvars.ACCUMULATION_POOL_SIZE_ENV
 #: Elements per stage-2/3 bucket in scenario runs: small, so several buckets and their overlap are exercised.
 SCENARIO_BUCKET_ELEMENTS = 16
-
-
-def _env_number(name: str, default: float, minimum: float) -> float:
-    value = os.environ.get(name)
-    if value is None:
-        return default
-    try:
-        number = float(value)
-    except ValueError:
-        number = minimum - 1
-    if number < minimum:
-        raise ConfigurationError(f"{name}={value!r} must be a number >= {minimum}")
-    return number
 
 
 def _choose_backend(world: int, backend: str | None) -> str:
@@ -118,8 +106,8 @@ def run_on_ranks(fn: Any, world: int, *args: Any, backend: str | None = None, gr
     if type(world) is not int or world < 1:
         raise ConfigurationError(f"world={world!r} must be an int >= 1")
     be = _choose_backend(world, backend)
-    timeout = _env_number(TIMEOUT_ENV, 60.0, 1.0)
-    min_size = int(_env_number(POOL_SIZE_ENV, 4.0, 1.0)) if be == "gloo" else world
+    timeout = envvars.read_number(TIMEOUT_ENV, 1.0, 60.0)
+    min_size = int(envvars.read_number(POOL_SIZE_ENV, 1.0, 4.0)) if be == "gloo" else world
     pool = get_pool(world, be, timeout_s=timeout, min_size=min_size)
     out = pool.run(fn, world, args, grace_s=grace_s)
     failures = [v for _, v in sorted(out.items()) if isinstance(v, RankFailure)]

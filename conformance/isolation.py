@@ -43,8 +43,10 @@ from typing import Any
 
 import pytest
 
+from reference.contract import envvars
+
 #: Set in the child: its reports go to this file, and nothing is isolated again.
-CHILD_REPORTS_ENV = "HOSTOFFLOAD_ISOLATED_REPORTS"
+CHILD_REPORTS_ENV = envvars.ISOLATED_REPORTS_ENV
 #: How many of the child's last output lines a crash report quotes.
 TAIL_LINES = 30
 #: Seconds an isolated test may run before the child is killed and the test failed.

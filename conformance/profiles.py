@@ -22,6 +22,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+#: Declared in reference.contract.envvars (HYPOTHESIS_PROFILE_ENV, a self-test checks they agree); spelled here
+#: because the pytest11 entry point reads this module and must not import ``reference``.
 PROFILE_ENV = "HOSTOFFLOAD_HYPOTHESIS_PROFILE"
 PROFILES: tuple[str, ...] = ("dev", "ci", "conformance", "gpu", "thorough")
 #: Prefix of the names the profiles are registered under with hypothesis.
@@ -72,7 +74,10 @@ def register_profiles() -> None:
 
 def choose_profile(option: str | None) -> str:
     """The profile this run uses: the option, else ``$HOSTOFFLOAD_HYPOTHESIS_PROFILE``, else by ``$CI``."""
-    name = option or os.environ.get(PROFILE_ENV) or ("ci" if os.environ.get("CI") else "dev")
+    from reference.contract.envvars import normalize
+
+    # The variable follows the one rule of reference.contract.envvars: stripped, case-insensitive, blank = unset.
+    name = option or normalize(os.environ.get(PROFILE_ENV)) or ("ci" if os.environ.get("CI") else "dev")
     if name not in PROFILES:
         from reference.contract.errors import allowed_values_error
 

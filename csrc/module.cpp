@@ -4,8 +4,8 @@
 // dlpack_export, cuda_loader, slab_arena). The module never links against CUDA or torch, so it imports on any
 // machine; device entry points are resolved at run time.
 //
-// Errors are raised as the shared classes of reference.contract.errors (looked up once, at import), so callers catch the
-// same types whichever implementation is underneath.
+// Errors are raised as the shared classes of reference.contract.errors (looked up once, at import), so callers catch
+// the same types whichever implementation is underneath.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 

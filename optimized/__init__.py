@@ -11,6 +11,7 @@ from optimized.errors import *  # noqa: F403  (the error classes, for `except op
 from optimized.errors import __all__ as _errors_all
 from optimized.pinning import PinnedStats, is_pinned, pin_empty, pin_empty_like, pin_memory, pinned_stats, unpin
 from reference.contract.capabilities import Capabilities
+from reference.contract.envvars import PIN_REGISTER_OVERLAP_ENV
 from reference.contract.implementation import Implementation
 
 __version__ = "0.1.0"
@@ -59,8 +60,8 @@ IMPLEMENTATION = Implementation(
         # Tuning environments the native pinning path must be correct under: the CUDA pinning tests repeat their
         # registration and DMA checks with each (registration overlapped with population, and sequential).
         pin_env_variants=(
-            {"HOSTOFFLOAD_PIN_REGISTER_OVERLAP": "1"},
-            {"HOSTOFFLOAD_PIN_REGISTER_OVERLAP": "0"},
+            {PIN_REGISTER_OVERLAP_ENV: "1"},
+            {PIN_REGISTER_OVERLAP_ENV: "0"},
         ),
         # The suite's full CPU and CUDA runs have exercised this native code in-process (docs/benchmarks.md);
         # tests marked ``isolated`` (lifetime probes that may fault by design) still run in a child.

@@ -25,6 +25,7 @@ import os
 
 import torch
 
+from reference.contract import envvars
 from reference.contract.accumulation_config import OptimizerConfig
 from reference.contract.errors import ConfigurationError
 
@@ -38,9 +39,7 @@ except (ImportError, AttributeError) as exc:  # pragma: no cover - only on a bro
 else:
     _IMPORT_ERROR = None
 
-THREADS_ENV = "HOSTOFFLOAD_CPU_ADAM_THREADS"
-
-__all__ = ["THREADS_ENV", "adam_step", "available", "available_isas", "best_isa", "cast_to_bf16", "default_threads"]
+__all__ = ["adam_step", "available", "available_isas", "best_isa", "cast_to_bf16", "default_threads"]
 
 
 def available() -> bool:
@@ -65,14 +64,8 @@ def best_isa() -> str:
 
 def default_threads() -> int:
     """``$HOSTOFFLOAD_CPU_ADAM_THREADS`` if set, else the cores this process may run on."""
-    value = os.environ.get(THREADS_ENV)
-    if value is not None:
-        try:
-            n = int(value)
-        except ValueError:
-            n = 0
-        if n < 1:
-            raise ConfigurationError(f"{THREADS_ENV}={value!r} must be an int >= 1")
+    n = envvars.cpu_adam_threads()
+    if n is not None:
         return n
     try:
         return len(os.sched_getaffinity(0))

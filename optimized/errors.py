@@ -1,8 +1,8 @@
 """The error classes of hostoffload, importable from the implementation a user imports.
 
-They are the shared contract's classes (:mod:`reference.contract.errors`, :mod:`reference.contract.io_errors`), not copies: an
-``except optimized.ConfigurationError`` catches what either implementation raises, and the conformance suite
-checks both against the same classes.
+They are the shared contract's classes (:mod:`reference.contract.errors`, :mod:`reference.contract.io_errors`),
+not copies: an ``except optimized.ConfigurationError`` catches what either implementation raises, and the
+conformance suite checks both against the same classes.
 """
 
 from __future__ import annotations

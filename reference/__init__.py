@@ -1,16 +1,26 @@
 """hostoffload's reference implementation: the executable specification.
 
 Every behaviour here is written to be obviously correct rather than fast; the optimized implementation and any
-third-party one are checked against it by the conformance suite. This package also owns the shared contracts:
-the accelerator interface (:mod:`reference.contract.accelerators`), the errors (:mod:`reference.contract.errors`), the environment
-variables (:mod:`reference.contract.envvars`) and the implementation descriptor (:mod:`reference.contract.implementation`).
+third-party one are checked against it by the conformance suite. Two layers live here (docs/architecture.md):
+
+- :mod:`reference.contract`: what every implementation shares and must agree on (errors, environment variables,
+  configs, the accelerator interface and registry, capabilities, argument checks, stats types, on-disk formats,
+  the implementation descriptor). Implementations import it; it imports nothing else of ``reference``.
+- the oracles, one package per area (:mod:`reference.pinning`, :mod:`reference.ranges`, :mod:`reference.offload`,
+  :mod:`reference.accumulation`, :mod:`reference.io`), written only against the contract. No implementation
+  imports them: a bug in shared machinery would be invisible to the comparison the suite exists for.
+
+The pinning API below is loaded on first use, so that importing a contract module (as ``optimized`` does) does
+not import the pinning oracle with it.
 """
+
 
 from __future__ import annotations
 
+from typing import Any
+
 from reference.contract.capabilities import Capabilities
 from reference.contract.implementation import Implementation
-from reference.pinning import PinnedStats, is_pinned, pin_empty, pin_empty_like, pin_memory, pinned_stats, unpin
 
 __version__ = "0.1.0"
 
@@ -46,3 +56,21 @@ IMPLEMENTATION = Implementation(
         crash_isolation=False,
     ),
 )
+
+
+_PINNING_API = frozenset(__all__) - {"IMPLEMENTATION"}
+
+
+def __getattr__(name: str) -> Any:
+    """``reference.pin_empty`` and the rest of the pinning API, imported from :mod:`reference.pinning` on first use."""
+    if name in _PINNING_API:
+        import reference.pinning as pinning
+
+        value = getattr(pinning, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'reference' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | _PINNING_API)

@@ -8,17 +8,16 @@ from collections.abc import Iterator
 import pytest
 
 from conformance.observation import Observation, RegistrationWatch
-from reference.contract.envvars import PIN_BACKEND_ENV, PIN_BACKENDS
-from reference.contract.envvars import PIN_REGISTER_DEVICE_ENV as REGISTER_DEVICE_ENV
+from reference.contract.envvars import PIN_BACKEND_ENV, PIN_BACKENDS, PIN_REGISTER_DEVICE_ENV
 
 
 @pytest.fixture(params=PIN_BACKENDS, ids=[f"backend={b}" for b in PIN_BACKENDS])
 def pin_backend(request: pytest.FixtureRequest, impl, accelerator) -> Iterator[str]:
     """Every backend the specification defines, selected through the environment as a user would."""
     backend = request.param  # undeclared backends are skipped at collection (conformance.capability_marks)
-    old = {k: os.environ.get(k) for k in (PIN_BACKEND_ENV, REGISTER_DEVICE_ENV)}
+    old = {k: os.environ.get(k) for k in (PIN_BACKEND_ENV, PIN_REGISTER_DEVICE_ENV)}
     os.environ[PIN_BACKEND_ENV] = backend
-    os.environ.pop(REGISTER_DEVICE_ENV, None)
+    os.environ.pop(PIN_REGISTER_DEVICE_ENV, None)
     try:
         yield backend
     finally:

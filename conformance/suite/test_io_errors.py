@@ -22,8 +22,7 @@ import torch
 from conformance.assertions import assert_names_argument
 from conformance.io_assertions import assert_round_trip, assert_swap_error
 from conformance.io_strategies import BAD_KNOBS
-from reference.contract.envvars import PIN_BACKEND_ENV
-from reference.contract.envvars import PIN_REGISTER_DEVICE_ENV as REGISTER_DEVICE_ENV
+from reference.contract.envvars import PIN_BACKEND_ENV, PIN_REGISTER_DEVICE_ENV
 from reference.contract.errors import ConfigurationError, HostOffloadError, UnsupportedOperationError
 
 pytestmark = pytest.mark.conformance_area("io")
@@ -284,13 +283,13 @@ def test_bad_pinning_variable_met_by_the_bounce_pool(area_api, tmp_path, monkeyp
     """The bounce pool is pinned lazily, at the first bounced request, reading the pinning variables then: a bad
     value is that request's error, raised by wait() as the ConfigurationError naming the variable."""
     path = str(tmp_path / "x.bin")
-    monkeypatch.setenv(REGISTER_DEVICE_ENV, "maybe")
+    monkeypatch.setenv(PIN_REGISTER_DEVICE_ENV, "maybe")
     with area_api.SwapHandle(block_size=4096) as h:
         exc = _raised(h.write(torch.ones(3000), path))
-        assert isinstance(exc, ConfigurationError) and REGISTER_DEVICE_ENV in str(exc), repr(exc)
+        assert isinstance(exc, ConfigurationError) and PIN_REGISTER_DEVICE_ENV in str(exc), repr(exc)
         assert "allowed values" in str(exc)
         assert not os.path.exists(path) and os.listdir(tmp_path) == []
-        monkeypatch.delenv(REGISTER_DEVICE_ENV)
+        monkeypatch.delenv(PIN_REGISTER_DEVICE_ENV)
         h.write(torch.ones(3000), path).wait()
         out = torch.empty(3000)
         h.read(out, path).wait()

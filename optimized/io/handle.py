@@ -39,6 +39,7 @@ from collections import deque
 import torch
 
 from optimized.io.pool import BouncePool
+from optimized.io.staging import Staging, byte_view, flat_bytes
 from optimized.ranges import global_registry, tensor_extent
 from reference.contract import io_record as record
 from reference.contract.errors import HostOffloadError
@@ -47,12 +48,8 @@ from reference.contract.io_errors import (
     HandleClosedError,
     ShortFileError,
     SwapError,
-)
-from reference.contract.io_errors import (
-    swap_io_error as os_error,
-)
-from reference.contract.io_errors import (
-    with_cause as chain,
+    swap_io_error,
+    with_cause,
 )
 from reference.contract.io_stats import SwapStats
 from reference.contract.io_temporaries import sweep_stale_temporaries, temporary_name
@@ -60,11 +57,6 @@ from reference.contract.io_transfer import (
     check_request,
     is_direct,
     tensor_nbytes,
-)
-from reference.io.staging import (
-    Staging,
-    byte_view,
-    flat_bytes,
 )
 
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
@@ -305,9 +297,9 @@ class SwapEngine:
             except HostOffloadError as exc:  # a SwapError, or e.g. a bad pinning variable met by the bounce pool
                 error = exc
             except OSError as exc:
-                error = chain(os_error(req.op, req.path, exc), exc)
+                error = with_cause(swap_io_error(req.op, req.path, exc), exc)
             except Exception as exc:
-                error = chain(SwapError(f"{req.op} {req.path!r} failed: {exc!r}"), exc)
+                error = with_cause(SwapError(f"{req.op} {req.path!r} failed: {exc!r}"), exc)
             if error is not None and phase == "finish":
                 # Finish failed (e.g. the rename): still release everything it did not get to.
                 self._cleanup(req)

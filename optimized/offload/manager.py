@@ -30,9 +30,9 @@ from reference.contract.offload_stats import OffloadStats
 class ActivationOffload(OffloadManager):
     """Offload saved activations with pooled pinned memory, copy streams and prefetch.
 
-    ``ActivationOffload(config=None, *, accelerator=None, **knobs)``: ``knobs`` override fields of ``config`` (see
-    :class:`~reference.contract.offload_config.OffloadConfig`); ``accelerator`` is an Accelerator, its name, or None for the
-    default one.
+    ``ActivationOffload(config=None, *, accelerator=None, **knobs)``: ``knobs`` override fields of ``config``
+    (see :class:`~reference.contract.offload_config.OffloadConfig`); ``accelerator`` is an Accelerator, its name,
+    or None for the default one.
     """
 
     def __init__(

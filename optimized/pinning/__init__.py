@@ -4,8 +4,8 @@
 ``HOSTOFFLOAD_PIN_BACKEND`` picks where new pinned memory comes from (``torch``: torch's pinned allocator;
 ``native``: :mod:`optimized.pinning.native_backend`). Queries recognise memory from either backend. Argument checks,
 messages and result types come from the contract (:mod:`reference.contract.pinning_rules`,
-:mod:`reference.contract.envvars`, :mod:`reference.contract.accelerators`); nothing here imports the reference's pinning or ranges
-modules, which are the oracle the suite compares this module against.
+:mod:`reference.contract.envvars`, :mod:`reference.contract.accelerators`); nothing here imports the reference's
+pinning or ranges modules, which are the oracle the suite compares this module against.
 
 ``is_pinned`` is the hot call (every copy decision asks it); how it decides is written down once, at
 :data:`is_pinned` below.
@@ -25,14 +25,11 @@ from reference.contract.accelerators import Accelerator, get_accelerator
 from reference.contract.envvars import ACCELERATOR_ENV
 from reference.contract.pinning_rules import (
     PinnedStats,
-    check_bool,
-    check_dtype,
-    check_host_device,
-    check_host_tensor,
-    check_nbytes,
     check_tensor,
     is_data_less,
-    normalize_shape,
+    pin_empty_arguments,
+    pin_empty_like_arguments,
+    pin_memory_arguments,
     refuse_moving_a_view,
 )
 
@@ -60,7 +57,7 @@ def _allocate(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     accelerator: Accelerator = get_accelerator()
     if backend == "native":
         return native_backend.empty(shape, dtype, accelerator, envvars.pin_register_device())
-    # torch's allocator; where the accelerator has no torch pinning, a documented no-op (pageable memory).
+    # torch's pinned allocator where the accelerator has one; elsewhere a documented no-op (pageable memory).
     return torch.empty(shape, dtype=dtype, pin_memory=accelerator.has_torch_pinning)
 
 
@@ -68,10 +65,7 @@ def pin_empty(
     *shape: int | tuple[int, ...], dtype: torch.dtype | None = None, device: object = None
 ) -> torch.Tensor:
     """An uninitialised pinned host tensor. ``device`` may only be None or 'cpu'."""
-    dims = normalize_shape(shape)
-    dt = check_dtype(dtype)
-    check_host_device(device)
-    check_nbytes(dims, dt)
+    dims, dt = pin_empty_arguments(shape, dtype, device)
     return _allocate(dims, dt)
 
 
@@ -80,9 +74,7 @@ def pin_empty_like(t: torch.Tensor, *, dtype: torch.dtype | None = None) -> torc
 
     ``t`` may live on any device (including meta): only its shape and dtype are read.
     """
-    check_tensor("t", t)
-    dims, dt = tuple(t.shape), check_dtype(dtype if dtype is not None else t.dtype)
-    check_nbytes(dims, dt)
+    dims, dt = pin_empty_like_arguments(t, dtype)
     return _allocate(dims, dt)
 
 
@@ -91,22 +83,20 @@ def pin_memory(t: torch.Tensor, *, make_copy: bool = True, match_shape: bool = T
 
     The copy goes straight from ``t``'s strided layout into the pinned buffer: no pageable temporary.
     """
-    check_host_tensor("t", t)
-    check_bool("make_copy", make_copy)
-    check_bool("match_shape", match_shape)
-    shape = tuple(t.shape) if match_shape else (t.numel(),)
+    shape = pin_memory_arguments(t, make_copy, match_shape)
+    if not make_copy and is_pinned(t) and t.is_contiguous():
+        # Already pinned where it is: a flat result of a contiguous tensor is a view, no move.
+        if not match_shape:
+            t.data = t.data.view(shape)
+        return t
     if not make_copy:
-        if is_pinned(t) and t.is_contiguous():
-            if not match_shape:  # flattening a contiguous tensor is a view, not a copy
-                t.data = t.data.view(shape)
-            return t
-        refuse_moving_a_view(t)  # before anything is allocated: nothing is left pinned
-    dst = _allocate(shape, t.dtype)
-    dst.view(t.shape).copy_(t)
+        refuse_moving_a_view(t)
+    pinned = _allocate(shape, t.dtype)
+    pinned.view(t.shape).copy_(t)
     if make_copy:
-        return dst
+        return pinned
     with torch.no_grad():
-        t.data = dst
+        t.data = pinned
     return t
 
 

@@ -28,7 +28,6 @@ and population share wall time instead of adding up. Measured on the H200 box (d
 
 from __future__ import annotations
 
-import os
 import threading
 import warnings
 
@@ -37,14 +36,12 @@ import torch
 from optimized import _native
 from reference.contract.accelerators import Accelerator
 from reference.contract.accelerators.cuda import CudaAccelerator
-from reference.contract.envvars import read_bool, read_choice
-from reference.contract.errors import ConfigurationError
+from reference.contract.envvars import (
+    pin_huge_pages,
+    pin_populate_threads,
+    pin_register_overlap,
+)
 from reference.contract.pinning_rules import PinnedStats
-
-HUGE_PAGES_ENV = "HOSTOFFLOAD_PIN_HUGE_PAGES"
-HUGE_PAGE_MODES: tuple[str, ...] = ("auto", "thp", "hugetlb", "off")
-POPULATE_THREADS_ENV = "HOSTOFFLOAD_PIN_POPULATE_THREADS"
-REGISTER_OVERLAP_ENV = "HOSTOFFLOAD_PIN_REGISTER_OVERLAP"
 
 # The reference CUDA accelerator registers with cudaHostRegisterDefault; the native path uses the same flags
 # so both implementations produce the same kind of registration.
@@ -53,29 +50,6 @@ _CUDA_REGISTER_FLAGS = 0
 _warn_lock = threading.Lock()
 _warned_registration = False
 _itemsizes: dict[torch.dtype, int] = {}
-
-
-def huge_page_mode() -> str:
-    return read_choice(HUGE_PAGES_ENV, HUGE_PAGE_MODES, "auto")
-
-
-def populate_threads() -> int:
-    raw = os.environ.get(POPULATE_THREADS_ENV)
-    if raw is None or raw.strip() == "":
-        return 0
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ConfigurationError(
-            f"{POPULATE_THREADS_ENV}={raw!r} is not allowed; allowed values: an int >= 0 (0: automatic)"
-        )
-    return value
-
-
-def register_overlap() -> bool:
-    return read_bool(REGISTER_OVERLAP_ENV, True)
 
 
 def _itemsize(dtype: torch.dtype) -> int:
@@ -138,9 +112,9 @@ def allocate(nbytes: int, accelerator: Accelerator, register: bool, *, slab: boo
 
     The tensor spans the whole page-rounded allocation; callers slice it. Reads the tuning variables now.
     """
-    huge = huge_page_mode()
-    threads = populate_threads()
-    overlap = register_overlap()
+    huge = pin_huge_pages()
+    threads = pin_populate_threads()
+    overlap = pin_register_overlap()
     want_registration = register and accelerator.supports_host_registration
     native_cuda = want_registration and _uses_native_cuda(accelerator)
     alloc = _native.allocate(nbytes, huge, threads, native_cuda, _CUDA_REGISTER_FLAGS, slab, overlap)

@@ -1,12 +1,12 @@
-"""The pinning and ranges rules every implementation shares: value types, argument checks and their messages.
+"""The pinning and ranges rules every implementation shares: result types, argument checks and their messages.
 
-Why a contract module: the reference's pinning and ranges modules are the executable specification (an oracle the
-suite compares implementations against); an implementation that imported them would share the oracle's bugs and
-hide them from the comparison. What must be identical in every implementation, byte for byte, lives here instead:
-the result types (``PinnedRange``, ``PinnedStats``), the argument checks with their ``ConfigurationError``
-messages, and the in-place pinning refusal. The reference re-exports each name from its old path
-(``reference.contract.pinning_rules``, ``reference.contract.pinning_rules.PinnedStats``, ``reference.contract.pinning_rules.PinnedRange``),
-so existing imports keep working.
+Contract, not oracle: the reference's pinning and ranges modules are the executable specification the suite
+compares implementations with; an implementation that imported them would share the oracle's bugs and hide them
+from the comparison. What must be identical in every implementation lives here instead: the result types
+(``PinnedRange``, what a registry's ``find``/``ranges`` return, and ``PinnedStats``, what ``pinned_stats()``
+returns), which arguments each pinning call refuses with which ``ConfigurationError`` (the suite feeds every
+implementation the same bad input), and the in-place rule for views. How memory is then pinned is each
+implementation's own.
 
 The optimized native registry reports argument errors through :func:`check_range_int` and :func:`check_range_end`
 (called from C++ only once its own fast checks failed), so each message is written once, here.
@@ -35,6 +35,9 @@ __all__ = [
     "check_tensor",
     "is_data_less",
     "normalize_shape",
+    "pin_empty_arguments",
+    "pin_empty_like_arguments",
+    "pin_memory_arguments",
     "refuse_moving_a_view",
     "shares_storage",
 ]
@@ -181,12 +184,40 @@ def check_host_device(device: object) -> None:
 
 
 def check_bool(name: str, value: object) -> bool:
+    """A flag argument: True or False, nothing truthy in between."""
     if not isinstance(value, bool):
         raise ConfigurationError(f"{name} must be True or False, got {value!r}")
     return value
 
 
-# ---- pinning in place (docs/usage.md, "Pinning in place") ---------------------------------------------------------
+def pin_empty_arguments(shape: Sequence[object], dtype: object, device: object) -> tuple[tuple[int, ...], torch.dtype]:
+    """The checks of ``pin_empty(*shape, dtype, device)``, in the order every implementation applies them;
+    returns the shape and dtype to allocate."""
+    dims = normalize_shape(shape)
+    dt = check_dtype(dtype)
+    check_host_device(device)
+    check_nbytes(dims, dt)
+    return dims, dt
+
+
+def pin_empty_like_arguments(t: object, dtype: object) -> tuple[tuple[int, ...], torch.dtype]:
+    """The checks of ``pin_empty_like(t, dtype)`` (``t`` may live anywhere, even on meta: only its shape and dtype
+    are read); returns the shape and dtype to allocate."""
+    t = check_tensor("t", t)
+    dims, dt = tuple(t.shape), check_dtype(dtype if dtype is not None else t.dtype)
+    check_nbytes(dims, dt)
+    return dims, dt
+
+
+def pin_memory_arguments(t: object, make_copy: object, match_shape: object) -> tuple[int, ...]:
+    """The checks of ``pin_memory(t, make_copy, match_shape)``; returns the shape of the pinned result (``t``'s, or
+    flat with ``match_shape=False``). The in-place rule for views is :func:`refuse_moving_a_view`."""
+    t = check_host_tensor("t", t)
+    check_bool("make_copy", make_copy)
+    check_bool("match_shape", match_shape)
+    return tuple(t.shape) if match_shape else (t.numel(),)
+
+
 def shares_storage(t: torch.Tensor) -> bool:
     """True if ``t`` is a view of another tensor or a window into a storage larger than its own elements.
 
@@ -201,7 +232,8 @@ def shares_storage(t: torch.Tensor) -> bool:
 
 
 def refuse_moving_a_view(t: torch.Tensor) -> None:
-    """``pin_memory(t, make_copy=False)`` of a view not pinned yet: refused before anything is allocated."""
+    """``pin_memory(t, make_copy=False)`` on memory that is not pinned yet: refuse a ``t`` that shares its storage
+    (replacing its ``.data`` would silently cut it off from its base), before anything is allocated."""
     if shares_storage(t):
         raise ConfigurationError(
             "make_copy=False cannot move t onto pinned memory: t is a view of another tensor or a window "

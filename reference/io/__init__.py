@@ -2,9 +2,11 @@
 
 A :class:`SwapHandle` writes tensors to files as self-describing records and reads them back, using a
 caller's tensor directly when its whole extent is registered pinned memory and a bounce buffer otherwise. The
-config (:mod:`reference.contract.io_config`), the errors (:mod:`reference.contract.io_errors`), the record format
-(:mod:`reference.contract.io_record`) and the direct-versus-bounce rule (:mod:`reference.contract.io_transfer`) are the area's
-shared contract: every implementation imports them from here.
+config (:mod:`reference.contract.io_config`), the stats (:mod:`reference.contract.io_stats`), the errors
+(:mod:`reference.contract.io_errors`), the record format (:mod:`reference.contract.io_record`), the temporaries
+(:mod:`reference.contract.io_temporaries`) and the direct-versus-bounce rule (:mod:`reference.contract.io_transfer`)
+are the area's shared contract: every implementation imports them from :mod:`reference.contract`; this package
+re-exports the public ones so that ``reference.io`` and ``optimized.io`` offer the same names.
 
 Usage::
 

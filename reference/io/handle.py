@@ -2,10 +2,10 @@
 objects.
 
 It is the executable specification of the area: the same arguments, the same on-disk records
-(:mod:`reference.contract.io_record`), the same direct-versus-bounce rule (:mod:`reference.contract.io_transfer`) and the same errors
-(raised by ``wait()``, never by ``write``/``read`` themselves, exactly where an asynchronous handle raises them)
-as :mod:`optimized.io`, with none of the speed: one bounce buffer, no threads, no ``O_DIRECT``. It may be called
-from several threads; their requests run one at a time.
+(:mod:`reference.contract.io_record`), the same direct-versus-bounce rule (:mod:`reference.contract.io_transfer`)
+and the same errors (raised by ``wait()``, never by ``write``/``read`` themselves, exactly where an asynchronous
+handle raises them) as :mod:`optimized.io`, with none of the speed: one bounce buffer, no threads, no
+``O_DIRECT``. It may be called from several threads; their requests run one at a time.
 
 Semantics both implementations follow:
 
@@ -39,12 +39,8 @@ from reference.contract.io_errors import (
     HandleClosedError,
     ShortFileError,
     SwapError,
-)
-from reference.contract.io_errors import (
-    swap_io_error as os_error,
-)
-from reference.contract.io_errors import (
-    with_cause as chain,
+    swap_io_error,
+    with_cause,
 )
 from reference.contract.io_stats import SwapStats
 from reference.contract.io_temporaries import sweep_stale_temporaries, temporary_name
@@ -158,9 +154,9 @@ class SwapHandle:
             except HostOffloadError as exc:  # a SwapError, or e.g. a bad pinning variable met by the bounce buffer
                 self._fail(req, exc)
             except OSError as exc:
-                self._fail(req, chain(os_error(op, p, exc), exc))
+                self._fail(req, with_cause(swap_io_error(op, p, exc), exc))
             except Exception as exc:  # e.g. a device copy into the bounce buffer: still the request's failure
-                self._fail(req, chain(SwapError(f"{op} {p!r} failed: {exc!r}"), exc))
+                self._fail(req, with_cause(SwapError(f"{op} {p!r} failed: {exc!r}"), exc))
             else:
                 key = "bytes_written" if op == "write" else "bytes_read"
                 self._counts[key] += req.nbytes

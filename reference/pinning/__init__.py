@@ -8,25 +8,19 @@ selected stays pinned after the variable changes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from reference.contract import envvars
 from reference.contract.accelerators import Accelerator, get_accelerator
 from reference.contract.pinning_rules import (
     PinnedStats,
-    check_bool,
-    check_dtype,
-    check_host_device,
-    check_host_tensor,
-    check_nbytes,
     check_tensor,
     is_data_less,
-    normalize_shape,
+    pin_empty_arguments,
+    pin_empty_like_arguments,
+    pin_memory_arguments,
     refuse_moving_a_view,
 )
-from reference.contract.pinning_rules import shares_storage as shares_storage  # re-export (historical path)
 from reference.pinning import native_backend, torch_backend
 from reference.ranges import global_registry, tensor_extent
 
@@ -53,7 +47,8 @@ def _allocate(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
 def pin_empty(*shape: int | tuple[int, ...], dtype: torch.dtype | None = None, device: object = None) -> torch.Tensor:
     """An uninitialised pinned host tensor. ``device`` may only be None or 'cpu'."""
-    return empty_pinned(shape, dtype, device, _allocate)
+    dims, dt = pin_empty_arguments(shape, dtype, device)
+    return _allocate(dims, dt)
 
 
 def pin_empty_like(t: torch.Tensor, *, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -61,7 +56,8 @@ def pin_empty_like(t: torch.Tensor, *, dtype: torch.dtype | None = None) -> torc
 
     ``t`` may live on any device (including meta): only its shape and dtype are read.
     """
-    return empty_pinned_like(t, dtype, _allocate)
+    dims, dt = pin_empty_like_arguments(t, dtype)
+    return _allocate(dims, dt)
 
 
 def pin_memory(t: torch.Tensor, *, make_copy: bool = True, match_shape: bool = True) -> torch.Tensor:
@@ -76,57 +72,15 @@ def pin_memory(t: torch.Tensor, *, make_copy: bool = True, match_shape: bool = T
     turns ``t`` into) a flat tensor of ``t.numel()`` elements. The values are copied straight from ``t``'s strided
     layout into the pinned buffer, so no full-size pageable temporary is ever made.
     """
-    return move_to_pinned(t, make_copy, match_shape, _allocate, is_pinned)
-
-
-def empty_pinned(
-    shape: tuple, dtype: object, device: object, allocate: Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
-) -> torch.Tensor:
-    """The body of :func:`pin_empty` over an implementation's allocator: every implementation checks the shape,
-    dtype and device the same way (same errors), only the allocation differs."""
-    dims = normalize_shape(shape)
-    dt = check_dtype(dtype)
-    check_host_device(device)
-    check_nbytes(dims, dt)
-    return allocate(dims, dt)
-
-
-def empty_pinned_like(
-    t: object, dtype: object, allocate: Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
-) -> torch.Tensor:
-    """The body of :func:`pin_empty_like` over an implementation's allocator (see :func:`empty_pinned`)."""
-    check_tensor("t", t)
-    dims, dt = tuple(t.shape), check_dtype(dtype if dtype is not None else t.dtype)
-    check_nbytes(dims, dt)
-    return allocate(dims, dt)
-
-
-def move_to_pinned(
-    t: torch.Tensor,
-    make_copy: object,
-    match_shape: object,
-    allocate: Callable[[tuple[int, ...], torch.dtype], torch.Tensor],
-    pinned: Callable[[torch.Tensor], bool],
-) -> torch.Tensor:
-    """The body of :func:`pin_memory` over an implementation's allocator and ``is_pinned``.
-
-    Every implementation shares it, so the argument checks, the in-place rules and the no-temporary copy are
-    written once; only where the pinned bytes come from differs.
-    """
-    check_host_tensor("t", t)
-    check_bool("make_copy", make_copy)
-    check_bool("match_shape", match_shape)
-    shape = tuple(t.shape) if match_shape else (t.numel(),)
-    if not make_copy and pinned(t) and t.is_contiguous():
+    shape = pin_memory_arguments(t, make_copy, match_shape)
+    if not make_copy and is_pinned(t) and t.is_contiguous():
         # Already pinned in place: nothing to move. Flattening a contiguous tensor is a view, not a copy.
         if not match_shape:
             t.data = t.data.view(shape)
         return t
     if not make_copy:
-        # Replacing a view's .data would silently cut it off from its base: writes through one would no longer
-        # reach the other. Refused before anything is allocated, so nothing is left pinned.
         refuse_moving_a_view(t)
-    dst = allocate(shape, t.dtype)
+    dst = _allocate(shape, t.dtype)
     dst.view(t.shape).copy_(t)
     if make_copy:
         return dst

@@ -1,4 +1,4 @@
-"""The knobs of a swap handle, their validation, and the statistics a handle reports.
+"""The knobs of a swap handle and their validation (what a handle reports: :mod:`reference.contract.io_stats`).
 
 Both implementations take the same knobs with the same allowed values, so a configuration that works with the
 reference works with the optimized handle and vice versa. The reference honours ``block_size`` (the size of its
@@ -9,7 +9,6 @@ engine.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from reference.contract.errors import ConfigurationError
 
@@ -75,36 +74,3 @@ class SwapConfig:
         _check_block_size(self.block_size)
         _check_int_range("num_threads", self.num_threads, *NUM_THREADS_RANGE)
         _check_bool("use_o_direct", self.use_o_direct)
-
-
-class SwapStats(NamedTuple):
-    """What a handle has done so far.
-
-    ``requests``/``failed_requests``: requests finished (successfully or not) and those that failed.
-    ``bytes_written``/``bytes_read``: payload bytes of successful requests.
-    ``direct_bytes``/``bounced_bytes``: payload bytes moved straight from/to the caller's tensor versus through a
-    bounce buffer (successful requests). ``o_direct_bytes``/``buffered_bytes``: payload bytes that went through an
-    ``O_DIRECT`` descriptor versus the page cache. ``o_direct_requested``: the handle's ``use_o_direct``.
-    ``o_direct_fallbacks``: files the filesystem refused to open with ``O_DIRECT`` (the request then ran
-    buffered); ``fallback_reason``: the last refusal, or why O_DIRECT is never tried ("" if it never fell back).
-    ``pool_bytes``: bytes of bounce pool held now; ``pool_pinned``: whether the pool is page-locked (False if the
-    lock limit forced pageable buffers); ``bounce_in_use``: bounce buffers checked out now (0 when idle);
-    ``threads``: worker threads alive now; ``in_flight``: requests submitted and not finished.
-    """
-
-    requests: int
-    failed_requests: int
-    bytes_written: int
-    bytes_read: int
-    direct_bytes: int
-    bounced_bytes: int
-    o_direct_bytes: int
-    buffered_bytes: int
-    o_direct_requested: bool
-    o_direct_fallbacks: int
-    fallback_reason: str
-    pool_bytes: int
-    pool_pinned: bool
-    bounce_in_use: int
-    threads: int
-    in_flight: int

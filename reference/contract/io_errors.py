@@ -9,6 +9,9 @@ reference raises it at the same place to keep the two interchangeable.
 Each class also derives from the builtin a Python user would reach for (``OSError`` and ``FileNotFoundError``
 for operating-system failures, ``EOFError`` for a file that ends too early, ``ValueError`` for a record that does
 not match the tensor), so existing ``except`` clauses keep working.
+
+Contract: which class a failed request raises, and from where (``wait()``), is what makes the blocking
+reference and an asynchronous handle interchangeable; both raise these classes.
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ class HandleClosedError(UnsupportedOperationError):
     """A request submitted to a handle after ``close()``."""
 
 
-def os_error(op: str, path: str, exc: OSError) -> SwapIOError:
+def swap_io_error(op: str, path: str, exc: OSError) -> SwapIOError:
     """Translate an ``OSError`` raised by ``op`` on ``path`` into the matching :class:`SwapIOError`."""
     code = exc.errno
     reason = exc.strerror or str(exc)
@@ -82,7 +85,7 @@ def os_error(op: str, path: str, exc: OSError) -> SwapIOError:
     return SwapIOError(f"{op} {path!r} failed: {reason} (errno {code})", code, path)
 
 
-def chain(error: SwapError, cause: BaseException) -> SwapError:
+def with_cause(error: SwapError, cause: BaseException) -> SwapError:
     """Attach ``cause`` as the error's ``__cause__`` (the original traceback stays visible)."""
     error.__cause__ = cause
     return error

@@ -13,6 +13,9 @@ concurrent writers in one directory are safe. Temporaries whose name does not ca
 by an older version) are left alone: their writer cannot be known.
 
 Both implementations use this module, so their temporaries are recognised by each other's sweeps.
+
+Contract: the name of a temporary is an on-disk format (each implementation's sweep must recognise the
+other's), and the rule for when a temporary may be removed must be one rule for concurrent writers to be safe.
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ records must not overlap, as in any file format.
 
 Header layout (little endian): magic ``b"HOFFSWAP"``, u16 version, u16 state, u32 header size, u64 payload
 bytes, 32-byte NUL-padded dtype name (``"float32"``), zero padding to 4096 bytes.
+
+Contract: a file written by one implementation must be read by the other, so the bytes are defined once.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 There is no device to register pages with and no asynchrony, so streams and events are synchronous stand-ins and
 host registration is unsupported (pinning then means page-locking only). It is always available, which makes it
 the accelerator every CI machine can run the whole suite on.
+
+Contract: the shipped devices are plugins of :mod:`reference.contract.accelerators`, shared by every
+implementation (an implementation is judged on a device, it does not bring its own).
 """
 
 from __future__ import annotations

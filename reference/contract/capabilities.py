@@ -7,6 +7,8 @@ vocabulary: an unknown key is an error, so a typo cannot silently turn a check o
 
 Tests ask for a feature with ``@pytest.mark.requires(...)`` (see ``conformance.capability_marks``); the names
 accepted there are the field names below.
+
+Contract: the vocabulary between an implementation and the suite; every implementation declares itself in it.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-#: The pin backends the specification defines (mirrors reference.contract.envvars.PIN_BACKENDS; kept literal here so this
-#: module imports nothing).
+#: The pin backends the specification defines (mirrors reference.contract.envvars.PIN_BACKENDS; kept literal here
+#: so this module imports nothing).
 _PIN_BACKENDS = ("torch", "native")
 
 

@@ -5,6 +5,8 @@ pages with the device (so DMA engines can read them without a bounce), offload e
 and the conformance suite needs to know which capabilities exist so it can skip what a device cannot do instead of
 failing. A vendor porting hostoffload implements this class in its own package and registers it under the
 ``hostoffload.accelerators`` entry point; nothing in hostoffload names it.
+
+Contract: both implementations (and the suite) drive devices only through this interface.
 """
 
 from __future__ import annotations

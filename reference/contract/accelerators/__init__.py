@@ -7,6 +7,9 @@ names a class (or a zero-argument factory) returning an :class:`Accelerator`.
 ``HOSTOFFLOAD_ACCELERATOR`` forces one by name; otherwise the default is the first available accelerator that is not
 ``cpu`` and declares ``may_be_default`` (in entry-point name order, for determinism), and ``cpu`` is the fallback.
 Test-only accelerators declare ``may_be_default = False``, so installing one never changes the default.
+
+Contract: every implementation resolves devices through this one registry, so that ``HOSTOFFLOAD_ACCELERATOR``
+and the default choice mean the same whichever implementation runs.
 """
 
 from __future__ import annotations
@@ -16,12 +19,11 @@ import threading
 from importlib.metadata import entry_points
 
 from reference.contract.accelerators.base import Accelerator
-from reference.contract.envvars import normalize
+from reference.contract.envvars import ACCELERATOR_ENV, accelerator_name
 from reference.contract.errors import ConfigurationError, UnknownPluginError
 
 __all__ = [
     "ACCELERATOR_ENTRY_POINT_GROUP",
-    "ACCELERATOR_ENV",
     "Accelerator",
     "default_accelerator",
     "discover_accelerators",
@@ -29,7 +31,6 @@ __all__ = [
 ]
 
 ACCELERATOR_ENTRY_POINT_GROUP = "hostoffload.accelerators"
-ACCELERATOR_ENV = "HOSTOFFLOAD_ACCELERATOR"
 
 _lock = threading.Lock()
 _instances: dict[str, Accelerator] = {}
@@ -65,31 +66,30 @@ def get_accelerator(name: str | None = None) -> Accelerator:
     source = "name"
     if name is None:
         # The variable follows the one rule of reference.contract.envvars: stripped, case-insensitive, blank = unset.
-        raw = os.environ.get(ACCELERATOR_ENV)
-        wanted = normalize(raw)
-        name = None if wanted is None else next((k for k in known if k.lower() == wanted), raw)
+        wanted = accelerator_name()
+        name = None if wanted is None else next((k for k in known if k.lower() == wanted), os.environ[ACCELERATOR_ENV])
         source = ACCELERATOR_ENV
     if name is not None:
-        acc = known.get(name)
-        if acc is None:
+        accelerator = known.get(name)
+        if accelerator is None:
             raise UnknownPluginError(
                 f"{source}={name!r} names no installed accelerator; allowed values: {', '.join(sorted(known))}"
             )
-        if not acc.is_available():
+        if not accelerator.is_available():
             raise ConfigurationError(
                 f"{source}={name!r} names an accelerator that is not available on this machine; available: "
                 f"{', '.join(n for n, a in sorted(known.items()) if a.is_available())}"
             )
-        return acc
+        return accelerator
     return default_accelerator(known)
 
 
 def default_accelerator(known: dict[str, Accelerator] | None = None) -> Accelerator:
     """What runs when nobody names an accelerator: the first available one that may be a default, else cpu."""
     known = discover_accelerators() if known is None else known
-    for acc_name, acc in sorted(known.items()):
-        if acc_name != "cpu" and acc.may_be_default and acc.is_available():
-            return acc
+    for name, accelerator in sorted(known.items()):
+        if name != "cpu" and accelerator.may_be_default and accelerator.is_available():
+            return accelerator
     if "cpu" not in known:
         raise UnknownPluginError("no accelerator is installed (entry-point group hostoffload.accelerators is empty)")
     return known["cpu"]

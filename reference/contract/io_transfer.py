@@ -7,24 +7,25 @@ read or write its own memory) iff
 2. its whole byte extent is registered in the implementation's process-wide pinned-range registry (the
    registry rule of :mod:`reference.ranges`: inside ONE range, so any view or narrow of a pinned buffer or a
    slab piece qualifies, an extent straddling two ranges does not), and
-3. when the request's file is open with ``O_DIRECT``, its address is :data:`~reference.contract.io_config.DIRECT_ALIGNMENT`
-   aligned (the kernel rejects unaligned direct I/O buffers).
+3. when the request's file is open with ``O_DIRECT``, its address is
+   :data:`~reference.contract.io_config.DIRECT_ALIGNMENT` aligned (the kernel rejects unaligned direct I/O buffers).
 
 Everything else (pageable memory, unaligned views, strided views, device tensors) is staged through a bounce
 buffer from the handle's own pinned pool, ``block_size`` bytes at a time.
+
+Contract: the decision is observable (``SwapStats.direct_bytes``/``bounced_bytes``) and compared across
+implementations, and the argument checks decide which error a bad request raises; both must be one definition.
 """
 
 from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass
 
 import torch
 
 from reference.contract.errors import ConfigurationError
 from reference.contract.io_config import DIRECT_ALIGNMENT
-from reference.contract.io_temporaries import temporary_name  # noqa: F401  (re-exported: both handles import it here)
 from reference.contract.pinning_rules import is_data_less
 
 
@@ -59,8 +60,8 @@ def check_file_kind(path: str) -> None:
 
     A missing path is fine (a write creates it, a read reports it missing from ``wait()``); so are regular files
     and devices, which are seekable (a raw block device is a legitimate swap target). FIFOs, sockets and
-    directories raise :class:`~reference.contract.errors.ConfigurationError` naming ``path`` at once: opening a FIFO without
-    a peer blocks forever, which would hang the caller (reference) or a worker and ``close()`` (optimized).
+    directories raise :class:`~reference.contract.errors.ConfigurationError` naming ``path`` at once: opening a FIFO
+    without a peer blocks forever, which would hang the caller (reference) or a worker and ``close()`` (optimized).
     """
     try:
         mode = os.stat(path).st_mode
@@ -86,51 +87,3 @@ def is_direct(t: torch.Tensor, registry_contains, extent_of, o_direct: bool) -> 
     if not registry_contains(ptr, nbytes):
         return False
     return not o_direct or ptr % DIRECT_ALIGNMENT == 0
-
-
-def flat_bytes(t: torch.Tensor) -> torch.Tensor:
-    """A contiguous tensor's bytes as a flat uint8 view (same memory, same device).
-
-    ``as_strided`` rather than ``reshape``: torch calls a tensor with size-1 dimensions contiguous whatever their
-    strides, and ``reshape`` keeps such a stride, which ``view(uint8)`` then rejects.
-    """
-    return t.as_strided((t.numel(),), (1,)).view(torch.uint8)
-
-
-def byte_view(t: torch.Tensor) -> memoryview:
-    """A writable memoryview over a contiguous CPU tensor's bytes, without copying.
-
-    Through numpy's uint8 view of the tensor's bytes (numpy has no bfloat16, uint8 always works), which also keeps
-    the tensor's storage alive for as long as the view exists.
-    """
-    return memoryview(flat_bytes(t.detach()).numpy())
-
-
-@dataclass
-class Staging:
-    """The contiguous tensor a request really moves, and how to finish.
-
-    ``source``: ``tensor`` itself when it is contiguous, else a contiguous temporary (one full-size copy: a
-    strided tensor's bytes are not one run). For a read into a strided tensor the temporary is copied back into
-    ``tensor`` when the payload has arrived (``finish``).
-    """
-
-    tensor: torch.Tensor
-    source: torch.Tensor
-
-    @classmethod
-    def for_write(cls, t: torch.Tensor) -> Staging:
-        return cls(t, t if t.is_contiguous() else t.contiguous())
-
-    @classmethod
-    def for_read(cls, t: torch.Tensor) -> Staging:
-        return cls(t, t if t.is_contiguous() else torch.empty(t.shape, dtype=t.dtype, device=t.device))
-
-    def finish_read(self) -> None:
-        if self.source is not self.tensor:
-            self.tensor.copy_(self.source)
-
-
-def blocks(nbytes: int, block_size: int) -> list[tuple[int, int]]:
-    """``[start, end)`` byte ranges of at most ``block_size`` covering ``nbytes``."""
-    return [(a, min(a + block_size, nbytes)) for a in range(0, nbytes, block_size)]

@@ -5,6 +5,9 @@ Keys follow the names DeepSpeed users already write (``train_micro_batch_size_pe
 plain mapping that survives pickling to worker processes. Every value is checked when the object is built, so
 an engine never starts with a config that would fail half-way through a run: the rules that forbid option
 *combinations* (docs/accumulation.md, R19) live here too, next to the single-option checks.
+
+Contract: both engines take exactly this object and reject the same configurations with the same errors (R19),
+so a config written for one runs unchanged on the other.
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ Implementations raise these classes (or subclasses) so that the conformance suit
 type whatever backend is underneath. Each class also derives from the builtin a Python user would expect
 (``ValueError`` for a bad value, ``MemoryError`` for memory that cannot be locked), so existing ``except``
 clauses keep working.
+
+Contract: an ``except`` clause, and every test of the suite, names these classes; two implementations can only
+be interchangeable if they raise the same ones.
 """
 
 from __future__ import annotations

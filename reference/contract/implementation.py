@@ -3,6 +3,9 @@
 The conformance suite learns everything it needs about an implementation from this object: its name, which
 areas of the specification it provides, and its capability flags. Areas are loaded lazily, so a broken or
 missing area makes only that area's tests fail (or skip, if it is not declared), never the whole run.
+
+Contract: the one object every implementation (ours and third parties') hands the suite through the entry
+point.
 """
 
 from __future__ import annotations

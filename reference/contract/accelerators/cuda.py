@@ -3,6 +3,9 @@
 Host registration goes through the CUDA runtime that torch already loaded (``torch.cuda.cudart()``), so this
 module needs no compiled code and no second copy of the runtime. Everything is resolved lazily: importing this
 module on a machine without CUDA is free, and ``is_available`` is simply False there.
+
+Contract: the shipped devices are plugins of :mod:`reference.contract.accelerators`, shared by every
+implementation (an implementation is judged on a device, it does not bring its own).
 """
 
 from __future__ import annotations

@@ -4,6 +4,10 @@ The engines update a :class:`StatsRecorder` from the forward thread (pack) and f
 threads
 (unpack, release), so every update takes one lock. Users get an immutable :class:`OffloadStats` snapshot:
 a value that cannot change under them while they print or compare it.
+
+Contract: the fields of ``OffloadStats`` and which of them are gauges (kept by ``reset_stats``) are what the
+suite and users compare across implementations; the recorder is the one definition of how counters become a
+snapshot, so both implementations fill the same value the same way.
 """
 
 from __future__ import annotations

@@ -1,0 +1,259 @@
+"""Every ``HOSTOFFLOAD_*`` environment variable: its name, allowed values, default, and the one parsing rule.
+
+Why this is contract: a variable means the same thing whichever implementation reads it. ``HOSTOFFLOAD_PIN_BACKEND``
+set for a training job must select the same backend, reject the same typos with the same error, and accept the
+same spellings under ``reference`` and ``optimized``; the conformance suite sets these variables to drive either
+implementation. So each variable is declared once, here, with its parser; implementations call the parser and
+never read ``os.environ`` for a ``HOSTOFFLOAD_*`` name themselves (a structural test checks that no other module of
+``reference/`` or ``optimized/`` spells one). :data:`VARIABLES` lists every variable of the project, including the
+ones read by the native extension, the conformance harness, the benchmarks and the build, so that this module is
+the one place to look; ``conformance.selftest.test_contract_layout`` fails when a ``HOSTOFFLOAD_*`` name appears
+anywhere in the source tree without being declared here.
+
+Names: the constant of ``HOSTOFFLOAD_<X>`` is ``<X>_ENV`` (``PIN_BACKEND_ENV``), and the parser an implementation
+calls is ``<x>()`` in lower case (``pin_backend()``; ``accelerator_name()`` for the accelerator, whose object
+comes from the registry).
+
+Variables are read at each use (the first pinning call and every call after, each engine construction ...),
+never at import: a bad value must surface where the user uses the feature, with a message naming the variable
+and its allowed values, and a test or a launcher may change them between calls.
+
+**One rule for every variable** (issue 19): the value is read with surrounding blanks stripped; unset or blank
+means the default; named values (backends, accelerators, modes, booleans, profiles) compare case-insensitively
+(``CPU``, ``Native`` and ``ON`` mean ``cpu``, ``native`` and ``on``); numbers are decimal. Anything else is a
+:class:`~reference.contract.errors.ConfigurationError` naming the variable and its allowed values. :func:`normalize`
+is the rule for named values, :func:`read_int` and :func:`read_number` for numbers; every reader goes through them.
+
+Every pinning variable is validated at every pinning call whatever the backend: a bad
+``HOSTOFFLOAD_PIN_REGISTER_DEVICE`` is an error with the torch backend too, although only the native backend
+uses it, so a typo never waits for the day the backend changes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from reference.contract.errors import ConfigurationError, allowed_values_error
+
+# -- the rule ---------------------------------------------------------------------------------------------------
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+BOOL_VALUES: tuple[str, ...] = ("1", "0", "true", "false", "yes", "no", "on", "off")
+
+
+def normalize(raw: str | None) -> str | None:
+    """The rule for named values: None for unset or blank, else the value stripped and lower-cased."""
+    if raw is None:
+        return None
+    value = raw.strip().lower()
+    return value or None
+
+
+def read_bool(name: str, default: bool) -> bool:
+    """Parse a boolean variable: unset or empty -> default; case-insensitive on/off spellings; else an error."""
+    raw = os.environ.get(name)
+    value = normalize(raw)
+    if value is None:
+        return default
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise allowed_values_error(name, raw, BOOL_VALUES)
+
+
+def read_choice(name: str, choices: tuple[str, ...], default: str) -> str:
+    """Parse an enumerated variable: unset or empty -> default; exact (case-insensitive) match; else an error."""
+    raw = os.environ.get(name)
+    value = normalize(raw)
+    if value is None:
+        return default
+    if value not in choices:
+        raise allowed_values_error(name, raw, choices)
+    return value
+
+
+def read_int(name: str, minimum: int, default: int | None, meaning: str = "") -> int | None:
+    """Parse an integer variable: unset or blank -> ``default``; a decimal int >= ``minimum``; else an error whose
+    allowed values read ``an int >= minimum`` followed by ``meaning`` (e.g. ``" (0: automatic)"``)."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw.strip(), 10)
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise ConfigurationError(f"{name}={raw!r} is not allowed; allowed values: an int >= {minimum}{meaning}")
+    return value
+
+
+def read_number(name: str, minimum: float, default: float) -> float:
+    """Parse a decimal number: unset or blank -> ``default``; a finite number >= ``minimum``; else an error."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        value = None
+    if value is None or not value >= minimum or value == float("inf"):
+        raise ConfigurationError(f"{name}={raw!r} is not allowed; allowed values: a number >= {minimum:g}")
+    return value
+
+
+# -- read by every implementation: pinning ------------------------------------------------------------------------
+
+PIN_BACKEND_ENV = "HOSTOFFLOAD_PIN_BACKEND"
+PIN_BACKENDS: tuple[str, ...] = ("torch", "native")
+DEFAULT_PIN_BACKEND = "torch"
+
+PIN_REGISTER_DEVICE_ENV = "HOSTOFFLOAD_PIN_REGISTER_DEVICE"
+
+
+def pin_backend() -> str:
+    """The pinning backend selected by ``HOSTOFFLOAD_PIN_BACKEND`` (default ``torch``)."""
+    return read_choice(PIN_BACKEND_ENV, PIN_BACKENDS, DEFAULT_PIN_BACKEND)
+
+
+def pin_register_device() -> bool:
+    """Whether the native backend registers its pages with the device (``HOSTOFFLOAD_PIN_REGISTER_DEVICE``)."""
+    return read_bool(PIN_REGISTER_DEVICE_ENV, True)
+
+
+def check_pinning_environment() -> str:
+    """Validate every pinning variable now, whatever the backend; return the selected backend."""
+    backend = pin_backend()
+    pin_register_device()
+    return backend
+
+
+# -- read by every implementation: the accelerator ---------------------------------------------------------------
+
+ACCELERATOR_ENV = "HOSTOFFLOAD_ACCELERATOR"
+
+
+def accelerator_name() -> str | None:
+    """The accelerator ``HOSTOFFLOAD_ACCELERATOR`` names, normalised (None: unset or blank). The registry
+    (:func:`reference.contract.accelerators.get_accelerator`) matches it case-insensitively against the installed
+    names and raises for a name no package provides."""
+    return normalize(os.environ.get(ACCELERATOR_ENV))
+
+
+# -- tuning of a native pinning path (optional: an implementation without one ignores them) ----------------------
+
+PIN_HUGE_PAGES_ENV = "HOSTOFFLOAD_PIN_HUGE_PAGES"
+PIN_HUGE_PAGES_MODES: tuple[str, ...] = ("auto", "thp", "hugetlb", "off")
+PIN_POPULATE_THREADS_ENV = "HOSTOFFLOAD_PIN_POPULATE_THREADS"
+PIN_REGISTER_OVERLAP_ENV = "HOSTOFFLOAD_PIN_REGISTER_OVERLAP"
+
+
+def pin_huge_pages() -> str:
+    """How native pinned buffers use huge pages (``HOSTOFFLOAD_PIN_HUGE_PAGES``, default ``auto``)."""
+    return read_choice(PIN_HUGE_PAGES_ENV, PIN_HUGE_PAGES_MODES, "auto")
+
+
+def pin_populate_threads() -> int:
+    """Threads faulting in a fresh native buffer (``HOSTOFFLOAD_PIN_POPULATE_THREADS``; 0, the default: auto)."""
+    value = read_int(PIN_POPULATE_THREADS_ENV, 0, 0, " (0: automatic)")
+    return 0 if value is None else value
+
+
+def pin_register_overlap() -> bool:
+    """Whether device registration overlaps page population (``HOSTOFFLOAD_PIN_REGISTER_OVERLAP``, default on)."""
+    return read_bool(PIN_REGISTER_OVERLAP_ENV, True)
+
+
+# -- tuning of a native CPU optimizer (optional) -----------------------------------------------------------------
+
+CPU_ADAM_THREADS_ENV = "HOSTOFFLOAD_CPU_ADAM_THREADS"
+
+
+def cpu_adam_threads() -> int | None:
+    """Threads of the native CPU Adam step (``HOSTOFFLOAD_CPU_ADAM_THREADS``, an int >= 1; None when unset: the
+    caller then uses the cores this process may run on)."""
+    return read_int(CPU_ADAM_THREADS_ENV, 1, None)
+
+
+# -- read by the conformance harness (they configure the judge, not the judged; parsed by their readers) ---------
+
+ACCUMULATION_BACKEND_ENV = "HOSTOFFLOAD_ACCUMULATION_BACKEND"
+ACCUMULATION_TIMEOUT_ENV = "HOSTOFFLOAD_ACCUMULATION_TIMEOUT"
+ACCUMULATION_POOL_SIZE_ENV = "HOSTOFFLOAD_ACCUMULATION_POOL_SIZE"
+ISOLATED_REPORTS_ENV = "HOSTOFFLOAD_ISOLATED_REPORTS"
+HYPOTHESIS_PROFILE_ENV = "HOSTOFFLOAD_HYPOTHESIS_PROFILE"
+SOURCE_ROOT_ENV = "HOSTOFFLOAD_SOURCE_ROOT"
+IO_NO_O_DIRECT_DIR_ENV = "HOSTOFFLOAD_IO_NO_O_DIRECT_DIR"
+
+# -- read by the benchmarks and the build (declared so that this list is complete) --------------------------------
+
+BENCH_IO_DIR_ENV = "HOSTOFFLOAD_BENCH_IO_DIR"
+BENCH_IO_JSON_ENV = "HOSTOFFLOAD_BENCH_IO_JSON"
+BENCH_IO_MIB_ENV = "HOSTOFFLOAD_BENCH_IO_MIB"
+TORCH_SPEC_ENV = "HOSTOFFLOAD_TORCH_SPEC"
+
+
+# -- the list ------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One ``HOSTOFFLOAD_*`` variable: who reads it, what it accepts, what unset means."""
+
+    name: str
+    reader: str
+    allowed: str
+    default: str
+    meaning: str
+
+
+#: Readers, in the order the table lists them.
+READERS: tuple[str, ...] = (
+    "implementations",
+    "native pinning",
+    "native optimizer",
+    "conformance",
+    "benchmarks",
+    "build",
+)
+
+_BOOL = "1 0 true false yes no on off"
+
+#: Every ``HOSTOFFLOAD_*`` variable of the project (docs/usage.md shows the same table).
+VARIABLES: tuple[Variable, ...] = (
+    Variable(PIN_BACKEND_ENV, "implementations", "torch, native", DEFAULT_PIN_BACKEND, "pinning backend"),
+    Variable(PIN_REGISTER_DEVICE_ENV, "implementations", _BOOL, "on", "native backend registers pages with the device"),
+    Variable(
+        ACCELERATOR_ENV,
+        "implementations",
+        "an installed accelerator (cpu, cuda, a vendor's)",
+        "first available non-cpu that may be a default, else cpu",
+        "the accelerator every call uses (the native is_pinned cache keys on it too, csrc/module.cpp)",
+    ),
+    Variable(PIN_HUGE_PAGES_ENV, "native pinning", ", ".join(PIN_HUGE_PAGES_MODES), "auto", "huge pages of buffers"),
+    Variable(PIN_POPULATE_THREADS_ENV, "native pinning", "an int >= 0 (0: automatic)", "0", "page-population threads"),
+    Variable(PIN_REGISTER_OVERLAP_ENV, "native pinning", _BOOL, "on", "register with the device while populating"),
+    Variable(CPU_ADAM_THREADS_ENV, "native optimizer", "an int >= 1", "the cores this process may use", "CPU Adam"),
+    Variable(ACCUMULATION_BACKEND_ENV, "conformance", "gloo, nccl, auto", "gloo", "transport of the rank pool"),
+    Variable(ACCUMULATION_TIMEOUT_ENV, "conformance", "a number >= 1 (seconds)", "60", "collective timeout"),
+    Variable(ACCUMULATION_POOL_SIZE_ENV, "conformance", "a number >= 1", "4", "ranks the host pool starts with"),
+    Variable(ISOLATED_REPORTS_ENV, "conformance", "a file path (set by the harness)", "unset", "child test reports"),
+    Variable(
+        HYPOTHESIS_PROFILE_ENV,
+        "conformance",
+        "dev, ci, conformance, gpu, thorough",
+        "ci under $CI, else dev",
+        "hypothesis profile",
+    ),
+    Variable(SOURCE_ROOT_ENV, "conformance", "a checkout's root", "the installed package's parent", "source tests"),
+    Variable(IO_NO_O_DIRECT_DIR_ENV, "conformance", "a directory", "/dev/shm, /run/shm, /run", "O_DIRECT refusal"),
+    Variable(BENCH_IO_DIR_ENV, "benchmarks", "a directory", "a temporary directory", "bench_io files"),
+    Variable(BENCH_IO_JSON_ENV, "benchmarks", "a file path", "unset (no JSON)", "bench_io results"),
+    Variable(BENCH_IO_MIB_ENV, "benchmarks", "an int >= 1", "bench_io's size", "bench_io tensor MiB"),
+    Variable(TORCH_SPEC_ENV, "build", "a pip version spec", "==2.13.0", "torch tox installs"),
+)
+
+#: Names by variable, for lookups and the structural test.
+BY_NAME: dict[str, Variable] = {v.name: v for v in VARIABLES}
