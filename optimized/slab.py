@@ -96,12 +96,12 @@ class PinnedSlab:
         if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 1:
             raise ConfigurationError(f"nbytes must be an int >= 1, got {nbytes!r}")
         self._alignment = _check_alignment(alignment)
-        acc = accelerator if isinstance(accelerator, Accelerator) else get_accelerator(accelerator)
+        resolved = accelerator if isinstance(accelerator, Accelerator) else get_accelerator(accelerator)
         if register is None:
             register = envvars.pin_register_device()
         elif not isinstance(register, bool):
             raise ConfigurationError(f"register must be True, False or None, got {register!r}")
-        self._base = native_backend.allocate(nbytes, acc, register, slab=True)
+        self._base = native_backend.allocate(nbytes, resolved, register, slab=True)
         self._ptr = self._base.data_ptr()
         self._capacity = self._base.numel()
         self._arena = _native.SlabArena(self._capacity)

@@ -286,10 +286,10 @@ class AccumulationEngine(ScheduledEngine):
         if self.stage <= 1:
             # R9: accumulate locally in the accumulation dtype; nothing crosses ranks until the boundary.
             for r, g in enumerate(grads):
-                acc = self._local_acc[r]
-                if acc is None:
-                    acc = torch.zeros(self.layout.total, dtype=cfg.accum_dtype, device=self.device)
-                self._local_acc[r] = torch.add(acc, g.to(cfg.accum_dtype))
+                accumulator = self._local_acc[r]
+                if accumulator is None:
+                    accumulator = torch.zeros(self.layout.total, dtype=cfg.accum_dtype, device=self.device)
+                self._local_acc[r] = torch.add(accumulator, g.to(cfg.accum_dtype))
         else:
             # R10: reduce this backward's gradient (communication dtype), accumulate the owned partition.
             reduced = average_across_ranks([g.to(cfg.comm_dtype) for g in grads])
