@@ -323,7 +323,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 # -- the zygote -----------------------------------------------------------------------------------------------------
 
 #: Set in the zygote: "READ_FD,WRITE_FD" of its request and answer pipes.
-ZYGOTE_ENV = "HOSTOFFLOAD_ISOLATION_ZYGOTE"
+ZYGOTE_ENV = envvars.ISOLATION_ZYGOTE_ENV
 #: Seconds the zygote may take to start and collect before isolated tests fall back to fresh interpreters.
 ZYGOTE_START_TIMEOUT_S = 600
 

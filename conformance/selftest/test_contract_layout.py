@@ -113,7 +113,7 @@ _SCANNED = (".py", ".md", ".toml", ".ini", ".cfg", ".txt", ".cpp", ".h", ".sh")
 _SKIPPED_DIRS = {".git", "build", ".tox", "__pycache__", "conformance-report", "dist"}
 _NAME = re.compile(r"\bHOSTOFFLOAD_[A-Z0-9][A-Z0-9_]*\b")
 #: C preprocessor macros and CMake variables share the prefix but are not environment variables.
-_NOT_ENV = re.compile(r"(?:#\s*define\s+|set\(\s*|\$\{)(HOSTOFFLOAD_[A-Z0-9_]+)")
+_NOT_ENV = re.compile(r"(?:#\s*define\s+|set\(\s*|option\(\s*|\$\{)(HOSTOFFLOAD_[A-Z0-9_]+)")
 
 
 def _source_files(root: Path) -> Iterator[Path]:

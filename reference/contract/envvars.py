@@ -183,6 +183,7 @@ ACCUMULATION_BACKEND_ENV = "HOSTOFFLOAD_ACCUMULATION_BACKEND"
 ACCUMULATION_TIMEOUT_ENV = "HOSTOFFLOAD_ACCUMULATION_TIMEOUT"
 ACCUMULATION_POOL_SIZE_ENV = "HOSTOFFLOAD_ACCUMULATION_POOL_SIZE"
 ISOLATED_REPORTS_ENV = "HOSTOFFLOAD_ISOLATED_REPORTS"
+ISOLATION_ZYGOTE_ENV = "HOSTOFFLOAD_ISOLATION_ZYGOTE"
 HYPOTHESIS_PROFILE_ENV = "HOSTOFFLOAD_HYPOTHESIS_PROFILE"
 SOURCE_ROOT_ENV = "HOSTOFFLOAD_SOURCE_ROOT"
 IO_NO_O_DIRECT_DIR_ENV = "HOSTOFFLOAD_IO_NO_O_DIRECT_DIR"
@@ -240,6 +241,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(ACCUMULATION_TIMEOUT_ENV, "conformance", "a number >= 1 (seconds)", "60", "collective timeout"),
     Variable(ACCUMULATION_POOL_SIZE_ENV, "conformance", "a number >= 1", "4", "ranks the host pool starts with"),
     Variable(ISOLATED_REPORTS_ENV, "conformance", "a file path (set by the harness)", "unset", "child test reports"),
+    Variable(ISOLATION_ZYGOTE_ENV, "conformance", "READ_FD,WRITE_FD (set by the harness)", "unset", "zygote pipes"),
     Variable(
         HYPOTHESIS_PROFILE_ENV,
         "conformance",
