@@ -290,6 +290,22 @@ def _plot(rows: list[dict], path: Path) -> bool:
     return True
 
 
+def _write_json(out: Path, rows: list[dict]) -> None:
+    """``bench_zero_offload.json`` in ``out``: the run's metadata and every row measured so far."""
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "host": platform.node(), "python": platform.python_version(), "argv": sys.argv}
+    try:
+        import torch
+
+        meta["torch"] = torch.__version__
+        if torch.cuda.is_available():
+            meta["gpu"] = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    (out / "bench_zero_offload.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
@@ -325,6 +341,8 @@ def main() -> None:
             row = _run_arm(arm, m, args)
             rows.append(row)
             print(f"  {arm:<16} {m:<6} {row['status']:<14} {row.get('step_ms', float('nan')):9.1f} ms", flush=True)
+            if args.out:  # after every arm: a run cut short by an outer time box keeps what it measured
+                _write_json(Path(args.out), rows)
             if args.sweep and row["status"] != "ok":
                 break
     if args.sweep:
@@ -338,18 +356,7 @@ def main() -> None:
             print(f"  {r['arm']} ({r['model']}): {r['error']}")
     if args.out:
         out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        meta = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                "host": platform.node(), "python": platform.python_version(), "argv": sys.argv}
-        try:
-            import torch
-
-            meta["torch"] = torch.__version__
-            if torch.cuda.is_available():
-                meta["gpu"] = torch.cuda.get_device_name(0)
-        except ImportError:
-            pass
-        (out / "bench_zero_offload.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        _write_json(out, rows)
         if _plot(rows, out / "bench_zero_offload.png"):
             print(f"plot: {out / 'bench_zero_offload.png'}")
         else:

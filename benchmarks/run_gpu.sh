@@ -65,10 +65,18 @@ part bench-offload "${T_BOFF:-140}" python3 benchmarks/bench_offload.py \
 part bench-zero-adam "${T_BZA:-150}" python3 benchmarks/bench_zero.py cpu-adam --sizes "${ADAM_SIZES:-1e7,1e8,1e9}" --iters 5 --out "$out/zero"
 part bench-zero-engine "${T_BZE:-50}" python3 benchmarks/bench_zero.py engine --device cuda --dtype bf16 --layers 12 \
   --hidden 1024 --heads 16 --seq 1024 --vocab 32000 --batch 8 --gas 4 --iters 5 --out "$out/zero"
-# Issue 16: ours vs DeepSpeed ZeRO-Offload vs FSDP2 on the 886M Llama. DeepSpeed arms need its wheels carried in
-# .whl/ and installed into /tmp/site first (see the issue-16 report); without them they print "not installed".
-part bench-zero-offload "${T_BZO:-900}" python3 benchmarks/bench_zero_offload.py --device cuda --model 886m \
-  --steps 5 --warmup 2 --out "$out/zero_offload"
+# Issue 16: ours vs DeepSpeed ZeRO-Offload vs FSDP2 on the 886M Llama (about 70 s per arm on the H200, so the arms
+# are split to fit one 600 s device call each; the JSON is rewritten after every arm). The DeepSpeed arms need its
+# wheels carried in .whl/ and installed first: `python3 -m pip install -q --no-index --no-deps --no-compile
+# --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site DS_ACCELERATOR=cuda`
+# (docs/benchmarks.md, 2026-12-03); without them they print "not installed".
+zo=(python3 benchmarks/bench_zero_offload.py --device cuda --steps 5 --warmup 2 --timeout 150)
+part bench-zero-offload "${T_BZO:-420}" "${zo[@]}" --model 886m --out "$out/zero_offload" \
+  --arms ours-s2,ours-s2-offload,ds-z2-offload,ours-s3-offload,ds-z3-offload
+part bench-zero-offload-more "${T_BZM:-360}" "${zo[@]}" --model 886m --out "$out/zero_offload_more" \
+  --arms ours-s3,fsdp2,fsdp2-offload
+part bench-zero-offload-sweep "${T_BZS:-560}" "${zo[@]}" --model 886m,1.5b,3b,5b,7b --sweep --steps 3 --warmup 1 \
+  --arms ours-s2-offload,ds-z2-offload --out "$out/zero_offload_sweep"
 mkdir -p /tmp/hostoffload-io
 part bench-io "${T_BIO:-240}" python3 benchmarks/bench_io.py --sizes 64M,256M,1G,4G --repeats 2 --dir /tmp/hostoffload-io \
   --out "$out/bench_io.json"
