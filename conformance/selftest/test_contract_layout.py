@@ -23,12 +23,6 @@ import pytest
 from conformance.selftest.runner import source_root
 from reference.contract import envvars
 
-#: Optimized modules that still import oracle code of ``reference`` on this branch; other branches of issue 18
-#: remove those imports (offload, accumulation). The lead empties this set when they are merged; a NEW
-#: violation, in a module not listed here, fails at once, and an entry that no longer violates fails too, so the
-#: set never keeps a stale name.
-PENDING_UNTIL_MERGE: frozenset[str] = frozenset()
-
 CONTRACT = "reference.contract"
 
 
@@ -82,18 +76,11 @@ def oracle_imports(root: Path) -> dict[str, list[str]]:
 
 def test_optimized_imports_only_the_contract_from_reference() -> None:
     found = oracle_imports(_root())
-    new = {m: v for m, v in found.items() if m not in PENDING_UNTIL_MERGE}
-    assert not new, (
+    assert not found, (
         "optimized imports oracle code of reference (only reference.contract.* is shared; give optimized its own "
         "code, or move a definition both implementations must agree on into reference/contract/):\n"
-        + "\n".join(f"  {line}" for lines in new.values() for line in lines)
+        + "\n".join(f"  {line}" for lines in found.values() for line in lines)
     )
-
-
-def test_pending_list_is_not_stale() -> None:
-    found = oracle_imports(_root())
-    stale = sorted(PENDING_UNTIL_MERGE - set(found))
-    assert not stale, f"no longer import oracle code; remove them from PENDING_UNTIL_MERGE: {stale}"
 
 
 def test_contract_imports_no_oracle() -> None:
