@@ -24,7 +24,8 @@ from typing import Any
 import torch
 
 from conformance.rank_pool import RankFailure, get_pool
-from reference.accumulation.scenario import (
+from reference.contract import envvars
+from reference.contract.accumulation_scenario import (
     Backward,
     BackwardRecord,
     ControlRecord,
@@ -39,7 +40,6 @@ from reference.accumulation.scenario import (
     compute_loss,
     micro_batch,
 )
-from reference.contract import envvars
 from reference.contract.envvars import normalize
 from reference.contract.errors import ConfigurationError
 

@@ -39,6 +39,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -152,24 +153,13 @@ def _run_forked(item: pytest.Item) -> list[pytest.TestReport]:
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:  # the child: run the test, send the reports, never return into the parent's pytest
-        code = 0
-        try:
+
+        def prepare() -> None:
             os.close(read_end)
             _child_redirect(item.config, fd)
-            from _pytest.runner import runtestprotocol
-
             _CHILD_PIPE[:] = [os.fdopen(write_end, "w")]
-            runtestprotocol(item, log=True, nextitem=None)  # each report leaves through pytest_runtest_logreport
-            _CHILD_PIPE[0].close()
-        except BaseException:
-            import traceback
 
-            traceback.print_exc()
-            code = 3
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
+        _run_item_and_exit(item, prepare, lambda: _CHILD_PIPE[0].close())
     os.close(write_end)
     os.close(fd)
     chunks = []
@@ -521,8 +511,8 @@ def _serve(session: pytest.Session) -> None:
 
 def _zygote_child(item: pytest.Item, request: dict, channels: tuple[int, int]) -> None:
     """In a child of the zygote: the parent's environment and directory, then the test; never returns."""
-    code = 0
-    try:
+
+    def prepare() -> None:
         for fd in channels:
             os.close(fd)
         _die_with_parent()
@@ -531,9 +521,24 @@ def _zygote_child(item: pytest.Item, request: dict, channels: tuple[int, int]) -
         os.environ[CHILD_REPORTS_ENV] = request["reports"]
         os.chdir(request["cwd"])
         _child_redirect(item.config, os.open(request["output"], os.O_WRONLY | os.O_APPEND))
+
+    _run_item_and_exit(item, prepare)
+
+
+def _run_item_and_exit(
+    item: pytest.Item, prepare: Callable[[], None], finish: Callable[[], None] | None = None
+) -> None:
+    """The body of every forked child: ``prepare`` (descriptors, environment, output), the test's whole protocol
+    (each report leaves through ``pytest_runtest_logreport``), ``finish``; then ``os._exit`` -- status 3 if any of
+    it raised -- so the child never returns into the pytest it was forked from."""
+    code = 0
+    try:
+        prepare()
         from _pytest.runner import runtestprotocol
 
-        runtestprotocol(item, log=True, nextitem=None)  # each report leaves through pytest_runtest_logreport
+        runtestprotocol(item, log=True, nextitem=None)
+        if finish is not None:
+            finish()
     except BaseException:
         import traceback
 

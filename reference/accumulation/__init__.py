@@ -19,7 +19,9 @@ from reference.accumulation.partition import (
     shard,
     unflatten,
 )
-from reference.accumulation.scenario import (
+from reference.accumulation.scenario import build_engine, run_scenario
+from reference.contract.accumulation_config import CONFIG_KEYS, DTYPES, AccumulationConfig, OptimizerConfig
+from reference.contract.accumulation_scenario import (
     AccumulationMLP,
     AffineMap,
     Backward,
@@ -37,14 +39,11 @@ from reference.accumulation.scenario import (
     Step,
     StepRecord,
     Trace,
-    build_engine,
     compute_loss,
     merge_rank_traces,
     micro_batch,
-    run_scenario,
     scenario_calls,
 )
-from reference.contract.accumulation_config import CONFIG_KEYS, DTYPES, AccumulationConfig, OptimizerConfig
 from reference.contract.errors import ConfigurationError, UnsupportedOperationError
 
 __all__ = [

@@ -1,8 +1,8 @@
 """The reference's scenario runner (R26): one :class:`~reference.accumulation.engine.AccumulationEngine`
 simulating every rank in this process.
 
-The scenario and trace types are the area's contract (:mod:`reference.contract.accumulation_scenario`),
-re-exported here; what is the reference's own is how it runs them: every rank's forward on its own copy of the
+The scenario and trace types are the area's contract (:mod:`reference.contract.accumulation_scenario`; the
+package re-exports them); what is the reference's own is how it runs them: every rank's forward on its own copy of the
 model, one ``backward`` with the list of losses, the trace recorded straight from the engine.
 """
 
@@ -12,55 +12,23 @@ import torch
 
 from reference.accumulation.engine import AccumulationEngine
 from reference.contract.accumulation_scenario import (
-    AccumulationMLP,
-    AffineMap,
     Backward,
     BackwardRecord,
-    Call,
     ControlRecord,
     Counters,
     EnterNoSync,
-    ExitNoSync,
-    ModelSpec,
     Record,
     Scenario,
-    ScenarioRunner,
     SetBoundary,
     Step,
     StepRecord,
     Trace,
     compute_loss,
-    merge_rank_traces,
     micro_batch,
-    scenario_calls,
 )
 from reference.contract.errors import ConfigurationError
 
-__all__ = [
-    "AccumulationMLP",
-    "AffineMap",
-    "Backward",
-    "BackwardRecord",
-    "Call",
-    "ControlRecord",
-    "Counters",
-    "EnterNoSync",
-    "ExitNoSync",
-    "ModelSpec",
-    "Record",
-    "Scenario",
-    "ScenarioRunner",
-    "SetBoundary",
-    "Step",
-    "StepRecord",
-    "Trace",
-    "build_engine",
-    "compute_loss",
-    "merge_rank_traces",
-    "micro_batch",
-    "run_scenario",
-    "scenario_calls",
-]
+__all__ = ["build_engine", "run_scenario"]
 
 
 # ---- the reference runner ----------------------------------------------------------------------------------
