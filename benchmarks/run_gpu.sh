@@ -9,7 +9,10 @@ root=$PWD
 out=$(realpath -m "${1:?usage: benchmarks/run_gpu.sh OUT_DIR}"); mkdir -p "$out"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HOSTOFFLOAD_SOURCE_ROOT=$root
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-python3 -m pip install --no-build-isolation --no-deps -e . >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+# SKIP_BUILD=1: another run_gpu.sh of the same call already built the copy (parts may run side by side).
+if [ -z "${SKIP_BUILD:-}" ]; then
+  python3 -m pip install --no-build-isolation --no-deps -e . >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+fi
 # The device tool's copy may carry a stale .git, so the sources are also fingerprinted by content.
 { date -u +%FT%TZ; echo "git HEAD of this copy: $(git -C "$root" rev-parse --short HEAD 2>/dev/null)"
   echo "sources sha256: $(cd "$root" && find reference optimized csrc conformance benchmarks -type f \
