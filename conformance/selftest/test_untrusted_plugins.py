@@ -94,11 +94,12 @@ def test_the_run_completes_with_a_report(verdict):
 def test_abort_in_pin_empty_fails_the_tests_that_call_it(verdict):
     """A native abort() in pin_empty fails the tests that call it, each naming SIGABRT and quoting the child's
     last output; the test that does not call pin_empty passes."""
-    _, text, _ = verdict
+    proc, text, _ = verdict
     failed = _failed(text, "selftest-abort")
     assert "test_pin_empty_and_like" in failed, text[-4000:]
     assert failed <= {"test_pin_empty_and_like", "test_bad_arguments_name_the_argument"}, failed
-    assert "killed by SIGABRT" in text and "native assertion `nbytes >= 0' failed" in text, text[-4000:]
+    quoted = proc.stdout.split("its last output lines:", 1)[-1]  # the crash report's quote, not stderr
+    assert "killed by SIGABRT" in text and "native assertion `nbytes >= 0' failed" in quoted, text[-4000:]
     # After importing torch the run has threads, so the children are forked from the zygote (milliseconds each),
     # never fresh interpreters (seconds each): the fast path is what keeps a third party's isolated run usable.
     assert "isolated child (child of the zygote)" in text and "(fresh interpreter)" not in text, text[-4000:]
@@ -130,3 +131,23 @@ def test_foreign_engine_is_the_engine_under_test(verdict):
     assert "pinned_stats before" in text, text[-4000:]
     cells = {(r["area"], r["implementation"]): r for r in data["matrix"]}
     assert cells[("accumulation", "selftest-foreign-engine")]["failed"] == 1
+
+
+def test_a_single_threaded_run_forks_its_children_directly(tmp_path):
+    """The direct-fork path of the isolation (a fork of this very process, no zygote involved) is taken only while
+    the run is single-threaded; importing torch starts an OpenBLAS pool, so the suite's own runs never take it.
+    With that pool held to one thread the run is single-threaded, and the same native abort must still cost
+    exactly one failed test that names the signal and quotes the child's output."""
+    proc = run_pytest(
+        "--pyargs", "conformance.suite.test_pinning_api", "-k", "test_pin_empty_and_like",
+        "--conformance-impl", "selftest-abort", "--conformance-accelerator", "cpu",
+        "--conformance-profile", "ci", "-rfE",
+        env={**_plugin_path(tmp_path), "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}, cwd=tmp_path,
+    )
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 1, text[-4000:]
+    assert _failed(text, "selftest-abort") == {"test_pin_empty_and_like"}, text[-4000:]
+    assert "isolated child (forked child)" in text and "killed by SIGABRT" in text, text[-4000:]
+    quoted = proc.stdout.split("its last output lines:", 1)[-1]  # the crash report's quote, not stderr
+    assert "native assertion `nbytes >= 0' failed" in quoted, text[-4000:]
+    assert "child of the zygote" not in text and "(fresh interpreter)" not in text, text[-4000:]
