@@ -62,6 +62,8 @@ ARMS = ["ours-s2", "ours-s2-offload", "ours-s3", "ours-s3-offload", "ds-z2-offlo
 
 
 def _llama(name: str):
+    """The model, built on the current default device (the child builds it on the GPU: initialising a 5B model's
+    random weights on the host took minutes, longer than the arm itself)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     hidden, layers, heads, inter, vocab, seq, _, _ = MODELS[name]
@@ -89,8 +91,14 @@ def _ds_config(stage: int, gas: int, batch: int) -> dict:
     }
 
 
+def _progress(t0: float, what: str) -> None:
+    """One line on stderr per phase of an arm: a time-boxed arm reports how far it got (the parent quotes it)."""
+    print(f"[{time.perf_counter() - t0:7.1f} s] {what}", file=sys.stderr, flush=True)
+
+
 def _child(arm: str, model_name: str, device_name: str, steps: int, warmup: int, out_file: str) -> None:
     """One arm in this process; writes a JSON row to ``out_file``."""
+    t_start = time.perf_counter()
     import torch
     import torch.distributed as dist
 
@@ -120,11 +128,14 @@ def _child(arm: str, model_name: str, device_name: str, steps: int, warmup: int,
     default_dtype = torch.get_default_dtype()
     if not arm.startswith("fsdp2"):
         torch.set_default_dtype(torch.bfloat16)
+    _progress(t_start, f"{arm} {model_name}: building the model on {device}")
     try:
-        model = _llama(model_name)
+        with torch.device(device):
+            model = _llama(model_name)
     finally:
         torch.set_default_dtype(default_dtype)
     row["parameters"] = sum(p.numel() for p in model.parameters())
+    _progress(t_start, f"built: {row['parameters']:,} parameters; setting up the engine")
     gen = torch.Generator().manual_seed(1)
     batches = [torch.randint(0, vocab, (batch, seq), generator=gen) for _ in range(gas)]
     batches = [b.to(device) for b in batches]
@@ -202,9 +213,12 @@ def _child(arm: str, model_name: str, device_name: str, steps: int, warmup: int,
 
     # Steps run back to back, as in training (our offloaded update overlaps the next step's forward), and are timed
     # as one window: synchronizing after each step would expose the overlapped tail in every step.
+    row["setup_s"] = time.perf_counter() - t_start
+    _progress(t_start, "engine ready; warm-up")
     for _ in range(warmup):
         step()
     finish()
+    _progress(t_start, "warm-up done; timing")
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -237,8 +251,10 @@ def _run_arm(arm: str, model: str, args) -> dict:
         t0 = time.perf_counter()
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            return {"arm": arm, "model": model, "status": f"timeout after {args.timeout}s"}
+        except subprocess.TimeoutExpired as exc:
+            err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+            return {"arm": arm, "model": model, "status": f"timeout after {args.timeout}s",
+                    "error": " | ".join(err.strip().splitlines()[-3:])}
         if os.path.exists(out):
             row = json.loads(Path(out).read_text())
         else:
