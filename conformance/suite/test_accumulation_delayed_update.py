@@ -119,13 +119,20 @@ def test_R27_the_delay_is_one_boundary_exactly(reference_api, area_api, impl, ac
 WIDE = ModelSpec(in_features=24, hidden=96, out_features=32)
 
 
-def _loop(group, engine_cls, config: dict, boundaries: int, load=None, save=None, apply_every: int = 0) -> dict:
+#: Parameters large next to the forward's work (a batch of one row, 4 inputs, no frozen layer): the host update of
+#: a boundary (about 3.5M elements, flat order: ``inp`` first) is still running when the next step's backward
+#: streams the gradients of ``out`` (the end of the flat order) into the engine.
+LONG = ModelSpec(in_features=4, hidden=500_000, out_features=2, frozen_layer=False)
+
+
+def _loop(group, engine_cls, config: dict, boundaries: int, load=None, save=None, apply_every: int = 0,
+          spec: ModelSpec = WIDE) -> dict:
     """One rank: a training loop that reads nothing between steps (so nothing waits for the update in flight);
     the losses, and at the end the consolidated weights, the fp32 master and the optimizer state."""
     import torch.distributed as dist
 
     rank = dist.get_rank(group)
-    engine = engine_cls(WIDE.build(5), config, process_group=group, bucket_elements=16)
+    engine = engine_cls(spec.build(5), config, process_group=group, bucket_elements=16)
     try:
         if load is not None:
             engine.load_checkpoint(*load)
@@ -136,8 +143,8 @@ def _loop(group, engine_cls, config: dict, boundaries: int, load=None, save=None
         for k in range(start, start + boundaries):
             for j in range(gas):
                 gen = torch.Generator().manual_seed(1000 * k + 10 * j + rank)
-                x = torch.randn(cfg.train_micro_batch_size_per_gpu, WIDE.in_features, generator=gen)
-                y = torch.randn(cfg.train_micro_batch_size_per_gpu, WIDE.out_features, generator=gen)
+                x = torch.randn(cfg.train_micro_batch_size_per_gpu, spec.in_features, generator=gen)
+                y = torch.randn(cfg.train_micro_batch_size_per_gpu, spec.out_features, generator=gen)
                 loss = compute_loss(engine.module, x, y, cfg.model_dtype)
                 engine.backward(loss)
                 engine.step()
@@ -155,11 +162,11 @@ def _loop(group, engine_cls, config: dict, boundaries: int, load=None, save=None
         engine.destroy()
 
 
-def _reference_loop(config: dict, world: int, boundaries: int, apply_every: int = 0) -> dict:
+def _reference_loop(config: dict, world: int, boundaries: int, apply_every: int = 0, spec: ModelSpec = WIDE) -> dict:
     """The same loop on the reference engine (every rank in one process)."""
     from reference.accumulation import AccumulationEngine
 
-    engine = AccumulationEngine(lambda: WIDE.build(5), config, world)
+    engine = AccumulationEngine(lambda: spec.build(5), config, world)
     cfg = engine.config
     losses = []
     for k in range(boundaries):
@@ -167,8 +174,8 @@ def _reference_loop(config: dict, world: int, boundaries: int, apply_every: int 
             batch = []
             for r in range(world):
                 gen = torch.Generator().manual_seed(1000 * k + 10 * j + r)
-                x = torch.randn(cfg.train_micro_batch_size_per_gpu, WIDE.in_features, generator=gen)
-                y = torch.randn(cfg.train_micro_batch_size_per_gpu, WIDE.out_features, generator=gen)
+                x = torch.randn(cfg.train_micro_batch_size_per_gpu, spec.in_features, generator=gen)
+                y = torch.randn(cfg.train_micro_batch_size_per_gpu, spec.out_features, generator=gen)
                 batch.append(compute_loss(engine.module(r), x, y, cfg.model_dtype))
             engine.backward(batch)
             engine.step()
@@ -221,6 +228,19 @@ def test_R27_training_loop_without_reads_matches_reference(impl, stage, dtype, w
     if not apply_every:
         lagging = [n for n in want["weights"] if not torch.equal(got[0]["weights"][n], got[0]["applied"][n])]
         assert lagging, "R27: the weights after the last boundary already hold its update (applied one step early)"
+
+
+@REQUIRES_ENGINE
+@IN_RANK_PROCESSES
+def test_R27_next_step_accumulates_apart_from_the_update_in_flight(impl):
+    """R27 (R10, R13 step 6): the update of boundary k reads step k's gradient while step k+1's backward
+    accumulates its own; with large parameters and a cheap forward (:data:`LONG`) the second is under way
+    before the first is done, and the run still equals the reference bitwise -- which it cannot if the two
+    gradients share a buffer, or if step k+1's gradient is cleared or added into step k's."""
+    api = engine_api(impl)
+    cfg = _config(2, "fp32", gradient_accumulation_steps=1, train_micro_batch_size_per_gpu=1)
+    got = api.run_on_ranks(_loop, 1, api.ZeroEngine, cfg, 4, None, None, 0, LONG)[0]
+    _assert_same(got, _reference_loop(cfg, 1, 4, 0, LONG), "large parameters, gas 1")
 
 
 @REQUIRES_ENGINE
