@@ -11,9 +11,12 @@ uninterrupted delayed run, bitwise.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 import torch
 from hypothesis import given
+from torch import nn
 
 from conformance.accumulation_assertions import (
     assert_delayed_replay_consistent,
@@ -119,10 +122,32 @@ def test_R27_the_delay_is_one_boundary_exactly(reference_api, area_api, impl, ac
 WIDE = ModelSpec(in_features=24, hidden=96, out_features=32)
 
 
-#: Parameters large next to the forward's work (a batch of one row, 4 inputs, no frozen layer): the host update of
-#: a boundary (about 3.5M elements, flat order: ``inp`` first) is still running when the next step's backward
-#: streams the gradients of ``out`` (the end of the flat order) into the engine.
-LONG = ModelSpec(in_features=4, hidden=500_000, out_features=2, frozen_layer=False)
+class _Racer(nn.Module):
+    """A large parameter first in flat order whose forward work is tiny (it adds ``big[:out]``), then a small
+    affine head: the host update of a boundary spends its time on ``big`` while the next step's forward and
+    backward run and stream the head's gradient (the end of the flat order, so the first bucket backward
+    delivers) into the engine."""
+
+    def __init__(self, spec: RacerSpec, seed: int) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(seed)
+        self.big = nn.Parameter(torch.rand(spec.big, generator=gen) - 0.5)
+        self.head = nn.Parameter(torch.rand(spec.out_features, spec.in_features, generator=gen) - 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sum(x.unsqueeze(-2) * self.head, dim=-1) + self.big[: self.head.shape[0]]
+
+
+@dataclass(frozen=True)
+class RacerSpec:
+    """Builds :class:`_Racer` (the loop below takes it like a :class:`ModelSpec`)."""
+
+    big: int = 4_000_000
+    in_features: int = 4
+    out_features: int = 3
+
+    def build(self, seed: int) -> nn.Module:
+        return _Racer(self, seed)
 
 
 def _loop(group, engine_cls, config: dict, boundaries: int, load=None, save=None, apply_every: int = 0,
@@ -234,13 +259,13 @@ def test_R27_training_loop_without_reads_matches_reference(impl, stage, dtype, w
 @IN_RANK_PROCESSES
 def test_R27_next_step_accumulates_apart_from_the_update_in_flight(impl):
     """R27 (R10, R13 step 6): the update of boundary k reads step k's gradient while step k+1's backward
-    accumulates its own; with large parameters and a cheap forward (:data:`LONG`) the second is under way
+    accumulates its own; with a large parameter and a cheap forward (:class:`RacerSpec`) the second is under way
     before the first is done, and the run still equals the reference bitwise -- which it cannot if the two
     gradients share a buffer, or if step k+1's gradient is cleared or added into step k's."""
     api = engine_api(impl)
-    cfg = _config(2, "fp32", gradient_accumulation_steps=1, train_micro_batch_size_per_gpu=1)
-    got = api.run_on_ranks(_loop, 1, api.ZeroEngine, cfg, 4, None, None, 0, LONG)[0]
-    _assert_same(got, _reference_loop(cfg, 1, 4, 0, LONG), "large parameters, gas 1")
+    cfg = _config(2, "fp32", gradient_accumulation_steps=1)
+    got = api.run_on_ranks(_loop, 1, api.ZeroEngine, cfg, 4, None, None, 0, RacerSpec())[0]
+    _assert_same(got, _reference_loop(cfg, 1, 4, 0, RacerSpec()), "a large parameter first, gas 1")
 
 
 @REQUIRES_ENGINE
