@@ -123,28 +123,33 @@ WIDE = ModelSpec(in_features=24, hidden=96, out_features=32)
 
 
 class _Racer(nn.Module):
-    """A large parameter first in flat order whose forward work is tiny (it adds ``big[:out]``), then a small
-    affine head: the host update of a boundary spends its time on ``big`` while the next step's forward and
-    backward run and stream the head's gradient (the end of the flat order, so the first bucket backward
-    delivers) into the engine."""
+    """A large parameter first in flat order whose forward work is tiny (``big[:out]``), then two small ones
+    (16 elements each: a bucket of their own at 16-element buckets) whose gradients autograd produces first
+    (their operations come last in the forward). The host update of a boundary spends its time on ``big``
+    (flat order) while the next step's backward delivers ``tail``'s gradient -- the end of the flat order,
+    the first bucket the engine accumulates -- long before the update reaches it."""
 
     def __init__(self, spec: RacerSpec, seed: int) -> None:
         super().__init__()
         gen = torch.Generator().manual_seed(seed)
         self.big = nn.Parameter(torch.rand(spec.big, generator=gen) - 0.5)
         self.head = nn.Parameter(torch.rand(spec.out_features, spec.in_features, generator=gen) - 0.5)
+        self.tail = nn.Parameter(torch.rand(16, generator=gen) - 0.5)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.sum(x.unsqueeze(-2) * self.head, dim=-1) + self.big[: self.head.shape[0]]
+        n = self.head.shape[0]
+        shift = self.big[:n]
+        affine = torch.sum(x.unsqueeze(-2) * self.head, dim=-1)
+        return shift + affine * self.tail[:n]
 
 
 @dataclass(frozen=True)
 class RacerSpec:
     """Builds :class:`_Racer` (the loop below takes it like a :class:`ModelSpec`)."""
 
-    big: int = 4_000_000
+    big: int = 2_000_000
     in_features: int = 4
-    out_features: int = 3
+    out_features: int = 4
 
     def build(self, seed: int) -> nn.Module:
         return _Racer(self, seed)
