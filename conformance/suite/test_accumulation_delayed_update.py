@@ -147,7 +147,7 @@ class _Racer(nn.Module):
 class RacerSpec:
     """Builds :class:`_Racer` (the loop below takes it like a :class:`ModelSpec`)."""
 
-    big: int = 2_000_000
+    big: int = 3_000_000
     in_features: int = 4
     out_features: int = 4
 
@@ -269,8 +269,8 @@ def test_R27_next_step_accumulates_apart_from_the_update_in_flight(impl):
     gradients share a buffer, or if step k+1's gradient is cleared or added into step k's."""
     api = engine_api(impl)
     cfg = _config(2, "fp32", gradient_accumulation_steps=1)
-    got = api.run_on_ranks(_loop, 1, api.ZeroEngine, cfg, 4, None, None, 0, RacerSpec())[0]
-    _assert_same(got, _reference_loop(cfg, 1, 4, 0, RacerSpec()), "a large parameter first, gas 1")
+    got = api.run_on_ranks(_loop, 1, api.ZeroEngine, cfg, 8, None, None, 0, RacerSpec())[0]
+    _assert_same(got, _reference_loop(cfg, 1, 8, 0, RacerSpec()), "a large parameter first, gas 1")
 
 
 @REQUIRES_ENGINE
