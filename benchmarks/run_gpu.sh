@@ -74,8 +74,12 @@ part bench-zero-engine "${T_BZE:-50}" python3 benchmarks/bench_zero.py engine --
 # --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site DS_ACCELERATOR=cuda`
 # (docs/benchmarks.md, 2026-12-03); without them they print "not installed".
 zo=(python3 benchmarks/bench_zero_offload.py --device cuda --steps 5 --warmup 2 --timeout 150)
-part bench-zero-offload "${T_BZO:-420}" "${zo[@]}" --model 886m --out "$out/zero_offload" \
-  --arms ours-s2,ours-s2-offload,ds-z2-offload,ours-s3-offload,ds-z3-offload
+# Stage 2 first (no offload, offload, offload + delayed update R27, DeepSpeed), then stage 3 in a part of its own:
+# seven arms at ~70 s do not fit one 600 s call.
+part bench-zero-offload "${T_BZO:-330}" "${zo[@]}" --model 886m --out "$out/zero_offload" \
+  --arms ours-s2,ours-s2-offload,ours-s2-offload-dpu,ds-z2-offload
+part bench-zero-offload-s3 "${T_BZ3:-270}" "${zo[@]}" --model 886m --out "$out/zero_offload_s3" \
+  --arms ours-s3-offload,ours-s3-offload-dpu,ds-z3-offload
 part bench-zero-offload-more "${T_BZM:-360}" "${zo[@]}" --model 886m --out "$out/zero_offload_more" \
   --arms ours-s3,fsdp2,fsdp2-offload
 part bench-zero-offload-sweep "${T_BZS:-560}" "${zo[@]}" --model 886m,1.5b,3b,5b,7b --sweep --steps 3 --warmup 1 \

@@ -40,6 +40,7 @@ the arithmetic (the accumulation suite compares the traces bitwise on the host).
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -407,6 +408,10 @@ class StreamedUpdate:
         pending, self._pending = self._pending, None
         if pending is None:
             return
+        if not pending.done():  # counted like the per-bucket waits (the next backward, or the next boundary)
+            t0 = time.perf_counter()
+            concurrent.futures.wait([pending])
+            self._times["wait_s"] += time.perf_counter() - t0
         pending.result()
         self._pending = pending  # so wait_bucket still orders the H2D events
         for b in self.ranges:
