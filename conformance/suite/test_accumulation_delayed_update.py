@@ -94,6 +94,22 @@ def test_R27_R25_drawn_delayed_scenario_matches_reference_and_replays(area_api, 
     assert_delayed_replay_consistent(actual)
 
 
+@pytest.mark.gpu
+@REQUIRES_ENGINE
+@given(scenario=delayed_update_scenarios(world_sizes=(1,)))
+def test_R27_R17_engine_on_nccl_matches_reference_within_tolerance(impl, reference_api, accelerator, scenario):
+    """R27/R25 on the device path (streams, events, pinned buffers): the engine on NCCL (world size 1) gives the
+    reference's records, flags and counters exactly and its values within R25's device tolerance, with the
+    reference on the same device (as the undelayed NCCL test does)."""
+    from conformance.accumulation_assertions import arithmetic_tolerance
+
+    if accelerator.device_type != "cuda":
+        pytest.skip("needs the cuda accelerator (NCCL); the host runs are the tests above")
+    expected = reference_api.run_scenario(scenario, device=accelerator.device())
+    actual = engine_api(impl).run_scenario(scenario, backend="nccl")
+    assert_traces_match(actual, expected, arithmetic_tolerance(scenario))
+
+
 def test_R27_the_delay_is_one_boundary_exactly(reference_api, area_api, impl, accelerator):
     """R27 against today's semantics: with one backward per boundary, the delayed run's first boundary leaves the
     initial weights in place, and its second boundary installs the update the first one computed -- bitwise the

@@ -1438,6 +1438,9 @@ class ZeroEngine:
             )
         self.synchronize()
         if self._delayed:
+            if self.device.type == "cuda":
+                # Host partitions (offload_param) may still be read by a gather's H2D queued before this call.
+                torch.cuda.current_stream(self.device).synchronize()
             self._write_live(self._master if self._cast_master is None else self._cast_master)
 
     def _live_partition(self) -> torch.Tensor:
