@@ -24,7 +24,9 @@ What happens where, per stage (R9-R12):
   API; gradients are copied device-to-host asynchronously, the native CPU Adam runs the step (writing the bf16
   weights in the same pass), the weights go back asynchronously. At stages 2/3 with Adam this is streamed per
   bucket (:mod:`optimized.accumulation.streamed_update`): the D2H overlaps backward, the fp32 accumulator stays
-  on the host, and the CPU Adam overlaps the next forward, whose modules wait only for their own buckets.
+  on the host, and the CPU Adam overlaps the next forward, whose modules wait only for their own buckets; with
+  the opt-in ``delayed_parameter_update`` (R27) it overlaps the whole next step, which computes with the weights
+  of the boundary before (published into the parameters at each boundary, before that boundary's update).
   ``offload_param`` keeps stage-3 partitions in
   pinned host memory. ``offload_optimizer: nvme`` is ``cpu`` with the optimizer state in files between steps:
   read back (asynchronously, from the start of the boundary) before the CPU Adam, written after it

@@ -77,7 +77,8 @@ class StreamedUpdate:
     ``master`` / ``state``: the fp32 master and the Adam moments (host, pinned on a device run).
     ``cast_out``: host buffer the kernel writes the model-dtype weights into (bf16 model), or None (fp32 model:
     the master is the weights). ``weights``: where the model-dtype weights of the partition must end up (a
-    device view, or ``cast_out`` itself when the parameters stay on the host).
+    device view, or ``cast_out`` itself when the parameters stay on the host). ``delayed_accumulator``: a second
+    host accumulator, which turns on the delayed update (R27; then ``weights`` must be a buffer of its own).
     """
 
     def __init__(
