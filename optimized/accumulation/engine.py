@@ -976,7 +976,7 @@ class ZeroEngine:
                 self._cast_master.copy_(lp)
             if applied is not None:
                 lp = applied.to(model_dtype)
-        self._write_live(lp)
+        self._write_live(lp, "checkpoint parameter all-gather")
         flo, fhi = self._frozen_range()
         if isinstance(frozen, torch.Tensor):
             if self.stage == 3:
@@ -1443,21 +1443,22 @@ class ZeroEngine:
             if self.device.type == "cuda":
                 # Host partitions (offload_param) may still be read by a gather's H2D queued before this call.
                 torch.cuda.current_stream(self.device).synchronize()
-            self._write_live(self._master if self._cast_master is None else self._cast_master)
+            source = self._master if self._cast_master is None else self._cast_master
+            self._write_live(source, "apply_delayed_update parameter all-gather")
 
     def _live_partition(self) -> torch.Tensor:
         """This rank's range of the parameters the module computes with (stages 2/3), model dtype."""
         P = self.layout.partition_size
         return self._flat_params[self.rank * P : (self.rank + 1) * P] if self.stage < 3 else self._param_part
 
-    def _write_live(self, lp: torch.Tensor) -> None:
+    def _write_live(self, lp: torch.Tensor, what: str = "parameter all-gather") -> None:
         """``lp`` (this rank's model-dtype partition) becomes the parameters (R13 step 5): all-gathered at stages
         1/2, stored as the partition at stage 3, the whole buffer at stage 0."""
         if self.stage == 0:
             self._flat_params.copy_(lp)
         elif self.stage in (1, 2):
             source = lp.to(self.device) if self._gather_source is None else self._gather_source.copy_(lp)
-            self._comm.all_gather_into(self._flat_params, source, "parameter all-gather")
+            self._comm.all_gather_into(self._flat_params, source, what)
         else:
             self._param_part.copy_(lp)
 
