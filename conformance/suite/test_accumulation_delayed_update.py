@@ -133,8 +133,8 @@ def test_R27_the_delay_is_one_boundary_exactly(reference_api, area_api, impl, ac
 
 # ---- the engine in a training loop -------------------------------------------------------------------------
 
-#: Big enough (about 9k trainable elements) that, with 16-element buckets, the host update of a boundary is still
-#: running when the next step's backward starts streaming its gradients.
+#: About 5.5k trainable elements in several buckets (16-element buckets: one per parameter), a frozen layer and an
+#: unused parameter: every R7/R8 category, with real partitions at W = 2.
 WIDE = ModelSpec(in_features=24, hidden=96, out_features=32)
 
 
