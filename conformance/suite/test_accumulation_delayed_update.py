@@ -328,3 +328,42 @@ def test_R27_checkpoints_between_delayed_and_undelayed_engines(impl, tmp_path):
         assert torch.equal(loaded_delayed["weights"][name], t), f"delayed load of an undelayed checkpoint: {name}"
         assert torch.equal(loaded_delayed["applied"][name], t), f"nothing may be pending after that load: {name}"
 
+
+
+def _apply_inside_backward(group, engine_cls, config: dict) -> tuple:
+    """One rank: ``apply_delayed_update()`` from a hook that runs inside ``backward()``; returns what it raised
+    and whether a whole step afterwards still works."""
+    spec = ModelSpec()
+    engine = engine_cls(spec.build(5), config, process_group=group)
+    caught: list = []
+    try:
+        x, y = torch.randn(2, spec.in_features), torch.randn(2, spec.out_features)
+        out = engine(x)
+
+        def hook(grad: torch.Tensor) -> None:
+            try:
+                engine.apply_delayed_update()
+            except Exception as exc:  # classified by the test
+                caught.append((type(exc).__name__, str(exc)))
+
+        out.register_hook(hook)
+        engine.backward(torch.mean((out - y) ** 2))
+        engine.step()
+        engine.apply_delayed_update()  # between calls it is fine
+        return caught[0] if caught else None, engine.global_steps
+    finally:
+        engine.destroy()
+
+
+@REQUIRES_ENGINE
+@IN_RANK_PROCESSES
+def test_R27_R20_apply_delayed_update_inside_backward_is_refused(impl):
+    """R20/R27: ``apply_delayed_update()`` called while ``backward()`` runs (from a tensor hook) is refused with an
+    UnsupportedOperationError naming the call and the allowed alternative; the engine goes on working."""
+    api = engine_api(impl)
+    cfg = {**VALID, "gradient_accumulation_steps": 1}
+    refused, steps = api.run_on_ranks(_apply_inside_backward, 1, api.ZeroEngine, cfg)[0]
+    assert refused is not None, "apply_delayed_update() inside backward() was not refused"
+    kind, message = refused
+    assert kind == "UnsupportedOperationError" and "apply_delayed_update" in message and "allowed" in message, message
+    assert steps == 1
