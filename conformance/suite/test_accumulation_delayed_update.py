@@ -309,6 +309,23 @@ def test_R27_resume_from_checkpoint_equals_uninterrupted_delayed_run(impl, tmp_p
 
 @REQUIRES_ENGINE
 @IN_RANK_PROCESSES
+def test_R27_R8_delayed_checkpoint_reshards_both_weights(impl, tmp_path):
+    """R27 + R8: a delayed checkpoint saved at W = 2, stage 2, loads at W = 1, stage 3 (and back at W = 2): the
+    weights the module computes with and, after ``apply_delayed_update()``, the master's weights are the saved
+    run's bitwise -- both ranges are resharded, not only the master."""
+    api = engine_api(impl)
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    saved = api.run_on_ranks(_loop, 2, api.ZeroEngine, _config(2, "bf16"), 2, None, (a, "ck"))[0]
+    narrow = api.run_on_ranks(_loop, 1, api.ZeroEngine, _config(3, "bf16"), 0, (a, "ck"), (b, "ck"))[0]
+    back = api.run_on_ranks(_loop, 2, api.ZeroEngine, _config(2, "bf16"), 0, (b, "ck"))[0]
+    for what, got in (("W=1 stage 3", narrow), ("back at W=2", back)):
+        _assert_same(got, saved, what, keys=("weights", "applied"))
+    lagging = [n for n in saved["weights"] if not torch.equal(saved["weights"][n], saved["applied"][n])]
+    assert lagging, "premise: the saved run had an update pending"
+
+
+@REQUIRES_ENGINE
+@IN_RANK_PROCESSES
 def test_R27_checkpoints_between_delayed_and_undelayed_engines(impl, tmp_path):
     """R27: a delayed run's checkpoint loaded by an engine without the delay computes with the master's cast
     (the pending update lands at the load), i.e. the weights the delayed run has after apply_delayed_update();
