@@ -59,6 +59,17 @@ zero_resume() {
 export -f zero_resume
 part zero-resume-nccl "${T_ZRN:-120}" bash -c zero_resume
 wanted zero-resume-nccl && grep -i "checksum" "$out/zero-resume-nccl.log"
+# The same with the delayed update (R27, stage 2, cpu offload): the checkpoint keeps the lagging weights.
+zero_resume_dpu() {
+  local r=(torchrun --standalone --nproc_per_node 1 examples/train_zero_resume.py --backend nccl --stage 2 --bf16
+           --delayed-update --total-steps 6 --save-every 3)
+  rm -rf /tmp/zC /tmp/zD
+  "${r[@]}" --steps 3 --ckpt-dir /tmp/zC && "${r[@]}" --steps 6 --ckpt-dir /tmp/zC --resume \
+    && "${r[@]}" --steps 6 --ckpt-dir /tmp/zD
+}
+export -f zero_resume_dpu
+part zero-resume-nccl-dpu "${T_ZRD:-120}" bash -c zero_resume_dpu
+wanted zero-resume-nccl-dpu && grep -i "checksum" "$out/zero-resume-nccl-dpu.log"
 part zero-scenarios-nccl "${T_ZSC:-70}" python3 benchmarks/bench_zero.py scenarios --backend nccl --world 1 --out "$out/zero"
 part diag-offload-prefetch "${T_DOP:-60}" python3 benchmarks/diag_offload_prefetch.py --blocks 6 --steps 2
 part bench-pinning "${T_BPIN:-70}" python3 benchmarks/bench_pinning.py --only "${PIN_GROUPS:-alloc,phases,is_pinned,bandwidth}" \
