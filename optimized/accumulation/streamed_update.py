@@ -22,14 +22,14 @@ add up to more than the GPU's own step; streamed per bucket they overlap:
   bucket in ``step()`` while the worker updates the next bucket.
 
 With ``delayed_parameter_update`` (R27, opt-in) the update of boundary k is not waited for by anything of step
-k + 1: ``step()`` first *publishes* the weights of the previous boundary (the model-dtype source -- the kernel's
-cast buffer, or the fp32 master of an fp32 model -- holds them: every update writes it) into the live
-parameters, bucket by bucket in flat order (H2D on the second stream after a fence on the current stream, or a
-host copy), then the worker runs this boundary's CPU Adam on each bucket once the bucket's publish has read the
-source. The next forward waits only for the publish of its buckets; the next backward accumulates into a second
-host accumulator (the worker still reads this boundary's); only the next boundary waits for the Adam. Host
-cost: one more partition-sized accumulator (``grad_accum_dtype``) and, for a bf16 model, a cast buffer of its
-own (the live parameters may no longer double as the kernel's output).
+k + 1: at the boundary the worker first *publishes* the weights of the previous boundary (the model-dtype source
+-- the kernel's cast buffer, or the fp32 master of an fp32 model -- holds them: every update writes it) into the
+live parameters, bucket by bucket in flat order (H2D on the second stream after a fence recorded by ``step()`` on
+the current stream, or a host copy), then runs this boundary's CPU Adam on each bucket once the bucket's publish
+has read the source. The next forward waits only for the publish of its buckets; the next backward accumulates
+into a second host accumulator (the worker still reads this boundary's); only the next boundary waits for the
+Adam. Host cost: one more partition-sized accumulator (``grad_accum_dtype``) and, for a bf16 model, a cast
+buffer of its own (the live parameters may no longer double as the kernel's output).
 
 On the cpu accelerator there is nothing to copy: the accumulator is the host buffer itself, the norm is
 summed there, and the asynchrony is the worker thread's (the next forward waits per module the same way).
