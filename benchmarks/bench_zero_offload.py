@@ -5,7 +5,9 @@ One HF ``LlamaForCausalLM`` built from a config (no weights: random init), bf16,
 peak memory and host RSS are the arm's own; a crash or OOM of one arm is reported, not fatal):
 
 - ``ours-s2``, ``ours-s2-offload`` (offload_optimizer cpu), ``ours-s3``, ``ours-s3-offload`` (optimizer and
-  parameter offload): :class:`optimized.accumulation.ZeroEngine`;
+  parameter offload): :class:`optimized.accumulation.ZeroEngine`; ``ours-s2-offload-dpu``,
+  ``ours-s3-offload-dpu``: the offloaded arms with ``delayed_parameter_update`` (docs/accumulation.md R27: the
+  CPU Adam of a step overlaps the whole next step, whose weights lag by one update);
 - ``ds-z2-offload``, ``ds-z3-offload`` (+ offload_param cpu): DeepSpeed ZeRO with ``offload_optimizer: cpu``;
 - ``fsdp2``, ``fsdp2-offload``: ``fully_shard`` per decoder layer and the root, bf16 parameters (the same
   arithmetic as the engines' bf16 model with fp32 optimizer state is not available in FSDP2's mixed precision
@@ -57,8 +59,8 @@ MODELS: dict[str, tuple[int, int, int, int, int, int, int, int]] = {
     "13b": (5120, 40, 40, 13824, 32000, 2048, 4, 2),
 }
 
-ARMS = ["ours-s2", "ours-s2-offload", "ours-s3", "ours-s3-offload", "ds-z2-offload", "ds-z3-offload", "fsdp2",
-        "fsdp2-offload"]
+ARMS = ["ours-s2", "ours-s2-offload", "ours-s2-offload-dpu", "ours-s3", "ours-s3-offload", "ours-s3-offload-dpu",
+        "ds-z2-offload", "ds-z3-offload", "fsdp2", "fsdp2-offload"]
 
 
 def _llama(name: str):
@@ -145,10 +147,12 @@ def _child(arm: str, model_name: str, device_name: str, steps: int, warmup: int,
         from optimized.accumulation import ZeroEngine
 
         stage = 2 if "-s2" in arm else 3
-        offload = arm.endswith("offload")
+        offload = "-offload" in arm
         zero = {"stage": stage}
         if offload:
             zero["offload_optimizer"] = {"device": "cpu"}
+            if arm.endswith("-dpu"):
+                zero["offload_optimizer"]["delayed_parameter_update"] = True
             if stage == 3:
                 zero["offload_param"] = {"device": "cpu"}
         engine = ZeroEngine(model, {
@@ -356,7 +360,7 @@ def main() -> None:
         for m in models:
             row = _run_arm(arm, m, args)
             rows.append(row)
-            print(f"  {arm:<16} {m:<6} {row['status']:<14} {row.get('step_ms', float('nan')):9.1f} ms", flush=True)
+            print(f"  {arm:<20} {m:<6} {row['status']:<14} {row.get('step_ms', float('nan')):9.1f} ms", flush=True)
             if args.out:  # after every arm: a run cut short by an outer time box keeps what it measured
                 _write_json(Path(args.out), rows)
             if args.sweep and row["status"] != "ok":

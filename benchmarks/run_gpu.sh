@@ -43,10 +43,10 @@ suite offload "${T_OFF:-240}" conformance.suite.test_offload_checkpoint conforma
   conformance.suite.test_offload_hf conformance.suite.test_offload_semantics conformance.suite.test_offload_streams
 suite io "${T_IO:-30}" conformance -k "test_io"
 suite accumulation-nccl "${T_ACC:-90}" conformance -k "accumulation and (nccl or nvme or cpu_adam or optimizer)"
-suite accumulation-engine "${T_ACE:-180}" conformance.suite.test_accumulation_engine_resume \
+suite accumulation-engine "${T_ACE:-220}" conformance.suite.test_accumulation_engine_resume \
   conformance.suite.test_accumulation_engine_surface conformance.suite.test_accumulation_engine_examples \
   conformance.suite.test_accumulation_engine_faults conformance.suite.test_accumulation_engine_scenarios \
-  conformance.suite.test_accumulation_engine_overlap
+  conformance.suite.test_accumulation_engine_overlap conformance.suite.test_accumulation_delayed_update
 # examples/train_zero_resume.py on NCCL, world size 1: 3 steps, save, resume to 6; then 6 uninterrupted steps.
 # The two "final checksum" lines must be equal.
 zero_resume() {
@@ -59,6 +59,17 @@ zero_resume() {
 export -f zero_resume
 part zero-resume-nccl "${T_ZRN:-120}" bash -c zero_resume
 wanted zero-resume-nccl && grep -i "checksum" "$out/zero-resume-nccl.log"
+# The same with the delayed update (R27, stage 2, cpu offload): the checkpoint keeps the lagging weights.
+zero_resume_dpu() {
+  local r=(torchrun --standalone --nproc_per_node 1 examples/train_zero_resume.py --backend nccl --stage 2 --bf16
+           --delayed-update --total-steps 6 --save-every 3)
+  rm -rf /tmp/zC /tmp/zD
+  "${r[@]}" --steps 3 --ckpt-dir /tmp/zC && "${r[@]}" --steps 6 --ckpt-dir /tmp/zC --resume \
+    && "${r[@]}" --steps 6 --ckpt-dir /tmp/zD
+}
+export -f zero_resume_dpu
+part zero-resume-nccl-dpu "${T_ZRD:-120}" bash -c zero_resume_dpu
+wanted zero-resume-nccl-dpu && grep -i "checksum" "$out/zero-resume-nccl-dpu.log"
 part zero-scenarios-nccl "${T_ZSC:-70}" python3 benchmarks/bench_zero.py scenarios --backend nccl --world 1 --out "$out/zero"
 part diag-offload-prefetch "${T_DOP:-60}" python3 benchmarks/diag_offload_prefetch.py --blocks 6 --steps 2
 part bench-pinning "${T_BPIN:-70}" python3 benchmarks/bench_pinning.py --only "${PIN_GROUPS:-alloc,phases,is_pinned,bandwidth}" \
@@ -74,8 +85,12 @@ part bench-zero-engine "${T_BZE:-50}" python3 benchmarks/bench_zero.py engine --
 # --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site DS_ACCELERATOR=cuda`
 # (docs/benchmarks.md, 2026-12-03); without them they print "not installed".
 zo=(python3 benchmarks/bench_zero_offload.py --device cuda --steps 5 --warmup 2 --timeout 150)
-part bench-zero-offload "${T_BZO:-420}" "${zo[@]}" --model 886m --out "$out/zero_offload" \
-  --arms ours-s2,ours-s2-offload,ds-z2-offload,ours-s3-offload,ds-z3-offload
+# Stage 2 first (no offload, offload, offload + delayed update R27, DeepSpeed), then stage 3 in a part of its own:
+# seven arms at ~70 s do not fit one 600 s call.
+part bench-zero-offload "${T_BZO:-330}" "${zo[@]}" --model 886m --out "$out/zero_offload" \
+  --arms ours-s2,ours-s2-offload,ours-s2-offload-dpu,ds-z2-offload
+part bench-zero-offload-s3 "${T_BZ3:-270}" "${zo[@]}" --model 886m --out "$out/zero_offload_s3" \
+  --arms ours-s3-offload,ours-s3-offload-dpu,ds-z3-offload
 part bench-zero-offload-more "${T_BZM:-360}" "${zo[@]}" --model 886m --out "$out/zero_offload_more" \
   --arms ours-s3,fsdp2,fsdp2-offload
 part bench-zero-offload-sweep "${T_BZS:-560}" "${zo[@]}" --model 886m,1.5b,3b,5b,7b --sweep --steps 3 --warmup 1 \

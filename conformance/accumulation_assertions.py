@@ -19,6 +19,7 @@ import torch
 
 from reference.accumulation import (
     AccumulationConfig,
+    ApplyDelayedUpdate,
     Backward,
     BackwardRecord,
     ControlRecord,
@@ -309,6 +310,49 @@ def assert_replay_consistent(trace: Trace) -> None:
         if not rec.boundary:
             assert_named_tensors(rec.parameters, previous, f"non-boundary step record {rec.call_index} (R4)")
         previous = rec.parameters
+
+
+def assert_delayed_replay_consistent(trace: Trace) -> None:
+    """R27 on ``trace`` (a ``delayed_parameter_update`` run), from its own records alone: replaying R14-R16 on
+    the recorded gradients gives the fp32 master of every boundary; the parameters recorded after boundary k
+    must be the model-dtype cast of the master *before* boundary k's update (so after the first boundary the
+    initial parameters), after an ``ApplyDelayedUpdate`` call the cast of the current master, and between
+    boundaries nothing moves (R4). Norm and clip coefficient follow R14/R15 as without the delay."""
+    sc = trace.scenario
+    cfg: AccumulationConfig = sc.config
+    assert cfg.delayed_parameter_update, "assert_delayed_replay_consistent needs a delayed_parameter_update trace"
+    first = next((r for r in trace.boundaries()), None)
+    trainable = list(first.gradients) if first is not None and first.gradients is not None else []
+    layout = build_layout([(n, trace.initial_parameters[n].shape) for n in trainable], sc.world_size)
+    master = flatten(layout, {n: trace.initial_parameters[n] for n in trainable}, torch.float32)
+    state = init_state(cfg.optimizer, master)
+    live = {n: t.clone() for n, t in trace.initial_parameters.items()}
+
+    def install(flat: torch.Tensor) -> None:
+        for seg in layout.segments:
+            live[seg.name] = flat[seg.offset : seg.end].view(seg.shape).clone()
+
+    for rec in trace.records:
+        if isinstance(rec, ControlRecord) and isinstance(rec.call, ApplyDelayedUpdate):
+            install(master.to(cfg.model_dtype))
+            continue
+        if not isinstance(rec, StepRecord):
+            continue
+        label = f"delayed replay of step record {rec.call_index}"
+        if rec.boundary:
+            install(master.to(cfg.model_dtype, copy=True))  # what this boundary installs: the previous update
+            grads = flatten(layout, rec.gradients, torch.float32)
+            norm = global_grad_norm(layout, [shard(layout, grads, r) for r in range(sc.world_size)])
+            coef = None
+            if cfg.gradient_clipping > 0:
+                c = cfg.gradient_clipping / (norm + CLIP_EPSILON)
+                if c < 1.0:
+                    coef = c
+                    grads = torch.mul(grads, c)
+            assert_float_match(rec.grad_norm, norm, f"{label}: grad_norm (R14)", None)
+            assert_float_match(rec.clip_coef, coef, f"{label}: clip_coef (R15)", None)
+            optimizer_step(cfg.optimizer, master, grads, state)
+        assert_named_tensors(rec.parameters, live, f"{label}: parameters (R27: one boundary behind the master)")
 
 
 # ---- an independent oracle for the first boundary (R7, R9-R11, R23) ----------------------------------------

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from reference.accumulation import (
     AccumulationConfig,
+    ApplyDelayedUpdate,
     Backward,
     EnterNoSync,
     ExitNoSync,
@@ -133,4 +134,28 @@ def scenarios(
         model=draw(model_specs()),
         seed=draw(st.integers(0, 2**16)),
         name="drawn",
+    )
+
+
+@st.composite
+def delayed_update_scenarios(draw: st.DrawFn, world_sizes: tuple[int, ...] = (1, 2)) -> Scenario:
+    """Valid ``delayed_parameter_update`` scenarios (R27): what R19 allows with it (stages 2/3, ``cpu`` optimizer
+    offload, Adam/AdamW), the rest drawn as in :func:`scenarios`, and ``ApplyDelayedUpdate`` calls inserted at
+    random points between calls (including before any boundary, where it changes nothing)."""
+    base = draw(accumulation_configs(stages=(2, 3)))
+    config = base.replace(
+        optimizer={**base.to_dict()["optimizer"], "type": draw(st.sampled_from(("adam", "adamw"))), "momentum": 0.0},
+        offload_optimizer="cpu",
+        delayed_parameter_update=True,
+    )
+    calls = list(draw(call_sequences(config, max_steps=5)))
+    for _ in range(draw(st.integers(0, 2))):
+        calls.insert(draw(st.integers(0, len(calls))), ApplyDelayedUpdate())
+    return Scenario(
+        config=config,
+        world_size=draw(st.sampled_from(world_sizes)),
+        calls=tuple(calls),
+        model=draw(model_specs()),
+        seed=draw(st.integers(0, 2**16)),
+        name="drawn-delayed",
     )

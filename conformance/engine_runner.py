@@ -26,6 +26,7 @@ import torch
 from conformance.rank_pool import RankFailure, get_pool
 from reference.contract import envvars
 from reference.contract.accumulation_scenario import (
+    ApplyDelayedUpdate,
     Backward,
     BackwardRecord,
     ControlRecord,
@@ -167,6 +168,9 @@ def _rank_run(group: Any, engine_class: type, scenario: Scenario, bucket_element
                 )
             elif isinstance(call, SetBoundary):
                 engine.set_gradient_accumulation_boundary(call.flag)
+                records.append(("C", i, call, engine.is_gradient_accumulation_boundary()))
+            elif isinstance(call, ApplyDelayedUpdate):
+                engine.apply_delayed_update()  # a collective at stage 2 with W > 1: every rank calls it
                 records.append(("C", i, call, engine.is_gradient_accumulation_boundary()))
             elif isinstance(call, EnterNoSync):
                 ctx = engine.no_sync()

@@ -34,6 +34,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--stage", type=int, default=2, choices=(0, 1, 2, 3))
     p.add_argument("--offload", choices=("none", "cpu"), default="cpu")
     p.add_argument("--bf16", action="store_true", help="bf16 weights (inputs are cast to the model dtype)")
+    p.add_argument("--delayed-update", action="store_true",
+                   help="delayed_parameter_update (docs/accumulation.md R27; stages 2/3 with --offload cpu): the "
+                        "weights lag the master by one step; the checkpoint keeps both")
     p.add_argument("--steps", type=int, default=8, help="boundary steps to reach (counted over resumes)")
     p.add_argument("--total-steps", type=int, default=None,
                    help="length of the LR schedule (default --steps; set it when a run will be resumed further)")
@@ -94,6 +97,8 @@ def main() -> None:
         "zero_optimization": {"stage": args.stage, "offload_optimizer": {"device": args.offload}},
         "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.9, 0.99], "weight_decay": 0.01}},
     }
+    if args.delayed_update:
+        config["zero_optimization"]["offload_optimizer"]["delayed_parameter_update"] = True
     engine = ZeroEngine(build_model(), config, device=device)
     engine.lr_scheduler = LambdaLR(engine.optimizer, warmup_cosine(args.total_steps or args.steps))
     start = 0
@@ -114,6 +119,8 @@ def main() -> None:
             print(f"step {step + 1} loss {loss.item():.6f} lr {engine.get_lr()[0]:.6f} norm {result.grad_norm:.4f}")
         if args.ckpt_dir and (step + 1) % args.save_every == 0:
             engine.save_checkpoint(args.ckpt_dir, client_state={"step": step + 1, "world_size": world})
+    if args.delayed_update:
+        engine.apply_delayed_update()  # R27: the last update into the weights before exporting them
     state = engine.state_dict()  # consolidated (a collective at stage 3): every rank calls it
     if rank == 0:
         checksum = sum(v.double().sum().item() for v in state.values())

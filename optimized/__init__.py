@@ -57,6 +57,8 @@ IMPLEMENTATION = Implementation(
         distributed_engine=True,
         # Reductions add the W owned slices in rank order, so traces equal the reference's at any world size.
         accumulation_rank_ordered_reduction=True,
+        # delayed_parameter_update (R27): the CPU Adam of a boundary overlaps the whole next step.
+        accumulation_delayed_parameter_update=True,
         # Tuning environments the native pinning path must be correct under: the CUDA pinning tests repeat their
         # registration and DMA checks with each (registration overlapped with population, and sequential).
         pin_env_variants=(

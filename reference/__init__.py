@@ -50,6 +50,8 @@ IMPLEMENTATION = Implementation(
         pin_backends=("torch", "native"),
         # The reference registry takes one lock per call; the suite sizes its contention test accordingly.
         concurrent_registry_reads=False,
+        # The oracle of R27 (docs/accumulation.md): the delayed update, swapped in at the next boundary.
+        accumulation_delayed_parameter_update=True,
         # Pure Python over torch and the shared native pinning core: the crash-isolation self-test
         # (conformance.selftest) shows a native abort is caught in a child; the suite runs these tests in-process
         # for speed, and the lifetime probes marked ``isolated`` still run in a child.

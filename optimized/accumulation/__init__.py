@@ -26,6 +26,7 @@ from reference.contract.accumulation_config import (
     OptimizerConfig,
 )
 from reference.contract.accumulation_scenario import (
+    ApplyDelayedUpdate,
     Backward,
     BackwardRecord,
     ControlRecord,
@@ -87,6 +88,7 @@ __all__ = [
     "TIMEOUT_ENV",
     "ZERO_STAGES",
     "AccumulationConfig",
+    "ApplyDelayedUpdate",
     "Backward",
     "BackwardRecord",
     "CheckpointError",

@@ -24,7 +24,9 @@ What happens where, per stage (R9-R12):
   API; gradients are copied device-to-host asynchronously, the native CPU Adam runs the step (writing the bf16
   weights in the same pass), the weights go back asynchronously. At stages 2/3 with Adam this is streamed per
   bucket (:mod:`optimized.accumulation.streamed_update`): the D2H overlaps backward, the fp32 accumulator stays
-  on the host, and the CPU Adam overlaps the next forward, whose modules wait only for their own buckets.
+  on the host, and the CPU Adam overlaps the next forward, whose modules wait only for their own buckets; with
+  the opt-in ``delayed_parameter_update`` (R27) it overlaps the whole next step, which computes with the weights
+  of the boundary before (published into the parameters at each boundary, before that boundary's update).
   ``offload_param`` keeps stage-3 partitions in
   pinned host memory. ``offload_optimizer: nvme`` is ``cpu`` with the optimizer state in files between steps:
   read back (asynchronously, from the start of the boundary) before the CPU Adam, written after it
@@ -316,6 +318,13 @@ class ZeroEngine:
         #: device.
         self._update: StreamedUpdate | None = None
         streamed = self.stage >= 2 and cfg.offload_optimizer == "cpu" and uses_native(cfg.optimizer, self._master)
+        #: R27 (opt-in): the parameters lag the master by one boundary; built on the streamed update.
+        self._delayed = cfg.delayed_parameter_update
+        if self._delayed and not streamed:
+            raise ConfigurationError(
+                "delayed_parameter_update=True needs the native CPU Adam (optimized.cpu_adam), which this build "
+                "does not have; allowed: delayed_parameter_update=False, or a build with the native extension"
+            )
         # Device -> host gradient staging for the offloaded step (not needed when everything is on the host).
         self._grad_host: torch.Tensor | None = None
         if self.master_device.type == "cpu" and self.device.type != "cpu" and not streamed:
@@ -345,7 +354,12 @@ class ZeroEngine:
         # Where the cast master goes (R13 step 5), and whether the native kernel can write it directly.
         self._cast_master: torch.Tensor | None = None
         if model_dtype == torch.bfloat16 and uses_native(cfg.optimizer, self._master):
-            if self.stage == 0 and self.device.type == "cpu":
+            if self._delayed:
+                # R27: the live parameters hold the previous boundary's weights, so the kernel's output is a
+                # buffer of its own; it starts as the cast of the master (no update pending).
+                self._cast_master = self._host_buffer(mnumel, model_dtype, pinned=self.device.type != "cpu")
+                self._cast_master.copy_(self._master)
+            elif self.stage == 0 and self.device.type == "cpu":
                 self._cast_master = self._flat_params
             elif self.stage == 3 and self.param_device.type == "cpu":
                 self._cast_master = self._param_part
@@ -395,6 +409,11 @@ class ZeroEngine:
                 exp_avg_sq=self._opt_state.buffers["exp_avg_sq"],
                 cast_out=self._cast_master,
                 weights=weights,
+                # R27: the next backward fills this one while the worker's update reads the other
+                delayed_accumulator=(
+                    self._host_buffer(P, cfg.accum_dtype, pinned=self.device.type != "cpu").zero_()
+                    if self._delayed else None
+                ),
             )
             if self.stage == 2:
                 self._install_update_waits(lo, hi)
@@ -456,7 +475,11 @@ class ZeroEngine:
         if self._swap is not None:
             self._swap.release()  # the last step's state writes ran during this micro-step's forward
         if self._update is not None:
-            self.synchronize()  # the last update's tail ran during this micro-step's forward
+            if self._delayed:
+                # R27: only the published weights matter here; the update itself runs on through this backward.
+                self._update.wait_published()
+            else:
+                self.synchronize()  # the last update's tail ran during this micro-step's forward
             managed = self.config.managed_gradient_accumulation
             # The R14 piece sums are taken on the device as buckets stream out when this backward is (predicted to
             # be) the boundary's; otherwise step() sums the host accumulator.
@@ -497,7 +520,9 @@ class ZeroEngine:
         """R2-R4 / R6 and, at a boundary, the epilogue R13 with the hyper-parameters of ``optimizer``'s group;
         then an attached ``lr_scheduler`` steps (boundaries only, as DeepSpeed steps it)."""
         self._check_alive()
-        self.synchronize()
+        if not self._delayed:
+            # (R27: a boundary waits for the previous update in the epilogue; a non-boundary step reads nothing)
+            self.synchronize()
         with self._schedule.step() as boundary:
             outcome = self._boundary_epilogue() if boundary else StepOutcome(boundary=False)
         if boundary:
@@ -690,6 +715,7 @@ class ZeroEngine:
             "model_dtype": self.config.dtype,
             "optimizer_type": self.config.optimizer.type,
             "optimizer_step": opt_state.step,
+            "delayed_parameter_update": self._delayed,
             "state_buffers": sorted(state),
             "parameters": {s.name: list(s.shape) for s in self.layout.segments},
             "frozen_parameters": {s.name: list(s.shape) for s in self.frozen_layout.segments},
@@ -732,6 +758,8 @@ class ZeroEngine:
         if self.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state(self.device)
         payload = {
+            # R27: the weights a delayed run computes with are not the master's cast; resuming needs them
+            "applied": self._live_partition().to("cpu", copy=True) if self._delayed else None,
             "master": master.to("cpu", copy=True),
             "state": {k: v.to("cpu", copy=True) for k, v in state.items()},
             "frozen": frozen,
@@ -778,8 +806,8 @@ class ZeroEngine:
             error = CheckpointError(f"checkpoint in {os.fspath(load_dir)!r} (tag {tag!r}) cannot be read: {exc!r}")
             error.__cause__ = exc
         self._agree(error, "load_checkpoint")
-        path, manifest, master, state, frozen, own = loaded
-        self._install_state(master, state, frozen, own["buffers"])
+        path, manifest, master, state, frozen, own, applied = loaded
+        self._install_state(master, state, frozen, own["buffers"], applied)
         if not load_module_only:
             c = manifest["counters"]
             sched = self._schedule
@@ -856,7 +884,14 @@ class ZeroEngine:
         frozen = torch.zeros(fhi - flo, dtype=model_dtype)
         ckpt.assemble(fneeded, frozen, [(manifest["ranks"][r]["frozen"], f["frozen"]) for r, f in files.items()])
         own = files[own_rank]
-        return path, manifest, master, state, frozen, own
+        applied = None
+        if self._delayed and manifest.get("delayed_parameter_update"):
+            # R27: the weights the saved delayed run was computing with (the master's cast was still pending).
+            applied = torch.zeros(hi - lo, dtype=model_dtype)
+            ckpt.assemble(
+                needed, applied, [(manifest["ranks"][r]["trainable"], f["applied"]) for r, f in files.items()]
+            )
+        return path, manifest, master, state, frozen, own, applied
 
     # ---- consolidated weights ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -918,10 +953,13 @@ class ZeroEngine:
         opt_buffers: dict[str, torch.Tensor] | None,
         frozen: Mapping[str, torch.Tensor] | torch.Tensor,
         buffers: Mapping[str, torch.Tensor],
+        applied: torch.Tensor | None = None,
     ) -> None:
         """Make ``master`` (this rank's master range) the engine's weights: the model-dtype parameters become
         its cast (R13 step 5: the invariant a boundary leaves), all-gathered at stages 1/2; ``frozen`` is a
-        name -> full tensor mapping or this rank's flat frozen range. Gradients accumulated so far are dropped."""
+        name -> full tensor mapping or this rank's flat frozen range. Gradients accumulated so far are dropped.
+        ``applied`` (R27, delayed update only): this rank's range of the parameters to compute with instead of
+        the master's cast (a delayed run's checkpoint)."""
         model_dtype = self.config.model_dtype
         self._master.copy_(master)
         if opt_buffers is not None:
@@ -931,13 +969,14 @@ class ZeroEngine:
                 for k, v in opt_buffers.items():
                     self._opt_state.buffers[k].copy_(v)
         lp = master.to(model_dtype)
-        if self.stage == 0:
-            self._flat_params.copy_(lp)
-        elif self.stage in (1, 2):
-            source = lp.to(self.device) if self._gather_source is None else self._gather_source.copy_(lp)
-            self._comm.all_gather_into(self._flat_params, source, "checkpoint parameter all-gather")
-        else:
-            self._param_part.copy_(lp)
+        if self._delayed:
+            # R27: no update is pending after a load unless the checkpoint kept the weights a delayed run was
+            # computing with (``applied``): those stay live and the master's cast waits for the next boundary.
+            if self._cast_master is not None:
+                self._cast_master.copy_(lp)
+            if applied is not None:
+                lp = applied.to(model_dtype)
+        self._write_live(lp, "checkpoint parameter all-gather")
         flo, fhi = self._frozen_range()
         if isinstance(frozen, torch.Tensor):
             if self.stage == 3:
@@ -1149,7 +1188,10 @@ class ZeroEngine:
                 pieces = [(o.rank, self._flat_params[o.start : o.end]) for o in owners(self.layout, b.start, b.end)]
                 works.extend(comm.start_broadcasts(pieces, "parameter all-gather (per bucket)"))
             comm.wait_all(works, "parameter all-gather (per bucket)")
-            update.wait_all()
+            if self._delayed:
+                update.wait_published()
+            else:
+                update.wait_all()
         return StepOutcome(boundary=True, grad_norm=norm, clip_coef=clip_coef, gradients=gradients)
 
     def _boundary_epilogue(self) -> StepOutcome:
@@ -1385,6 +1427,40 @@ class ZeroEngine:
         update = self.__dict__.get("_update")
         if update is not None and update.in_flight:
             update.wait_all()
+
+    def apply_delayed_update(self) -> None:
+        """R27 (``delayed_parameter_update``): let the last boundary's update reach the parameters now instead of
+        at the next boundary -- before exporting or evaluating the final weights, or after each of the first
+        steps of a warm-up. Waits for the update; a collective at stage 2 with several ranks (every rank calls
+        it). A no-op without the delayed update, where the parameters already are the cast of the master."""
+        self._check_alive()
+        if self._in_backward:
+            raise UnsupportedOperationError(
+                "apply_delayed_update() was called during backward(); allowed: call it between calls"
+            )
+        self.synchronize()
+        if self._delayed:
+            if self.device.type == "cuda":
+                # Host partitions (offload_param) may still be read by a gather's H2D queued before this call.
+                torch.cuda.current_stream(self.device).synchronize()
+            source = self._master if self._cast_master is None else self._cast_master
+            self._write_live(source, "apply_delayed_update parameter all-gather")
+
+    def _live_partition(self) -> torch.Tensor:
+        """This rank's range of the parameters the module computes with (stages 2/3), model dtype."""
+        P = self.layout.partition_size
+        return self._flat_params[self.rank * P : (self.rank + 1) * P] if self.stage < 3 else self._param_part
+
+    def _write_live(self, lp: torch.Tensor, what: str = "parameter all-gather") -> None:
+        """``lp`` (this rank's model-dtype partition) becomes the parameters (R13 step 5): all-gathered at stages
+        1/2, stored as the partition at stage 3, the whole buffer at stage 0."""
+        if self.stage == 0:
+            self._flat_params.copy_(lp)
+        elif self.stage in (1, 2):
+            source = lp.to(self.device) if self._gather_source is None else self._gather_source.copy_(lp)
+            self._comm.all_gather_into(self._flat_params, source, what)
+        else:
+            self._param_part.copy_(lp)
 
     def offload_timings(self) -> dict[str, float] | None:
         """Where the streamed offloaded update spent its time since the last call (seconds: ``cpu_adam_s``,

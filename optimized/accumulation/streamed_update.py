@@ -21,6 +21,16 @@ add up to more than the GPU's own step; streamed per bucket they overlap:
   (:meth:`StreamedUpdate.wait_all`). At stages 1/2 with several ranks the owners' slices are all-gathered per
   bucket in ``step()`` while the worker updates the next bucket.
 
+With ``delayed_parameter_update`` (R27, opt-in) the update of boundary k is not waited for by anything of step
+k + 1: at the boundary the worker first *publishes* the weights of the previous boundary (the model-dtype source
+-- the kernel's cast buffer, or the fp32 master of an fp32 model -- holds them: every update writes it) into the
+live parameters, bucket by bucket in flat order (H2D on the second stream after a fence recorded by ``step()`` on
+the current stream, or a host copy), then runs this boundary's CPU Adam on each bucket once the bucket's publish
+has read the source. The next forward waits only for the publish of its buckets; the next backward accumulates
+into a second host accumulator (the worker still reads this boundary's); only the next boundary waits for the
+Adam. Host cost: one more partition-sized accumulator (``grad_accum_dtype``) and, for a bf16 model, a cast
+buffer of its own (the live parameters may no longer double as the kernel's output).
+
 On the cpu accelerator there is nothing to copy: the accumulator is the host buffer itself, the norm is
 summed there, and the asynchrony is the worker thread's (the next forward waits per module the same way).
 
@@ -30,6 +40,7 @@ the arithmetic (the accumulation suite compares the traces bitwise on the host).
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -66,7 +77,8 @@ class StreamedUpdate:
     ``master`` / ``state``: the fp32 master and the Adam moments (host, pinned on a device run).
     ``cast_out``: host buffer the kernel writes the model-dtype weights into (bf16 model), or None (fp32 model:
     the master is the weights). ``weights``: where the model-dtype weights of the partition must end up (a
-    device view, or ``cast_out`` itself when the parameters stay on the host).
+    device view, or ``cast_out`` itself when the parameters stay on the host). ``delayed_accumulator``: a second
+    host accumulator, which turns on the delayed update (R27; then ``weights`` must be a buffer of its own).
     """
 
     def __init__(
@@ -83,6 +95,7 @@ class StreamedUpdate:
         exp_avg_sq: torch.Tensor,
         cast_out: torch.Tensor | None,
         weights: torch.Tensor,
+        delayed_accumulator: torch.Tensor | None = None,
     ) -> None:
         self.device = device
         self.on_device = device.type != "cpu"
@@ -93,6 +106,16 @@ class StreamedUpdate:
         self.exp_avg_sq = exp_avg_sq
         self.cast_out = cast_out
         self.weights = weights
+        #: R27: a second host accumulator means the delayed update (see the module docstring)
+        self.delayed = delayed_accumulator is not None
+        self._accumulators = [accumulator, delayed_accumulator]
+        self._current = 0
+        if self.delayed:
+            source = master if cast_out is None else cast_out
+            for a, b in ((weights, source), (accumulator, delayed_accumulator), (weights, delayed_accumulator)):
+                if a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr():
+                    raise ValueError("delayed update: the live weights, the update's source and both accumulators "
+                                     "must be separate buffers")
         self.ranges = [BucketRange(i, lo, hi) for i, (lo, hi) in enumerate(ranges)]
         self.pieces = layout.pieces(rank)
         for position, piece in enumerate(self.pieces):
@@ -104,8 +127,12 @@ class StreamedUpdate:
         self._sums_fresh = False
         self._first = True  # no backward since the last boundary: the accumulator is logically zero
         self._done: list[threading.Event] = [threading.Event() for _ in self.ranges]
-        for e in self._done:
+        #: R27: set once the bucket's previous-boundary weights are in the live parameters (queued, on a device)
+        self._published: list[threading.Event] = [threading.Event() for _ in self.ranges]
+        for e in (*self._done, *self._published):
             e.set()
+        #: R27: per bucket, the event of its publish H2D the worker waits for before overwriting the source
+        self._publish_read: list[torch.cuda.Event | None] = [None] * len(self.ranges)
         self._pending: Future | None = None
         self._error: BaseException | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -235,7 +262,17 @@ class StreamedUpdate:
             e.clear()
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hostoffload-zero-update")
-        self._pending = self._executor.submit(self._run, config, step, clip_coef, grad)
+        if not self.delayed:
+            self._pending = self._executor.submit(self._run, config, step, clip_coef, grad)
+            return
+        for e in self._published:
+            e.clear()
+        # R27: the next backward accumulates into the other buffer while the worker reads this one (R13 step 6).
+        self._current ^= 1
+        self.accumulator = self._accumulators[self._current]
+        self._first = True
+        self._sums_fresh = False
+        self._pending = self._executor.submit(self._run_delayed, config, step, clip_coef, grad)
 
     def _run(self, config: OptimizerConfig, step: int, clip_coef: float | None, grad: torch.Tensor) -> None:
         try:
@@ -252,11 +289,45 @@ class StreamedUpdate:
             self._first = True
             self._sums_fresh = False
 
+    def _run_delayed(self, config: OptimizerConfig, step: int, clip_coef: float | None, grad: torch.Tensor) -> None:
+        """R27: publish the previous boundary's weights (every bucket, flat order), then this boundary's update,
+        each bucket once its publish has read the source. ``start`` already waited for every D2H."""
+        try:
+            source = self.master if self.cast_out is None else self.cast_out
+            for b in self.ranges:
+                if b.length:
+                    self._copy_out(b, source[b.lo : b.hi], self.weights[b.lo : b.hi], publish=True)
+                self._published[b.index].set()
+            for b in self.ranges:
+                if b.length:
+                    read = self._publish_read[b.index]
+                    if read is not None:
+                        read.synchronize()
+                        self._publish_read[b.index] = None
+                    self._adam(b, config, step, clip_coef, grad)
+                self._done[b.index].set()
+        except BaseException as exc:  # reported by the next wait, on the caller's thread
+            self._error = exc
+        finally:
+            for e in (*self._published, *self._done):
+                e.set()
+
     def _update_bucket(
         self, b: BucketRange, config: OptimizerConfig, step: int, clip_coef: float | None, grad: torch.Tensor
     ) -> None:
         if self.on_device and self._d2h_done[b.index] is not None:
             self._d2h_done[b.index].synchronize()  # this bucket's gradient has landed (the others may not)
+        out = self._adam(b, config, step, clip_coef, grad)
+        src = self.master[b.lo : b.hi] if out is None else out
+        dst = self.weights[b.lo : b.hi]
+        if dst.data_ptr() == src.data_ptr():
+            return
+        self._copy_out(b, src, dst, publish=False)
+
+    def _adam(
+        self, b: BucketRange, config: OptimizerConfig, step: int, clip_coef: float | None, grad: torch.Tensor
+    ) -> torch.Tensor | None:
+        """R15 + R16 on bucket ``b`` (native kernel, bf16 copy in the same pass); returns the bf16 slice or None."""
         t0 = time.perf_counter()
         g = grad[b.lo : b.hi]
         if g.dtype != torch.float32:
@@ -274,10 +345,11 @@ class StreamedUpdate:
             threads=self._threads,
         )
         self._times["cpu_adam_s"] += time.perf_counter() - t0
-        src = self.master[b.lo : b.hi] if out is None else out
-        dst = self.weights[b.lo : b.hi]
-        if dst.data_ptr() == src.data_ptr():
-            return
+        return out
+
+    def _copy_out(self, b: BucketRange, src: torch.Tensor, dst: torch.Tensor, *, publish: bool) -> None:
+        """Weights of bucket ``b`` into the live parameters: H2D on the second stream after the fence (its event
+        is what the next forward waits for), or a host copy."""
         if self.on_device and dst.device.type != "cpu":
             with torch.cuda.device(self.device), torch.cuda.stream(self._h2d_stream):
                 self._h2d_stream.wait_event(self._fence)
@@ -288,6 +360,8 @@ class StreamedUpdate:
                 event.record(self._h2d_stream)
             if self._timing:
                 self._copy_events.append(("h2d_s", begin, event))
+            if publish:
+                self._publish_read[b.index] = event
             self._h2d_done[b.index] = event
         else:
             dst.copy_(src)
@@ -301,9 +375,11 @@ class StreamedUpdate:
         """Bucket ``index``'s weights are in place for work queued on the current stream from now on."""
         if self._pending is None:
             return
-        if not self._done[index].is_set():
+        # R27: with the delayed update the weights are the previous boundary's, in place once published.
+        gate = self._published[index] if self.delayed else self._done[index]
+        if not gate.is_set():
             t0 = time.perf_counter()
-            self._done[index].wait()
+            gate.wait()
             self._times["wait_s"] += time.perf_counter() - t0
         self._raise_error()
         if self.on_device:
@@ -320,11 +396,23 @@ class StreamedUpdate:
             if b.lo < hi and lo < b.hi:
                 self.wait_bucket(b.index)
 
+    def wait_published(self) -> None:
+        """The live weights are complete and visible to the current stream (without the delayed update: the whole
+        update is done); re-raises the worker's error. With the delayed update the update itself may still run."""
+        if self._pending is None:
+            return
+        for b in self.ranges:
+            self.wait_bucket(b.index)
+
     def wait_all(self) -> None:
         """The whole update is done and visible to the current stream; re-raises the worker's error."""
         pending, self._pending = self._pending, None
         if pending is None:
             return
+        if not pending.done():  # counted like the per-bucket waits (the next backward, or the next boundary)
+            t0 = time.perf_counter()
+            concurrent.futures.wait([pending])
+            self._times["wait_s"] += time.perf_counter() - t0
         pending.result()
         self._pending = pending  # so wait_bucket still orders the H2D events
         for b in self.ranges:

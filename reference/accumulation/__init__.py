@@ -24,6 +24,7 @@ from reference.contract.accumulation_config import CONFIG_KEYS, DTYPES, Accumula
 from reference.contract.accumulation_scenario import (
     AccumulationMLP,
     AffineMap,
+    ApplyDelayedUpdate,
     Backward,
     BackwardRecord,
     Call,
@@ -55,6 +56,7 @@ __all__ = [
     "AccumulationEngine",
     "AccumulationMLP",
     "AffineMap",
+    "ApplyDelayedUpdate",
     "Backward",
     "BackwardRecord",
     "Call",

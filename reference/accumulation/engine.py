@@ -326,6 +326,11 @@ class AccumulationEngine(ScheduledEngine):
             if coef < 1.0:
                 clip_coef = coef
                 grads32 = [torch.mul(g, coef) for g in grads32]
+        # R27: with the delayed update the parameters this boundary installs are the cast of the masters as they
+        # are now (a copy: for an fp32 model the cast is the master itself), before this boundary's update, i.e.
+        # what the previous boundary's update produced; this boundary's update reaches the parameters at the
+        # next boundary (or at apply_delayed_update()).
+        installed = [m.to(cfg.model_dtype, copy=True) for m in self._masters] if cfg.delayed_parameter_update else None
         # 4. Optimizer on the fp32 master of each rank (R16).
         for r in range(world):
             if self._swap is not None:
@@ -334,20 +339,34 @@ class AccumulationEngine(ScheduledEngine):
             if self._swap is not None:
                 self._swap.swap_out(r, self._opt_states[r])
         # 5. Cast back to the model dtype and all-gather (R12).
-        if self.stage == 0:
-            for r in range(world):
-                self._write_replica(r, self._masters[r].to(device=self.device, dtype=cfg.model_dtype))
-        elif self.stage in (1, 2):
-            full = gather(layout, [m.to(cfg.model_dtype) for m in self._masters], self.device)
-            for r in range(world):
-                self._write_replica(r, full)
-        else:
-            self._param_shards = [m.to(device=self.param_device, dtype=cfg.model_dtype) for m in self._masters]
+        if installed is None:
+            installed = [m.to(cfg.model_dtype) for m in self._masters]
+        self._install_parameters(installed)
         # 6. Clear the gradient state.
         self._local_acc = [None] * world
         if self.stage >= 2:
             self._shard_acc = [self._zero_partition() for _ in range(world)]
         return StepOutcome(boundary=True, grad_norm=norm, clip_coef=clip_coef, gradients=gradients)
+
+    def _install_parameters(self, casts: list[torch.Tensor]) -> None:
+        """R13 step 5: make ``casts`` (per rank, the model-dtype cast of its master buffer) every rank's
+        parameters (stages 0-2: all-gathered into every replica; stage 3: the rank's partition)."""
+        if self.stage == 0:
+            for r in range(self.world_size):
+                self._write_replica(r, casts[r].to(self.device))
+        elif self.stage in (1, 2):
+            full = gather(self.layout, casts, self.device)
+            for r in range(self.world_size):
+                self._write_replica(r, full)
+        else:
+            self._param_shards = [c.to(self.param_device) for c in casts]
+
+    def apply_delayed_update(self) -> None:
+        """R27: the update of the last boundary reaches the parameters now instead of at the next boundary (the
+        parameters become the cast of the masters). A no-op without ``delayed_parameter_update``, where they
+        already are."""
+        self._check_alive()
+        self._install_parameters([m.to(self.config.model_dtype) for m in self._masters])
 
     def _write_replica(self, rank: int, flat: torch.Tensor) -> None:
         views = unflatten(self.layout, flat)

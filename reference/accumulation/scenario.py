@@ -12,6 +12,7 @@ import torch
 
 from reference.accumulation.engine import AccumulationEngine
 from reference.contract.accumulation_scenario import (
+    ApplyDelayedUpdate,
     Backward,
     BackwardRecord,
     ControlRecord,
@@ -84,6 +85,9 @@ def run_scenario(scenario: Scenario, *, device: torch.device | str = "cpu") -> T
                 )
             elif isinstance(call, SetBoundary):
                 engine.set_gradient_accumulation_boundary(call.flag)
+                records.append(ControlRecord(i, call, engine.is_gradient_accumulation_boundary()))
+            elif isinstance(call, ApplyDelayedUpdate):
+                engine.apply_delayed_update()
                 records.append(ControlRecord(i, call, engine.is_gradient_accumulation_boundary()))
             elif isinstance(call, EnterNoSync):
                 ctx = engine.no_sync()

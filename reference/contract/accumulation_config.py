@@ -136,6 +136,8 @@ class AccumulationConfig:
     overlap_comm: bool = False
     pipeline_parallel_size: int = 1
     train_batch_size: int | None = None
+    #: R27: the weights the model computes with lag the fp32 master by one boundary (opt-in; DeepSpeed's DPU).
+    delayed_parameter_update: bool = False
 
     def __post_init__(self) -> None:
         if type(self.zero_stage) is not int or self.zero_stage not in ZERO_STAGES:
@@ -166,6 +168,7 @@ class AccumulationConfig:
         _require_int("pipeline_parallel_size", self.pipeline_parallel_size, 1)
         if self.train_batch_size is not None:
             _require_int("train_batch_size", self.train_batch_size, 1)
+        _require_bool("delayed_parameter_update", self.delayed_parameter_update)
         self._check_combinations()
 
     def check_world_size(self, world_size: int) -> None:
@@ -225,6 +228,8 @@ class AccumulationConfig:
                 f"(got zero_stage={self.zero_stage}); "
                 f"allowed values of offload_param at this stage: 'none'"
             )
+        if self.delayed_parameter_update:
+            self._check_delayed_update()
         if not self.managed_gradient_accumulation:
             # R19: stages 0/1 with overlap_comm reduce from inside backward() as soon as a bucket fills, which
             # presumes the engine knows the boundary at backward time; unmanaged mode only knows it in step().
@@ -241,6 +246,23 @@ class AccumulationConfig:
                     f"managed_gradient_accumulation=False; allowed: pipeline_parallel_size=1, or "
                     f"managed_gradient_accumulation=True"
                 )
+
+    def _check_delayed_update(self) -> None:
+        """R19/R27: the one-step-delayed update exists to hide the host optimizer step behind the next step's
+        forward and backward, so it is defined where that step streams per bucket: the masters and the Adam
+        state on the host (``offload_optimizer: cpu``), gradients partitioned (stages 2/3), Adam or AdamW."""
+        wrong = []
+        if self.offload_optimizer != "cpu":
+            wrong.append(f"offload_optimizer={self.offload_optimizer!r} (allowed: 'cpu')")
+        if self.zero_stage not in (2, 3):
+            wrong.append(f"zero_stage={self.zero_stage} (allowed: 2, 3)")
+        if self.optimizer.type not in ("adam", "adamw"):
+            wrong.append(f"optimizer.type={self.optimizer.type!r} (allowed: 'adam', 'adamw')")
+        if wrong:
+            raise ConfigurationError(
+                f"delayed_parameter_update=True requires offload_optimizer='cpu', zero_stage 2 or 3 and an Adam "
+                f"optimizer; got {', '.join(wrong)}; allowed: change those, or delayed_parameter_update=False"
+            )
 
     # ---- resolved dtypes -----------------------------------------------------------------------------------
     @property
@@ -319,6 +341,8 @@ DEEPSPEED_ZERO_KEYS: tuple[str, ...] = (
     "allgather_partitions",
 )
 DEEPSPEED_OFFLOAD_KEYS: tuple[str, ...] = ("device", "nvme_path", "pin_memory")
+#: ``offload_optimizer`` also takes this project's ``delayed_parameter_update`` (R27; DeepSpeed has no key for it).
+DEEPSPEED_OFFLOAD_OPTIMIZER_KEYS: tuple[str, ...] = (*DEEPSPEED_OFFLOAD_KEYS, "delayed_parameter_update")
 DEEPSPEED_OPTIMIZER_PARAMS: tuple[str, ...] = ("lr", "betas", "eps", "weight_decay", "momentum", "adam_w_mode")
 
 
@@ -389,7 +413,8 @@ def from_deepspeed(values: Mapping[str, Any], world_size: int | None = None) -> 
         for key in ("offload_optimizer", "offload_param"):
             if key not in zero:
                 continue
-            off = _section(f"zero_optimization.{key}", zero[key], DEEPSPEED_OFFLOAD_KEYS)
+            allowed = DEEPSPEED_OFFLOAD_OPTIMIZER_KEYS if key == "offload_optimizer" else DEEPSPEED_OFFLOAD_KEYS
+            off = _section(f"zero_optimization.{key}", zero[key], allowed)
             if "pin_memory" in off:
                 _require_bool(f"zero_optimization.{key}.pin_memory", off["pin_memory"])
                 if not off["pin_memory"]:
@@ -398,6 +423,8 @@ def from_deepspeed(values: Mapping[str, Any], world_size: int | None = None) -> 
                         f"(offloaded buffers are always pinned here)"
                     )
             out[key] = off.get("device", "none")
+            if "delayed_parameter_update" in off:
+                out["delayed_parameter_update"] = off["delayed_parameter_update"]
             if "nvme_path" in off:
                 if key == "offload_param":
                     raise ConfigurationError(

@@ -162,7 +162,13 @@ class ExitNoSync:
     """Leave the innermost ``engine.no_sync()``."""
 
 
-Call = Backward | Step | SetBoundary | EnterNoSync | ExitNoSync
+@dataclass(frozen=True)
+class ApplyDelayedUpdate:
+    """``engine.apply_delayed_update()`` (R27): the last boundary's update reaches the parameters now. Only in
+    scenarios of implementations that declare ``accumulation_delayed_parameter_update``."""
+
+
+Call = Backward | Step | SetBoundary | EnterNoSync | ExitNoSync | ApplyDelayedUpdate
 
 
 @dataclass(frozen=True)
@@ -184,9 +190,10 @@ class Scenario:
             raise ConfigurationError(f"world_size={self.world_size!r} must be an int >= 1")
         object.__setattr__(self, "calls", tuple(self.calls))
         for i, c in enumerate(self.calls):
-            if not isinstance(c, (Backward, Step, SetBoundary, EnterNoSync, ExitNoSync)):
+            if not isinstance(c, (Backward, Step, SetBoundary, EnterNoSync, ExitNoSync, ApplyDelayedUpdate)):
                 raise ConfigurationError(
-                    f"calls[{i}]={c!r} is not a call; allowed: Backward, Step, SetBoundary, EnterNoSync, ExitNoSync"
+                    f"calls[{i}]={c!r} is not a call; allowed: Backward, Step, SetBoundary, EnterNoSync, ExitNoSync, "
+                    f"ApplyDelayedUpdate"
                 )
         if self.data_ranks is not None and sorted(self.data_ranks) != list(range(self.world_size)):
             raise ConfigurationError(
@@ -204,6 +211,7 @@ class Scenario:
             f"gas={c.gradient_accumulation_steps} world={self.world_size} dtype={c.dtype} "
             f"comm={c.communication_data_type} accum={c.grad_accum_dtype} clip={c.gradient_clipping} "
             f"opt={c.optimizer.type} offload_opt={c.offload_optimizer} offload_param={c.offload_param} "
+            f"delayed_update={c.delayed_parameter_update} "
             f"model={self.model} seed={self.seed} calls=[{calls}]"
         )
 
@@ -213,6 +221,8 @@ def _call_token(c: Call) -> str:
         return f"B{'' if c.scale_wrt_gas else '!'}{'' if c.loss_divisor == 1 else f'/{c.loss_divisor}'}"
     if isinstance(c, Step):
         return "S"
+    if isinstance(c, ApplyDelayedUpdate):
+        return "A"
     if isinstance(c, SetBoundary):
         return f"set({c.flag})"
     return "[" if isinstance(c, EnterNoSync) else "]"
@@ -266,8 +276,8 @@ class StepRecord:
 
 @dataclass(frozen=True)
 class ControlRecord:
-    """A :class:`SetBoundary`, :class:`EnterNoSync` or :class:`ExitNoSync` call, with the boundary flag after
-    it."""
+    """A :class:`SetBoundary`, :class:`EnterNoSync`, :class:`ExitNoSync` or :class:`ApplyDelayedUpdate` call,
+    with the boundary flag after it."""
 
     call_index: int
     call: Call
@@ -348,9 +358,10 @@ def merge_rank_traces(scenario: Scenario, per_rank: Sequence[Trace]) -> Trace:
 
 def scenario_calls(pattern: Sequence[str | Call]) -> tuple[Call, ...]:
     """Shorthand for tests and docs: ``"B"`` backward, ``"S"`` step, ``"T"``/``"F"`` set boundary,
-    ``"["``/``"]"``
-    enter/leave no_sync; :class:`Call` objects pass through."""
+    ``"["``/``"]"`` enter/leave no_sync, ``"A"`` apply the delayed update (R27); :class:`Call` objects pass
+    through."""
     table = {
+        "A": ApplyDelayedUpdate(),
         "B": Backward(),
         "S": Step(),
         "T": SetBoundary(True),

@@ -47,6 +47,9 @@ class Capabilities:
     - ``accumulation_rank_ordered_reduction``: reductions add per-rank terms in rank order (exact traces at
       every world size on cpu).
     - ``accumulation_optimizer_ulps``: the optimizer may differ from R16 by this many ulps (None: exact).
+    - ``accumulation_delayed_parameter_update``: the accumulation area implements the opt-in one-step-delayed
+      parameter update (docs/accumulation.md R27, config key ``delayed_parameter_update``); the suite runs its
+      scenarios against the reference. Without it those scenarios are skipped.
     - ``range_address_limit``: the exclusive upper bound on the addresses, sizes and owner tokens the ranges
       area's ``RangeRegistry`` stores (e.g. ``2**64`` for a registry of 64-bit words); values from it up must be a
       ``ConfigurationError``. None: unbounded, like the reference's.
@@ -64,6 +67,7 @@ class Capabilities:
     distributed_engine: bool = False
     accumulation_rank_ordered_reduction: bool = False
     accumulation_optimizer_ulps: int | None = None
+    accumulation_delayed_parameter_update: bool = False
     range_address_limit: int | None = None
     offload_streams: bool = False
     io_streams: bool = False
@@ -79,7 +83,7 @@ class Capabilities:
         if variants and not all(isinstance(v, tuple) for v in variants):
             object.__setattr__(self, "pin_env_variants", _frozen_env(variants))
         for name in ("concurrent_registry_reads", "distributed_engine", "accumulation_rank_ordered_reduction",
-                     "offload_streams", "io_streams", "crash_isolation"):
+                     "accumulation_delayed_parameter_update", "offload_streams", "io_streams", "crash_isolation"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}={getattr(self, name)!r} must be a bool")
         ulps = self.accumulation_optimizer_ulps
