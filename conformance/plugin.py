@@ -28,9 +28,9 @@ from typing import Any
 
 import pytest
 
-from conformance import discovery, profiles
+from conformance import discovery, option_checks, profiles
 from conformance.accumulation_engines import native_pinning  # noqa: F401 (a fixture the engine tests share)
-from conformance.report import ReportCollector, build_report, check_report_dir, totals_line, write_report
+from conformance.report import ReportCollector, build_report, totals_line, write_report
 from reference.contract.accelerators import Accelerator
 from reference.contract.envvars import ACCELERATOR_ENV
 from reference.contract.errors import ConfigurationError
@@ -130,15 +130,7 @@ def _select(config: pytest.Config) -> dict[str, Any]:
 
 
 def _check_report_option(config: pytest.Config) -> None:
-    path = config.getoption("conformance_report")
-    if not path:
-        return
-    try:
-        check_report_dir(path)
-    except OSError as exc:
-        raise ConfigurationError(
-            f"--conformance-report={path!r} is not a writable directory: {exc.strerror or exc}"
-        ) from None
+    option_checks.check_report_option(config.getoption("conformance_report"))
 
 
 def print_discovered(config: pytest.Config) -> None:
