@@ -138,6 +138,15 @@ def pytest_configure(config: pytest.Config) -> None:
     if reason is None:
         return
     config.stash[ACTIVATION_KEY] = reason
+    # A bad selection is one line and exit status 4 before the plugin imports torch (a fraction of a second, not
+    # three); what only the loaded plugins can tell (an accelerator not available here) the plugin checks next.
+    from conformance import option_checks
+    from reference.contract.errors import ConfigurationError
+
+    try:
+        option_checks.check_options(config)
+    except ConfigurationError as exc:
+        raise pytest.UsageError(str(exc)) from None
     if not config.pluginmanager.has_plugin(PLUGIN_MODULE):
         config.pluginmanager.import_plugin(PLUGIN_MODULE)
 

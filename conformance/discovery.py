@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from importlib.metadata import entry_points
 
+from conformance.option_checks import IMPLEMENTATION_GROUP, split_names, unknown_names_error
 from reference.contract.accelerators import Accelerator, discover_accelerators
-from reference.contract.errors import UnknownPluginError
 from reference.contract.implementation import Implementation
 
-IMPLEMENTATION_ENTRY_POINT_GROUP = "hostoffload.implementations"
+IMPLEMENTATION_ENTRY_POINT_GROUP = IMPLEMENTATION_GROUP
 
 
 def discover_implementations() -> dict[str, Implementation]:
@@ -34,38 +34,25 @@ def discover_implementations() -> dict[str, Implementation]:
     return found
 
 
-def _split(values: list[str] | None) -> list[str]:
-    out: list[str] = []
-    for v in values or []:
-        out.extend(p.strip() for p in v.split(",") if p.strip())
-    return out
-
-
 def select_implementations(requested: list[str] | None) -> list[Implementation]:
     known = discover_implementations()
-    names = _split(requested)
+    names = split_names(requested)
     if not names:
         return list(known.values())
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise UnknownPluginError(
-            f"--conformance-impl names unknown implementation(s) {', '.join(unknown)}; "
-            f"allowed values: {', '.join(known)}"
-        )
+        raise unknown_names_error("--conformance-impl", "implementation", unknown, list(known))
     return [known[n] for n in dict.fromkeys(names)]
 
 
 def select_accelerators(requested: list[str] | None) -> tuple[list[Accelerator], list[Accelerator]]:
     """(selected, unavailable): by default every available accelerator; named ones must exist."""
     known = discover_accelerators()
-    names = _split(requested)
+    names = split_names(requested)
     if names:
         unknown = [n for n in names if n not in known]
         if unknown:
-            raise UnknownPluginError(
-                f"--conformance-accelerator names unknown accelerator(s) {', '.join(unknown)}; "
-                f"allowed values: {', '.join(known)}"
-            )
+            raise unknown_names_error("--conformance-accelerator", "accelerator", unknown, list(known))
         chosen = [known[n] for n in dict.fromkeys(names)]
     else:
         chosen = list(known.values())

@@ -16,6 +16,7 @@ import pytest
 
 from conformance.selftest.plugins import ENTRY_POINTS
 from conformance.selftest.test_harness import run_pytest
+from reference.contract.envvars import ACCUMULATION_POOL_SIZE_ENV as POOL_SIZE_ENV
 
 pytestmark = pytest.mark.conformance_area("harness")
 
@@ -50,12 +51,14 @@ def verdict(tmp_path_factory):
     """(returncode, output, report data) of one run of the selected suite tests on every self-test plugin."""
     tmp_path = tmp_path_factory.mktemp("untrusted")
     report = tmp_path / "report"
+    # The one engine test selected runs on two ranks: the rank pool starts only those (not its default four).
+    env = {**_plugin_path(tmp_path), POOL_SIZE_ENV: "2"}
     proc = run_pytest(
         "--pyargs", "conformance.suite.test_pinning_api", "conformance.suite.test_ranges_cost_growth",
         "conformance.suite.test_accumulation_engine_faults", "-k", _SELECTION,
         "--conformance-impl", ",".join(_PLUGIN_NAMES), "--conformance-accelerator", "cpu",
         "--conformance-profile", "ci", "--conformance-report", str(report), "-rfE",
-        env=_plugin_path(tmp_path), cwd=tmp_path,
+        env=env, cwd=tmp_path,
     )
     text = proc.stdout + proc.stderr
     assert (report / "report.json").exists(), f"the run wrote no report:\n{text[-4000:]}"

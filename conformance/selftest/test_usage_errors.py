@@ -56,13 +56,35 @@ def test_bad_selection_is_one_clear_line_before_any_test(tmp_path, case):
     else:
         env = {"HOSTOFFLOAD_HYPOTHESIS_PROFILE": "nonesuch"}
         args, expected = [], ["HOSTOFFLOAD_HYPOTHESIS_PROFILE", "nonesuch", "ci"]
+    # Python lists every module it imports on stderr ("import time: ... | torch"): what the check imported.
+    env = {**env, "PYTHONPROFILEIMPORTTIME": "1"}
     proc = run_pytest("--pyargs", "conformance.suite.test_accelerators_contract", *args, env=env, cwd=tmp_path)
-    text = proc.stdout + proc.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    text = proc.stdout + "\n".join(line for line in proc.stderr.splitlines() if not line.startswith("import time:"))
     assert proc.returncode == 4, text[-3000:]
     assert "INTERNALERROR" not in text and "Traceback" not in text, text[-3000:]
     errors = [line for line in text.splitlines() if line.startswith("ERROR:")]
     assert len(errors) == 1 and all(word in errors[0] for word in expected), text[-3000:]
     assert "passed" not in text and "collected" not in text, text[-3000:]
+    assert "pytest" in imported, "the import list was not recorded"
+    if case != "unavailable-accelerator":  # only the accelerator plugin itself can say whether it is available
+        # Decided from the options, the environment and the metadata alone (conformance.option_checks): the
+        # user waits a fraction of a second, not the seconds of importing torch and hypothesis.
+        assert not imported & {"torch", "hypothesis", "conformance.plugin"}, sorted(
+            imported & {"torch", "hypothesis", "conformance.plugin"}
+        )
+
+
+def test_option_checks_read_the_entry_point_groups_discovery_loads():
+    """conformance.option_checks spells the groups without importing torch; they must be the ones loaded."""
+    from conformance import discovery, option_checks
+    from reference.contract.accelerators import ACCELERATOR_ENTRY_POINT_GROUP
+
+    assert option_checks.IMPLEMENTATION_GROUP == discovery.IMPLEMENTATION_ENTRY_POINT_GROUP
+    assert option_checks.ACCELERATOR_GROUP == ACCELERATOR_ENTRY_POINT_GROUP
+    assert option_checks.installed_names(option_checks.IMPLEMENTATION_GROUP) == sorted(
+        discovery.discover_implementations()
+    )
 
 
 def test_default_selection_reports_unavailable_accelerators_without_failing(tmp_path):

@@ -121,10 +121,13 @@ def test_R20_fault_in_backward_gives_clear_errors_on_all_ranks(impl, area_api, n
         assert out["after"] == out["before"], f"rank {r}: pinned_stats before {out['before']} after {out['after']}"
 
 
-def test_R26_failing_rank_error_reaches_the_caller_without_deadlock(impl, area_api):
+def test_R26_failing_rank_error_reaches_the_caller_without_deadlock(impl, area_api, monkeypatch):
     """R26: when a rank raises and its peer is stuck in a collective, the runner stops the stuck rank after a
     grace period and re-raises the failing rank's exception, same class and message, naming the rank."""
     api = engine_api(impl)
+    # The runner kills this pool (its rank 0 is stuck): start only the two ranks the run uses. The collective
+    # timeout stays the default (60 s), far beyond the grace period, so rank 0 really is stuck when it is killed.
+    monkeypatch.setenv(api.POOL_SIZE_ENV, "2")
     start = time.monotonic()
     with pytest.raises(InjectedBackwardError, match="injected failure inside backward") as info:
         api.run_on_ranks(_engine_rank, 2, impl, 2, 1, False, grace_s=3.0)
