@@ -172,6 +172,11 @@ def _child(arm: str, model_name: str, device_name: str, steps: int, warmup: int,
             engine.synchronize()
 
         timings = engine.offload_timings
+        from reference.contract.envvars import pin_backend
+
+        row["pin_backend"] = pin_backend()
+        # What the engine asked to pin; the host RSS column shows what the allocator really took.
+        row["host_pinned_requested_gib"] = sum(t.numel() * t.element_size() for t in engine.pinned_buffers()) / 2**30
     elif arm.startswith("ds-"):
         import deepspeed
 
@@ -252,9 +257,14 @@ def _run_arm(arm: str, model: str, args) -> dict:
         out = os.path.join(tmp, "row.json")
         cmd = [sys.executable, __file__, "--child", arm, "--model", model, "--device", args.device,
                "--steps", str(args.steps), "--warmup", str(args.warmup), "--child-out", out]
+        env = dict(os.environ)
+        if args.pin_backend:
+            from reference.contract.envvars import PIN_BACKEND_ENV
+
+            env[PIN_BACKEND_ENV] = args.pin_backend
         t0 = time.perf_counter()
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
         except subprocess.TimeoutExpired as exc:
             err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
             return {"arm": arm, "model": model, "status": f"timeout after {args.timeout}s",
@@ -271,7 +281,8 @@ def _run_arm(arm: str, model: str, args) -> dict:
 
 
 def _table(rows: list[dict]) -> str:
-    head = ("arm", "model", "status", "step ms", "tokens/s", "peak GPU GiB", "host RSS GiB", "breakdown ms")
+    head = ("arm", "model", "status", "step ms", "tokens/s", "peak GPU GiB", "host RSS GiB", "pinned asked GiB",
+            "breakdown ms")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         bd = r.get("breakdown_ms")
@@ -283,7 +294,8 @@ def _table(rows: list[dict]) -> str:
 
         lines.append("| " + " | ".join([r["arm"], r["model"], r["status"], f("step_ms", ".1f"),
                                           f("tokens_per_s", ".0f"), f("peak_gpu_gib", ".2f"),
-                                          f("host_rss_peak_gib", ".2f"), bd_text]) + " |")
+                                          f("host_rss_peak_gib", ".2f"), f("host_pinned_requested_gib", ".2f"),
+                                          bd_text]) + " |")
     return "\n".join(lines)
 
 
@@ -336,6 +348,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per arm subprocess")
+    ap.add_argument("--pin-backend", choices=["torch", "native"], default=None,
+                    help="HOSTOFFLOAD_PIN_BACKEND for the arms (default: as set in the environment, else torch). "
+                         "torch's pinned allocator rounds every buffer up to a power of two (docs/zero.md, "
+                         "'Host memory'); native pins exactly what is asked")
     ap.add_argument("--out", default=None, help="directory for the JSON and the plot")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
