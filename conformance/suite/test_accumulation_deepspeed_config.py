@@ -98,6 +98,10 @@ def test_R19_deepspeed_defaults_and_derived_batch_keys(area_api):
         ({"zero_optimization": {"contiguous_gradients": False}}, "contiguous_gradients"),
         ({"zero_optimization": {"stage": 1}, "zero_stage": 1}, "zero_stage"),
         ({"optimizer": {"type": "Lamb", "params": {}}}, "optimizer.type"),
+        # keys accepted for DeepSpeed compatibility (they change nothing here) still reject bad values
+        ({"steps_per_print": 0}, "steps_per_print"),
+        ({"steps_per_print": "10"}, "steps_per_print"),
+        ({"wall_clock_breakdown": "yes"}, "wall_clock_breakdown"),
     ],
 )
 def test_R19_deepspeed_keys_not_modeled_are_rejected_by_name(area_api, patch, name):
