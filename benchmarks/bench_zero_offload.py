@@ -175,6 +175,9 @@ def _child(arm: str, model_name: str, device_name: str, steps: int, warmup: int,
         from reference.contract.envvars import pin_backend
 
         row["pin_backend"] = pin_backend()
+        from reference.contract.envvars import cpu_adam_threads
+
+        row["adam_threads"] = cpu_adam_threads()
         # What the engine asked to pin; the host RSS column shows what the allocator really took.
         row["host_pinned_requested_gib"] = sum(t.numel() * t.element_size() for t in engine.pinned_buffers()) / 2**30
     elif arm.startswith("ds-"):
@@ -262,6 +265,10 @@ def _run_arm(arm: str, model: str, args) -> dict:
             from reference.contract.envvars import PIN_BACKEND_ENV
 
             env[PIN_BACKEND_ENV] = args.pin_backend
+        if args.adam_threads:
+            from reference.contract.envvars import CPU_ADAM_THREADS_ENV
+
+            env[CPU_ADAM_THREADS_ENV] = str(args.adam_threads)
         t0 = time.perf_counter()
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
@@ -352,6 +359,10 @@ def main() -> None:
                     help="HOSTOFFLOAD_PIN_BACKEND for the arms (default: as set in the environment, else torch). "
                          "torch's pinned allocator rounds every buffer up to a power of two (docs/zero.md, "
                          "'Host memory'); native pins exactly what is asked")
+    ap.add_argument("--adam-threads", type=int, default=None,
+                    help="HOSTOFFLOAD_CPU_ADAM_THREADS for our arms (default: the cores the process may use). "
+                         "With the delayed update (R27) the CPU Adam shares the host with a running step: fewer "
+                         "threads may leave the training thread a core")
     ap.add_argument("--out", default=None, help="directory for the JSON and the plot")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
@@ -364,6 +375,8 @@ def main() -> None:
     for a in arms:
         if a not in ARMS:
             ap.error(f"--arms {a!r}: allowed values: {', '.join(ARMS)}")
+    if args.adam_threads is not None and args.adam_threads < 1:
+        ap.error(f"--adam-threads {args.adam_threads}: allowed values: an int >= 1")
     if args.steps < 1 or args.warmup < 1:
         ap.error("--steps and --warmup must be >= 1")
     if args.child:

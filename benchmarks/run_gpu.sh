@@ -89,6 +89,17 @@ zo=(python3 benchmarks/bench_zero_offload.py --device cuda --steps 5 --warmup 2 
 # seven arms at ~70 s do not fit one 600 s call.
 part bench-zero-offload "${T_BZO:-330}" "${zo[@]}" --model 886m --out "$out/zero_offload" \
   --arms ours-s2,ours-s2-offload,ours-s2-offload-dpu,ds-z2-offload
+# R27's remaining overhead (docs/benchmarks.md, run J: 89.5 ms over the no-offload step, 45 ms of it not
+# attributed) looked like host-core contention between the CPU Adam and the training thread: the R27 arm with
+# fewer Adam threads, side by side with the default count (one JSON per count).
+dpu_threads() {
+  for n in ${DPU_THREADS:-16 14 12}; do
+    python3 benchmarks/bench_zero_offload.py --device cuda --steps 5 --warmup 2 --timeout 150 --model 886m \
+      --arms ours-s2-offload-dpu --adam-threads "$n" --out "$1/zero_offload_dpu_threads_$n" || return
+  done
+}
+export -f dpu_threads
+part bench-zero-offload-dpu-threads "${T_BZT:-240}" bash -c 'dpu_threads "$0"' "$out"
 part bench-zero-offload-s3 "${T_BZ3:-270}" "${zo[@]}" --model 886m --out "$out/zero_offload_s3" \
   --arms ours-s3-offload,ours-s3-offload-dpu,ds-z3-offload
 part bench-zero-offload-more "${T_BZM:-360}" "${zo[@]}" --model 886m --out "$out/zero_offload_more" \
