@@ -45,6 +45,7 @@ from reference.contract.accelerators import Accelerator
 from reference.contract.offload_config import MODE_CHECKPOINT_INPUTS, OffloadConfig
 from reference.contract.offload_layout import StorageSpan, flat_source, rebuild, span_of
 from reference.contract.offload_selection import (
+    ModuleStateStorages,
     is_marked_checkpoint_input,
     never_offload_reason,
     saved_by_torch_checkpoint,
@@ -145,8 +146,7 @@ class StreamedOffloadEngine:
         self._lock = threading.RLock()
         self._seq = itertools.count()
         self._window: deque[weakref.ref[SavedActivation]] = deque()  # candidates still on the device, oldest first
-        self._excluded_storages: set[int] = set()
-        self._module_hook: Any = None
+        self._module_state = ModuleStateStorages(self.device_type)
         self._pool = PinnedBlockPool(config.pool_bytes)
         self._timer = CopyTimer(accelerator, self.stats, enabled=self.use_streams)
         self._d2h_stream: Any = None
@@ -162,20 +162,11 @@ class StreamedOffloadEngine:
     # -- manager life cycle -------------------------------------------------------------------------------------
     def begin(self) -> None:
         """A manager using this engine was entered: note the storages of module state from now on."""
-        self._excluded_storages = set()
-        self._module_hook = torch.nn.modules.module.register_module_forward_pre_hook(self._note_module_state)
+        self._module_state.start()
 
     def end(self) -> None:
         """The manager exited (also on exceptions). Saved activations stay valid for a later backward."""
-        if self._module_hook is not None:
-            self._module_hook.remove()
-            self._module_hook = None
-        self._excluded_storages = set()
-
-    def _note_module_state(self, module: torch.nn.Module, args: Any) -> None:
-        for tensor in (*module.parameters(recurse=False), *module.buffers(recurse=False)):
-            if tensor.device.type == self.device_type:
-                self._excluded_storages.add(tensor.untyped_storage().data_ptr())
+        self._module_state.stop()
 
     def close(self) -> None:
         """Give the pool's cached blocks back (blocks still holding saved activations are unaffected)."""
@@ -200,7 +191,7 @@ class StreamedOffloadEngine:
         if not force and self.config.mode == MODE_CHECKPOINT_INPUTS:
             if not (is_marked_checkpoint_input(t) or saved_by_torch_checkpoint()):
                 return self._skip(t, "not_checkpoint_input")
-        reason = never_offload_reason(t, self.device_type, self._excluded_storages)
+        reason = never_offload_reason(t, self.device_type, self._module_state.storages)
         if reason is not None:
             return self._skip(t, reason)
         span = span_of(t)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import sys
 import weakref
+from typing import Any
 
 import torch
 
@@ -77,6 +78,35 @@ def saved_by_torch_checkpoint(start_depth: int = 1) -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+class ModuleStateStorages:
+    """The storages of module parameters and buffers on ``device_type``, noted while a manager is active.
+
+    A ``detach()``-ed weight is not a view in autograd's sense, so module state is recognised by its storage: a
+    process-wide forward pre-hook, installed by :meth:`start` (manager entered) and removed by :meth:`stop`
+    (manager exited, also on exceptions), records the storages of every module that runs. ``storages`` is what
+    :func:`never_offload_reason` takes as ``excluded_storages``."""
+
+    def __init__(self, device_type: str) -> None:
+        self.device_type = device_type
+        self.storages: set[int] = set()
+        self._hook: Any = None
+
+    def start(self) -> None:
+        self.storages = set()
+        self._hook = torch.nn.modules.module.register_module_forward_pre_hook(self._note)
+
+    def stop(self) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        self.storages = set()
+
+    def _note(self, module: torch.nn.Module, args: Any) -> None:
+        for tensor in (*module.parameters(recurse=False), *module.buffers(recurse=False)):
+            if tensor.device.type == self.device_type:
+                self.storages.add(tensor.untyped_storage().data_ptr())
 
 
 def never_offload_reason(t: torch.Tensor, device_type: str, excluded_storages: set[int]) -> str | None:
