@@ -323,3 +323,29 @@ def test_pool_reused_across_steps(area_api, accelerator):
     assert allocations[1] == allocations[2] == allocations[0], (
         f"pinned allocations per step grew after warm-up: {allocations}"
     )
+
+
+def test_detached_module_weight_stays(area_api, accelerator):
+    """docs/offload.md, never offloaded: a tensor whose storage belongs to a module that ran under the manager,
+    even a ``detach()``-ed weight, which is neither a parameter nor a view of one in autograd's sense (so only the
+    manager's record of module storages can keep it; ``test_never_offloaded_rules`` is satisfied by parameters)."""
+    device = accelerator.device()
+    manager = _manager(area_api, accelerator)
+
+    class DetachedWeight(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randn(64, 64, device=device))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x @ self.weight.detach()  # mm saves the detached weight for x's gradient
+
+    module = DetachedWeight()
+    with manager:
+        x = torch.randn(8, 64, device=device, requires_grad=True)
+        y = module(x * 1)
+    reasons = manager.stats.skipped_by_reason
+    assert reasons.get("module_state", 0) >= 1, reasons
+    assert manager.stats.tensors_offloaded == 0, manager.stats
+    y.sum().backward()
+    assert_bitwise_equal(x.grad, torch.ones(8, 64, device=device) @ module.weight.detach().t(), what="x.grad")
