@@ -49,7 +49,6 @@ new engine.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import shutil
@@ -74,7 +73,7 @@ from optimized.accumulation.streamed_update import StreamedUpdate
 from optimized.accumulation.swap import StateSwapper
 from optimized.pinning import pin_empty, unpin
 from reference.contract.accumulation_config import AccumulationConfig
-from reference.contract.accumulation_schedule import AccumulationSchedule
+from reference.contract.accumulation_schedule import AccumulationSchedule, ScheduledEngine
 from reference.contract.accumulation_step import CLIP_EPSILON, OptimizerState, StepOutcome
 from reference.contract.errors import CheckpointError, ConfigurationError, UnsupportedOperationError
 
@@ -151,7 +150,7 @@ class _Unit:
     prefetched: list[Any] = field(default_factory=list)
 
 
-class ZeroEngine:
+class ZeroEngine(ScheduledEngine):
     """One rank of a ZeRO data-parallel run of ``model`` under ``config`` (docs/accumulation.md, docs/zero.md).
 
     ``model``: an ``nn.Module`` (used in place, cast to the model dtype and moved to ``device``) or a factory.
@@ -535,33 +534,8 @@ class ZeroEngine:
     def _mark_outputs(self, module: nn.Module, args: Any, output: Any) -> None:
         self._origin.mark_outputs(output)
 
-    # ---- counters and the boundary (R2-R6, R18, R20: the contract's schedule answers) -------------------------
-    @property
-    def micro_steps(self) -> int:
-        return self._schedule.micro_steps
-
-    @property
-    def global_steps(self) -> int:
-        return self._schedule.global_steps
-
-    @property
-    def global_samples(self) -> int:
-        return self._schedule.global_samples
-
-    def is_gradient_accumulation_boundary(self) -> bool:
-        """R2 (managed) / R6 (unmanaged)."""
-        return self._schedule.is_boundary()
-
-    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
-        """R2: override the counter-driven boundary until called again. Rejected in unmanaged mode (R20)."""
-        self._schedule.set_boundary(is_boundary)
-
-    @contextlib.contextmanager
-    def no_sync(self) -> Iterator[None]:
-        """R18: a region of backwards that must not communicate. Stages 0/1 only, not nested, no step() inside."""
-        self._check_alive()
-        with self._schedule.no_sync():
-            yield
+    # ---- counters and the boundary (R2-R6, R18, R20): micro_steps, global_steps, global_samples,
+    # is/set_gradient_accumulation_boundary and no_sync are the contract's ScheduledEngine (inherited) ----------
 
     # ---- the usual module surface ----------------------------------------------------------------------------
     def train(self, mode: bool = True) -> ZeroEngine:

@@ -27,9 +27,9 @@ from torch import nn
 from reference.accumulation.collectives import average_across_ranks
 from reference.accumulation.optimizers import OptimizerState, init_state, optimizer_step
 from reference.accumulation.partition import FlatLayout, build_layout, flatten, gather, shard, unflatten
-from reference.accumulation.schedule import AccumulationSchedule, ScheduledEngine
 from reference.accumulation.swap import OptimizerStateSwap
 from reference.contract.accumulation_config import AccumulationConfig
+from reference.contract.accumulation_schedule import AccumulationSchedule, ScheduledEngine
 from reference.contract.accumulation_step import CLIP_EPSILON, StepOutcome
 from reference.contract.errors import ConfigurationError, UnsupportedOperationError
 from reference.io import SwapStats

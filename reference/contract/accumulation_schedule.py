@@ -4,7 +4,8 @@ This is the part of an engine that has nothing to do with tensors: the micro-ste
 the no_sync() region rules and the sample count. They are rules of the area with exact error messages, so every
 engine (the reference's simulated ranks, the optimized torch.distributed one) keeps one
 :class:`AccumulationSchedule` and answers its counter and boundary calls from it: the rules and messages are
-written once and cannot drift between implementations. The engines' public surface over it is theirs.
+written once and cannot drift between implementations. :class:`ScheduledEngine` is the public surface over it
+that both engines inherit (counters, boundary query and override, ``no_sync``).
 """
 
 from __future__ import annotations
@@ -97,3 +98,41 @@ class AccumulationSchedule:
             self._backwards_since_boundary = 0
         if cfg.managed_gradient_accumulation:
             self.micro_steps += 1
+
+
+class ScheduledEngine:
+    """The public calls every engine answers straight from its :class:`AccumulationSchedule` (counters,
+    boundary query and override, ``no_sync``): one surface, so the names, kinds and rules cannot drift between
+    implementations. The engine sets ``self._schedule`` and provides ``_check_alive()`` (raises once destroyed)."""
+
+    _schedule: AccumulationSchedule
+
+    def _check_alive(self) -> None:  # pragma: no cover - every engine overrides it
+        raise NotImplementedError
+
+    @property
+    def micro_steps(self) -> int:
+        return self._schedule.micro_steps
+
+    @property
+    def global_steps(self) -> int:
+        return self._schedule.global_steps
+
+    @property
+    def global_samples(self) -> int:
+        return self._schedule.global_samples
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        """R2 (managed) / R6 (unmanaged)."""
+        return self._schedule.is_boundary()
+
+    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
+        """R2: override the counter-driven boundary until called again. Rejected in unmanaged mode (R20)."""
+        self._schedule.set_boundary(is_boundary)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """R18: a region of backwards that must not communicate. Stages 0/1 only, not nested, no step() inside."""
+        self._check_alive()
+        with self._schedule.no_sync():
+            yield
