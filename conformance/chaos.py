@@ -41,7 +41,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from reference.contract.accelerators.base import Accelerator
+from reference.contract.accelerators.cpu import CpuAccelerator
 
 __all__ = ["ChaosAccelerator", "ChaosEvent", "ChaosSchedule", "ChaosStream", "ChaosViolation", "Restore"]
 
@@ -191,8 +191,11 @@ class _Mode(TorchDispatchMode):
         return self.acc._dispatch(func, args, kwargs)
 
 
-class ChaosAccelerator(Accelerator):
-    """See the module docstring. One instance per test; :meth:`activate` around the code under test."""
+class ChaosAccelerator(CpuAccelerator):
+    """See the module docstring. One instance per test; :meth:`activate` around the code under test.
+
+    Its device is the host, as the cpu accelerator's (whose identity, pinning and registration answers it keeps);
+    streams, events, synchronisation and memory stats are its own."""
 
     name = "chaos"
     #: A test device: even if a plugin registered it, it must never become a program's default accelerator.
@@ -217,17 +220,6 @@ class ChaosAccelerator(Accelerator):
         self.copies_deferred = 0
         self.copies_run_by_scheduler = 0
         self._inside = False
-
-    # -- identity ---------------------------------------------------------------------------------------------
-    @property
-    def device_type(self) -> str:
-        return "cpu"
-
-    def is_available(self) -> bool:
-        return True
-
-    def device(self, index: int | None = None) -> torch.device:
-        return torch.device("cpu")
 
     # -- streams ---------------------------------------------------------------------------------------------
     @property
@@ -274,24 +266,6 @@ class ChaosAccelerator(Accelerator):
             self._prune()
 
     # -- host memory (nothing to register: this device's memory is the host's) ------------------------------
-    @property
-    def has_torch_pinning(self) -> bool:
-        return False
-
-    @property
-    def supports_host_registration(self) -> bool:
-        return False
-
-    @property
-    def host_register_alignment(self) -> int:
-        return 4096
-
-    def register_host_memory(self, ptr: int, nbytes: int) -> bool:
-        return False
-
-    def unregister_host_memory(self, ptr: int) -> None:
-        return None
-
     def memory_stats(self) -> dict[str, int]:
         return {
             "copies_deferred": self.copies_deferred,
