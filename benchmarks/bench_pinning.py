@@ -558,7 +558,11 @@ def main(argv: list[str] | None = None) -> int:
             f"--only: unknown groups {sorted(unknown)}; allowed: alloc, is_pinned, bandwidth, phases"
         )
     if cuda_ok():
+        # torch.cuda.init() does not create the device's primary context; the first allocation does. Every
+        # training process has one, and without it is_pinned misses take a slower path (asking CUDA first
+        # would create a context, so the answer is torch's): run I's first miss row (1 range) measured that.
         torch.cuda.init()
+        torch.empty(1, device="cuda")
     runner = LoopRunner()
     phases: list[dict[str, Any]] = []
     alloc_sizes = (4 * MiB, 64 * MiB) if args.quick else ALLOC_SIZES

@@ -118,12 +118,20 @@ using GetDeviceFn = cudaError_t (*)(int*);
 using PointerGetAttributesFn = cudaError_t (*)(void*, const void*);
 using CUresult = int;
 using CUdevice = int;
+using CUdeviceptr = unsigned long long;
 using CuDeviceGetFn = CUresult (*)(CUdevice*, int);
 using CuPrimaryCtxGetStateFn = CUresult (*)(CUdevice, unsigned*, int*);
+using CuPointerGetAttributeFn = CUresult (*)(void*, int, CUdeviceptr);
 
 constexpr cudaError_t kCudaSuccess = 0;
 constexpr cudaError_t kCudaErrorInvalidValue = 1;
 constexpr int kCudaMemoryTypeHost = 1;
+// Driver API values (cuda.h; fixed by the driver ABI).
+constexpr CUresult kCuSuccess = 0;
+constexpr CUresult kCuErrorInvalidValue = 1;
+constexpr int kCuPointerAttributeMemoryType = 2;
+constexpr int kCuPointerAttributeIsManaged = 8;
+constexpr unsigned kCuMemoryTypeHost = 1;
 
 // cudaPointerAttributes of CUDA 11 and later starts with `enum cudaMemoryType type; int device;` followed by two
 // pointers. The buffer is larger than that so a runtime with a longer struct cannot write past it.
@@ -139,6 +147,10 @@ struct PointerApi {
     GetLastErrorFn last_error = nullptr;
     CuDeviceGetFn device_get = nullptr;
     CuPrimaryCtxGetStateFn primary_ctx_state = nullptr;
+    // Optional: the driver's single-attribute query. Where it resolves, a miss costs one driver lookup instead
+    // of the runtime's cudaPointerGetAttributes (which fills every attribute and goes through the runtime's
+    // context bookkeeping); where it does not, the runtime answers as before.
+    CuPointerGetAttributeFn pointer_attribute = nullptr;
     bool ok = false;
 };
 
@@ -179,6 +191,10 @@ const PointerApi* pointer_api() {
             resolve(rt, "cudaGetLastError", a->last_error, where) &&
             resolve(drv, "cuDeviceGet", a->device_get, where) &&
             resolve(drv, "cuDevicePrimaryCtxGetState", a->primary_ctx_state, where);
+    if (a->ok) {
+        std::string optional;  // a driver without it is still usable through the runtime query
+        if (!resolve(drv, "cuPointerGetAttribute", a->pointer_attribute, optional)) a->pointer_attribute = nullptr;
+    }
     if (!a->ok) {
         delete a;
         g_pointer_api_missing.store(true, std::memory_order_release);
@@ -221,6 +237,25 @@ bool current_device_has_context(const PointerApi& api) {
 int CudaHostApi::host_pointer_pinned(const void* ptr) {
     const PointerApi* api = pointer_api();
     if (api == nullptr || !current_device_has_context(*api)) return -1;
+    if (api->pointer_attribute != nullptr) {
+        // The driver knows every allocation, mapping and registration of every context (unified addressing), so
+        // one lookup decides: "invalid value" is memory no context knows (pageable), which the runtime reports
+        // as cudaMemoryTypeUnregistered; HOST is page-locked host memory (cudaHostAlloc or cudaHostRegister),
+        // cudaMemoryTypeHost, unless it is managed memory, which the runtime reports as cudaMemoryTypeManaged.
+        // Any other result (no current context on this thread, a driver shutting down) falls through to the
+        // runtime query, which is what torch asks. The driver API has no sticky error slot to clear.
+        const auto address = static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(ptr));
+        unsigned type = 0;
+        const CUresult res = api->pointer_attribute(&type, kCuPointerAttributeMemoryType, address);
+        if (res == kCuErrorInvalidValue) return 0;
+        if (res == kCuSuccess) {
+            if (type != kCuMemoryTypeHost) return 0;
+            int managed = 0;
+            if (api->pointer_attribute(&managed, kCuPointerAttributeIsManaged, address) == kCuSuccess) {
+                return managed != 0 ? 0 : 1;
+            }
+        }
+    }
     PointerAttributes attr{};
     const cudaError_t err = api->attributes(&attr, ptr);
     if (err == kCudaErrorInvalidValue) {  // a pointer CUDA does not know (older runtimes): not pinned

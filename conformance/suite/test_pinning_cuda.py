@@ -10,6 +10,7 @@ CUDA.
 from __future__ import annotations
 
 import importlib
+import threading
 
 import pytest
 import torch
@@ -118,10 +119,10 @@ def test_every_declared_tuning_variant_registers_and_copies_exactly(impl, area_a
 
 def test_is_pinned_misses_agree_with_torch(area_api, cuda_native):
     """A registry miss is decided by what torch itself reports, however the implementation asks (the optimized
-    one asks the CUDA runtime from C++): memory torch pinned, memory pinned behind hostoffload's back
+    one asks CUDA from C++): memory torch pinned, memory pinned behind hostoffload's back
     (``cudaHostRegister`` of a pageable buffer), pageable memory, a native buffer after ``unpin`` (locked no longer,
     unregistered), and device tensors. Each case is asked several times: the first miss may take another path
-    than the ones after it (a cached decision)."""
+    than the ones after it (a cached decision), then once more from a thread that never called CUDA."""
     torch.cuda.init()
     torch_pinned = torch.empty(1 << 16, dtype=torch.uint8, pin_memory=True)
     pageable = torch.empty(1 << 16, dtype=torch.uint8)
@@ -144,5 +145,21 @@ def test_is_pinned_misses_agree_with_torch(area_api, cuda_native):
                 if t.is_cpu:
                     assert bool(t.is_pinned()) is expected, f"{what}: torch itself says {t.is_pinned()}"
                 assert area_api.is_pinned(t) is expected, f"{what}: is_pinned is not {expected}"
+        # Again from a thread that has made no CUDA call: no context is current on it, which changes what some
+        # CUDA queries answer (a driver-level query may refuse, or may answer for a context that is not current).
+        answers: dict[str, object] = {}
+
+        def ask_from_fresh_thread() -> None:
+            for what, (t, _) in cases.items():
+                try:
+                    answers[what] = area_api.is_pinned(t)
+                except Exception as exc:  # reported below with the case that raised it
+                    answers[what] = exc
+
+        worker = threading.Thread(target=ask_from_fresh_thread)
+        worker.start()
+        worker.join()
+        for what, (_, expected) in cases.items():
+            assert answers[what] is expected, f"{what}, from a fresh thread: is_pinned gave {answers[what]!r}"
     finally:
         assert int(cudart.cudaHostUnregister(foreign.data_ptr())) == 0
