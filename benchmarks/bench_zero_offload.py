@@ -24,7 +24,8 @@ update). An arm whose package is missing is reported as ``not installed``; one t
 
 ``--model`` takes a preset (``tiny``: CPU smoke test; ``886m``: the issue's 886M-parameter model, sequence 2048,
 batch 4, gas 2; ``1.5b`` ... ``13b``: the same shape family, larger) or a comma list of presets; with
-``--sweep`` the offloaded arms run each model in turn and the table says which was the largest that trained.
+``--sweep`` the offloaded arms run each model in turn and the table says which was the largest that trained
+(``--sweep down`` with the list largest first stops each arm at the first model that trains).
 
     python benchmarks/bench_zero_offload.py --device cpu --model tiny --out /tmp/bzo
     python benchmarks/bench_zero_offload.py --device cuda --model 886m --out results/
@@ -55,6 +56,8 @@ MODELS: dict[str, tuple[int, int, int, int, int, int, int, int]] = {
     "1.5b": (2560, 18, 20, 6912, 32000, 2048, 4, 2),
     "3b": (3200, 24, 25, 8640, 32000, 2048, 4, 2),
     "5b": (4096, 24, 32, 11008, 32000, 2048, 4, 2),
+    # Between 5b and 7b: 18 bytes of host memory per parameter (docs/zero.md) put 7B at the box's edge.
+    "6b": (4096, 28, 32, 11008, 32000, 2048, 4, 2),
     "7b": (4096, 32, 32, 11008, 32000, 2048, 4, 2),
     "13b": (5120, 40, 40, 13824, 32000, 2048, 4, 2),
 }
@@ -350,8 +353,10 @@ def main() -> None:
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--model", default="886m", help=f"preset or comma list of presets: {', '.join(MODELS)}")
     ap.add_argument("--arms", default=",".join(ARMS), help=f"comma list of: {', '.join(ARMS)}")
-    ap.add_argument("--sweep", action="store_true",
-                    help="run the arms over the --model list in order, each arm stopping at its first failure")
+    ap.add_argument("--sweep", nargs="?", const="up", choices=["up", "down"], default=None,
+                    help="run the arms over the --model list in order. up (the default): each arm stops at its "
+                         "first failure; down (list the models largest first): each arm stops at its first "
+                         "success, so a box that fits only the smaller models does not spend its time on each")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per arm subprocess")
@@ -392,11 +397,13 @@ def main() -> None:
             print(f"  {arm:<20} {m:<6} {row['status']:<14} {row.get('step_ms', float('nan')):9.1f} ms", flush=True)
             if args.out:  # after every arm: a run cut short by an outer time box keeps what it measured
                 _write_json(Path(args.out), rows)
-            if args.sweep and row["status"] != "ok":
+            if (args.sweep == "up" and row["status"] != "ok") or (args.sweep == "down" and row["status"] == "ok"):
                 break
     if args.sweep:
+        size = list(MODELS)  # presets are listed smallest first
         for arm in arms:
-            ok = [r for r in rows if r["arm"] == arm and r["status"] == "ok"]
+            ok = sorted((r for r in rows if r["arm"] == arm and r["status"] == "ok"),
+                        key=lambda r: size.index(r["model"]))
             print(f"  largest model that trained with {arm}: {ok[-1]['model'] if ok else 'none'}"
                   + (f" (host RSS {ok[-1]['host_rss_peak_gib']:.1f} GiB)" if ok else ""))
     print(_table(rows))

@@ -19,7 +19,7 @@ fi
     \( -name '*.py' -o -name '*.cpp' -o -name '*.h' -o -name '*.sh' -o -name 'CMakeLists.txt' \) | sort \
     | xargs sha256sum | sha256sum | cut -c1-16)"
   nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.max,pcie.link.width.max --format=csv,noheader
-  lscpu | grep -E 'Model name|^CPU\(s\)'; python3 -c 'import torch; print("torch", torch.__version__)'; } >"$out/hardware.txt" 2>&1
+  lscpu | grep -E 'Model name|^CPU\(s\)'; grep -E 'MemTotal|MemAvailable' /proc/meminfo; echo "memlock: $(ulimit -l)"; python3 -c 'import torch; print("torch", torch.__version__)'; } >"$out/hardware.txt" 2>&1
 cat "$out/hardware.txt"
 wanted() { [ -z "${PARTS:-}" ] || [[ " $PARTS " == *" $1 "* ]]; }
 part() {  # part NAME SECONDS COMMAND...: run, keep the log, print its tail
@@ -36,6 +36,13 @@ suite pinning "${T_PIN:-190}" conformance.suite.test_pinning_api conformance.sui
   conformance.suite.test_pinning_threads conformance.suite.test_pinning_memlock conformance.suite.test_ranges_state_machine \
   conformance.suite.test_ranges_agreement conformance.suite.test_accelerators_contract conformance.suite.test_pinning_lifetime \
   conformance.suite.test_ranges_cost_growth conformance.suite.test_readme_usage
+# The CUDA-only pinning module alone (is_pinned's agreement with torch among it), for a call without time for
+# the whole pinning part above.
+suite pinning-cuda "${T_PINC:-90}" conformance.suite.test_pinning_cuda
+# What asking CUDA "is this host pointer pinned?" costs per way of asking, and what each answers (issue 19).
+part probe-pointer-query "${T_PPQ:-90}" bash -c 'nvcc -O2 -std=c++17 -o /tmp/probe_pointer_query \
+  benchmarks/probe_pointer_query.cpp -lcuda && /tmp/probe_pointer_query'
+wanted probe-pointer-query && cat "$out/probe-pointer-query.log"
 # The offload modules by name: "-k offload" also selected every accumulation test parametrized "offload"/"no-offload"
 # (64 ZeRO scenarios on gloo among them), which the accumulation parts run, and which starved this part's time box.
 suite offload "${T_OFF:-240}" conformance.suite.test_offload_checkpoint conformance.suite.test_offload_config \
@@ -79,6 +86,9 @@ part bench-offload "${T_BOFF:-140}" python3 benchmarks/bench_offload.py \
 part bench-zero-adam "${T_BZA:-150}" python3 benchmarks/bench_zero.py cpu-adam --sizes "${ADAM_SIZES:-1e7,1e8,1e9}" --iters 5 --out "$out/zero"
 part bench-zero-engine "${T_BZE:-50}" python3 benchmarks/bench_zero.py engine --device cuda --dtype bf16 --layers 12 \
   --hidden 1024 --heads 16 --seq 1024 --vocab 32000 --batch 8 --gas 4 --iters 5 --out "$out/zero"
+# The host's memory bandwidth, the floor under the CPU Adam's time (30 bytes of optimizer traffic per parameter).
+part host-bandwidth "${T_HBW:-60}" python3 benchmarks/host_memory_bandwidth.py --gib 4 --params 886e6
+wanted host-bandwidth && cat "$out/host-bandwidth.log"
 # Issue 16: ours vs DeepSpeed ZeRO-Offload vs FSDP2 on the 886M Llama (about 70 s per arm on the H200, so the arms
 # are split to fit one 600 s device call each; the JSON is rewritten after every arm). The DeepSpeed arms need its
 # wheels carried in .whl/ and installed first: `python3 -m pip install -q --no-index --no-deps --no-compile
@@ -106,9 +116,15 @@ part bench-zero-offload-more "${T_BZM:-360}" "${zo[@]}" --model 886m --out "$out
   --arms ours-s3,fsdp2,fsdp2-offload
 # The largest model that trains with offload (host memory bounds it). Our arms pin exactly with the native backend:
 # under torch's allocator each engine buffer is rounded up to a power of two (docs/zero.md, "Host memory").
-part bench-zero-offload-sweep "${T_BZS:-580}" python3 benchmarks/bench_zero_offload.py --device cuda --model 3b,5b,7b \
-  --sweep --steps 2 --warmup 1 --timeout 280 --pin-backend native --arms ours-s2-offload,ds-z2-offload \
-  --out "$out/zero_offload_sweep"
+# Largest first, each arm stopping at the first model that trains (--sweep down); ours and DeepSpeed's in parts of
+# their own, as the two do not fit one 600 s call.
+sweep() {  # sweep ARM OUT
+  python3 benchmarks/bench_zero_offload.py --device cuda --model "${SWEEP_MODELS:-7b,6b,5b}" --sweep down --steps 2 \
+    --warmup 1 --timeout "${SWEEP_ARM_S:-190}" --pin-backend native --arms "$1" --out "$2"
+}
+export -f sweep
+part bench-zero-offload-sweep-ours "${T_BZS:-580}" bash -c 'sweep ours-s2-offload "$0"' "$out/zero_offload_sweep_ours"
+part bench-zero-offload-sweep-ds "${T_BZS:-580}" bash -c 'sweep ds-z2-offload "$0"' "$out/zero_offload_sweep_ds"
 mkdir -p /tmp/hostoffload-io
 part bench-io "${T_BIO:-240}" python3 benchmarks/bench_io.py --sizes 64M,256M,1G,4G --repeats 2 --dir /tmp/hostoffload-io \
   --out "$out/bench_io.json"
