@@ -60,7 +60,20 @@ std::string runtime_answer(void* p) {
     return attr.type == cudaMemoryTypeHost ? "pinned" : "type " + std::to_string(attr.type);
 }
 
-// The driver's answer, as CudaHostApi::host_pointer_pinned reads it.
+// The driver's several-attribute answer, as CudaHostApi::host_pointer_pinned reads it.
+std::string driver_attributes_answer(void* p) {
+    unsigned type = 0;
+    int managed = 0;
+    CUpointer_attribute which[2] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_IS_MANAGED};
+    void* values[2] = {&type, &managed};
+    const CUresult res =
+        cuPointerGetAttributes(2, which, values, static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p)));
+    if (res != CUDA_SUCCESS) return "error " + std::to_string(res);
+    if (type == CU_MEMORYTYPE_HOST && managed == 0) return "pinned";
+    return "type " + std::to_string(type) + (managed ? " (managed)" : "");
+}
+
+// The driver's single-attribute answer (first tried, issue 19: slow on pageable memory).
 std::string driver_answer(void* p) {
     unsigned type = 0;
     const auto address = static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p));
@@ -102,9 +115,15 @@ int main() {
     std::printf("answers (main thread | fresh thread that never used the runtime):\n");
     for (const Memory& m : kinds) {
         std::string fresh_driver;
-        std::thread([&] { fresh_driver = driver_answer(m.ptr); }).join();
-        std::printf("  %-20s runtime: %-10s driver: %-20s driver, fresh thread: %s\n", m.name,
-                    runtime_answer(m.ptr).c_str(), driver_answer(m.ptr).c_str(), fresh_driver.c_str());
+        std::string fresh_attributes;
+        std::thread([&] {
+            fresh_driver = driver_answer(m.ptr);
+            fresh_attributes = driver_attributes_answer(m.ptr);
+        }).join();
+        std::printf("  %-20s runtime: %-10s driver: %-20s driver, fresh thread: %-20s | cuPointerGetAttributes: "
+                    "%-12s fresh thread: %s\n",
+                    m.name, runtime_answer(m.ptr).c_str(), driver_answer(m.ptr).c_str(), fresh_driver.c_str(),
+                    driver_attributes_answer(m.ptr).c_str(), fresh_attributes.c_str());
     }
 
     std::printf("ns per call (median of 7 rounds of 200000 calls), pageable | cudaHostAlloc pointer:\n");
@@ -126,6 +145,17 @@ int main() {
         sink = sink + static_cast<int>(type);
     });
     row("cuPointerGetAttribute(MEMORY_TYPE) + (IS_MANAGED if HOST)", [&](void* p) { sink = sink + driver_answer(p).size(); });
+    row("cuPointerGetAttributes(MEMORY_TYPE, IS_MANAGED) (ours)", [&](void* p) {
+        sink = sink + driver_attributes_answer(p).size();
+    });
+    row("cuPointerGetAttributes(MEMORY_TYPE, IS_MANAGED), raw", [&](void* p) {
+        unsigned type = 0;
+        int managed = 0;
+        CUpointer_attribute which[2] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_IS_MANAGED};
+        void* values[2] = {&type, &managed};
+        cuPointerGetAttributes(2, which, values, static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p)));
+        sink = sink + static_cast<int>(type) + managed;
+    });
     row("cuMemHostGetFlags", [&](void* p) {
         unsigned flags = 0;
         sink = sink + static_cast<int>(cuMemHostGetFlags(&flags, p));

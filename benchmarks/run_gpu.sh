@@ -36,9 +36,9 @@ suite pinning "${T_PIN:-190}" conformance.suite.test_pinning_api conformance.sui
   conformance.suite.test_pinning_threads conformance.suite.test_pinning_memlock conformance.suite.test_ranges_state_machine \
   conformance.suite.test_ranges_agreement conformance.suite.test_accelerators_contract conformance.suite.test_pinning_lifetime \
   conformance.suite.test_ranges_cost_growth conformance.suite.test_readme_usage
-# The CUDA-only pinning module alone (is_pinned's agreement with torch among it), for a call without time for
-# the whole pinning part above.
-suite pinning-cuda "${T_PINC:-90}" conformance.suite.test_pinning_cuda
+# The CUDA-only pinning module and the API module (is_pinned's agreement with torch, its misses' cache), for a
+# call without time for the whole pinning part above.
+suite pinning-cuda "${T_PINC:-120}" conformance.suite.test_pinning_cuda conformance.suite.test_pinning_api
 # What asking CUDA "is this host pointer pinned?" costs per way of asking, and what each answers (issue 19).
 part probe-pointer-query "${T_PPQ:-90}" bash -c 'nvcc -O2 -std=c++17 -o /tmp/probe_pointer_query \
   benchmarks/probe_pointer_query.cpp -lcuda && /tmp/probe_pointer_query'

@@ -121,14 +121,13 @@ using CUdevice = int;
 using CUdeviceptr = unsigned long long;
 using CuDeviceGetFn = CUresult (*)(CUdevice*, int);
 using CuPrimaryCtxGetStateFn = CUresult (*)(CUdevice, unsigned*, int*);
-using CuPointerGetAttributeFn = CUresult (*)(void*, int, CUdeviceptr);
+using CuPointerGetAttributesFn = CUresult (*)(unsigned, int*, void**, CUdeviceptr);
 
 constexpr cudaError_t kCudaSuccess = 0;
 constexpr cudaError_t kCudaErrorInvalidValue = 1;
 constexpr int kCudaMemoryTypeHost = 1;
 // Driver API values (cuda.h; fixed by the driver ABI).
 constexpr CUresult kCuSuccess = 0;
-constexpr CUresult kCuErrorInvalidValue = 1;
 constexpr int kCuPointerAttributeMemoryType = 2;
 constexpr int kCuPointerAttributeIsManaged = 8;
 constexpr unsigned kCuMemoryTypeHost = 1;
@@ -147,10 +146,10 @@ struct PointerApi {
     GetLastErrorFn last_error = nullptr;
     CuDeviceGetFn device_get = nullptr;
     CuPrimaryCtxGetStateFn primary_ctx_state = nullptr;
-    // Optional: the driver's single-attribute query. Where it resolves, a miss costs one driver lookup instead
-    // of the runtime's cudaPointerGetAttributes (which fills every attribute and goes through the runtime's
-    // context bookkeeping); where it does not, the runtime answers as before.
-    CuPointerGetAttributeFn pointer_attribute = nullptr;
+    // Optional: the driver's several-attribute query. Where it resolves, a miss is one driver lookup that needs
+    // no current context and creates none, so neither the runtime's context bookkeeping nor our per-call device
+    // probe is paid; where it does not, the runtime answers as before.
+    CuPointerGetAttributesFn pointer_attributes = nullptr;
     bool ok = false;
 };
 
@@ -193,7 +192,7 @@ const PointerApi* pointer_api() {
             resolve(drv, "cuDevicePrimaryCtxGetState", a->primary_ctx_state, where);
     if (a->ok) {
         std::string optional;  // a driver without it is still usable through the runtime query
-        if (!resolve(drv, "cuPointerGetAttribute", a->pointer_attribute, optional)) a->pointer_attribute = nullptr;
+        if (!resolve(drv, "cuPointerGetAttributes", a->pointer_attributes, optional)) a->pointer_attributes = nullptr;
     }
     if (!a->ok) {
         delete a;
@@ -236,26 +235,28 @@ bool current_device_has_context(const PointerApi& api) {
 
 int CudaHostApi::host_pointer_pinned(const void* ptr) {
     const PointerApi* api = pointer_api();
-    if (api == nullptr || !current_device_has_context(*api)) return -1;
-    if (api->pointer_attribute != nullptr) {
-        // The driver knows every allocation, mapping and registration of every context (unified addressing), so
-        // one lookup decides: "invalid value" is memory no context knows (pageable), which the runtime reports
-        // as cudaMemoryTypeUnregistered; HOST is page-locked host memory (cudaHostAlloc or cudaHostRegister),
-        // cudaMemoryTypeHost, unless it is managed memory, which the runtime reports as cudaMemoryTypeManaged.
-        // Any other result (no current context on this thread, a driver shutting down) falls through to the
-        // runtime query, which is what torch asks. The driver API has no sticky error slot to clear.
-        const auto address = static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(ptr));
+    if (api == nullptr) return -1;
+    if (api->pointer_attributes != nullptr) {
+        // Why the driver's several-attribute query and not the others (benchmarks/probe_pointer_query.cpp, H200,
+        // issue 19): for a pageable pointer, the common case, the single-attribute cuPointerGetAttribute answers
+        // "invalid value" through a slow error path (500 ns, against 119 ns for the runtime's
+        // cudaPointerGetAttributes), while this query answers pageable memory with default values and success.
+        // It knows every allocation, mapping and registration of every context (unified addressing), needs no
+        // current context and never creates one. HOST is page-locked host memory (cudaHostAlloc or
+        // cudaHostRegister), which the runtime reports as cudaMemoryTypeHost, unless it is managed memory (the
+        // runtime's cudaMemoryTypeManaged; the driver reports it as device memory anyway). Any other result (a
+        // driver not initialised yet, one shutting down) falls through to the runtime query, which torch asks.
+        // The driver API has no sticky error slot to clear.
         unsigned type = 0;
-        const CUresult res = api->pointer_attribute(&type, kCuPointerAttributeMemoryType, address);
-        if (res == kCuErrorInvalidValue) return 0;
-        if (res == kCuSuccess) {
-            if (type != kCuMemoryTypeHost) return 0;
-            int managed = 0;
-            if (api->pointer_attribute(&managed, kCuPointerAttributeIsManaged, address) == kCuSuccess) {
-                return managed != 0 ? 0 : 1;
-            }
+        int managed = 0;
+        int which[2] = {kCuPointerAttributeMemoryType, kCuPointerAttributeIsManaged};
+        void* values[2] = {&type, &managed};
+        const auto address = static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(ptr));
+        if (api->pointer_attributes(2, which, values, address) == kCuSuccess) {
+            return (type == kCuMemoryTypeHost && managed == 0) ? 1 : 0;
         }
     }
+    if (!current_device_has_context(*api)) return -1;
     PointerAttributes attr{};
     const cudaError_t err = api->attributes(&attr, ptr);
     if (err == kCudaErrorInvalidValue) {  // a pointer CUDA does not know (older runtimes): not pinned

@@ -553,3 +553,41 @@ def test_is_pinned_miss_follows_the_accelerator_variable(area_api, accelerator, 
     assert area_api.is_pinned(t) is False and area_api.is_pinned(empty) is False
     assert area_api.is_pinned(pinned) is backend_pins
     del pinned
+
+
+def test_is_pinned_miss_sees_every_change_of_the_environment(area_api, accelerator, monkeypatch):
+    """The accelerator variable may be read from a cache only while the environment is unchanged (the optimized
+    implementation re-scans the environment only when its array changed), so every way the variable can change
+    must be seen by the very next miss: set by appending, its value replaced (also by a string the C library had
+    already handed out once), entries before it removed (the rest shift down), other variables added and removed
+    after it, and it removed, while it is set and while it is not. A bad value raises; a good or no value
+    answers."""
+    name, bad, t = "HOSTOFFLOAD_ACCELERATOR", "no-such-accelerator", torch.empty(64)
+
+    def answers(expect_error: bool, step: str) -> None:
+        for _ in range(2):  # the second call is the one a cache would answer
+            if expect_error:
+                with pytest.raises(ConfigurationError, match=name):
+                    area_api.is_pinned(t)
+            else:
+                assert area_api.is_pinned(t) is False, step
+
+    monkeypatch.delenv(name, raising=False)
+    steps = [
+        ("unset", lambda: None, False),
+        ("another variable appended after the scan", lambda: monkeypatch.setenv("HOSTOFFLOAD_TEST_BEFORE", "1"), False),
+        ("set, appended last", lambda: monkeypatch.setenv(name, bad), True),
+        ("value replaced by a good one", lambda: monkeypatch.setenv(name, accelerator.name), False),
+        ("value replaced by the bad one again", lambda: monkeypatch.setenv(name, bad), True),
+        ("a variable before it removed", lambda: monkeypatch.delenv("HOSTOFFLOAD_TEST_BEFORE"), True),
+        ("a variable appended after it", lambda: monkeypatch.setenv("HOSTOFFLOAD_TEST_AFTER", "1"), True),
+        ("removed while not last", lambda: monkeypatch.delenv(name), False),
+        ("the last variable removed while it is unset", lambda: monkeypatch.delenv("HOSTOFFLOAD_TEST_AFTER"), False),
+        ("set again", lambda: monkeypatch.setenv(name, bad), True),
+        ("removed while last", lambda: monkeypatch.delenv(name), False),
+        ("set to a good value", lambda: monkeypatch.setenv(name, accelerator.name), False),
+        ("the good value replaced by a bad one", lambda: monkeypatch.setenv(name, bad), True),
+    ]
+    for step, change, expect_error in steps:
+        change()
+        answers(expect_error, step)
