@@ -284,8 +284,15 @@ def _run_arm(arm: str, model: str, args) -> dict:
         else:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
             oom = any("out of memory" in line.lower() or "OutOfMemory" in line for line in tail)
-            row = {"arm": arm, "model": model, "status": "OOM" if oom else f"failed (rc {proc.returncode})",
-                   "error": " | ".join(tail)}
+            if oom:
+                status = "OOM"
+            elif proc.returncode == -9:
+                # Nothing in the arm sends SIGKILL; on the H200 box (no swap) the kernel's OOM killer did, when
+                # the host memory ran out (run L, docs/benchmarks.md): the arm cannot say so itself.
+                status = "killed (SIGKILL: host memory?)"
+            else:
+                status = f"failed (rc {proc.returncode})"
+            row = {"arm": arm, "model": model, "status": status, "error": " | ".join(tail)}
         row["wall_s"] = time.perf_counter() - t0
         return row
 
