@@ -13,7 +13,10 @@ Three groups, each measured side by side in one process (the issue's targets com
   live in that implementation's registry (the extra ranges are synthetic, at non-canonical addresses no mapping can
   have). Arms: ``reference``, ``optimized``, and ``torch`` (``torch.Tensor.is_pinned`` on a torch-pinned tensor,
   or on a pageable one where torch cannot pin). The ``is_pinned_miss`` group times the same arms on a pageable
-  tensor (the answer is False; a copy decision mostly asks about pageable tensors).
+  tensor (the answer is False; a copy decision mostly asks about pageable tensors). As a script it then times,
+  per range count, the optimized hit, the optimized miss and torch's miss in alternating order within each round
+  (``is_pinned_paired`` in the JSON: issue 19's ``miss - hit`` and ``miss / torch`` as per-round differences, which
+  a noisy host cannot skew the way it skews rows timed apart).
 - ``bandwidth`` (CUDA only, marked ``gpu``): H2D and D2H copies of 4 MiB .. 1 GiB with ``non_blocking=True`` on a
   side stream, timed with CUDA events around each copy after warm-up; ``extra_info`` holds the median event time
   and GB/s. Arms: ``torch_pinned``, ``pageable``, ``optimized_unregistered`` (locked only) and
@@ -381,6 +384,66 @@ def bench_is_pinned(runner: Any, arm: str, ranges: int, quick: bool, kind: str =
     )
 
 
+def bench_is_pinned_paired(ranges: int, quick: bool) -> dict[str, Any]:
+    """Issue 19's two miss targets as paired figures: the optimized hit, the optimized miss and torch's own
+    ``is_pinned`` on the same pageable tensor, timed in alternating order within every round, so that a noisy
+    host (the H200 leases of runs L and M moved whole rows by 2x between rows timed a second apart) slows all
+    three alike. Reported: each one's median, and the median over rounds of ``miss - hit`` and ``miss / torch``
+    (with the quartiles), which is what the targets compare. Script mode only (not a pytest-benchmark row)."""
+    synthetic = synthetic_for("optimized")
+    if synthetic is not None:
+        synthetic.ensure(ranges - 1)
+    from optimized.pinning import is_pinned, pin_empty
+
+    with native_backend(register=True):
+        hit_t = pin_empty(1024, dtype=torch.uint8)
+    miss_t = torch.empty(1024, dtype=torch.uint8)
+    fns: dict[str, Callable[[], bool]] = {
+        "optimized_hit": lambda: is_pinned(hit_t),
+        "optimized_miss": lambda: is_pinned(miss_t),
+        "torch_miss": miss_t.is_pinned,  # bound method: no wrapper, as in the is_pinned_miss rows
+    }
+    for name, fn in fns.items():
+        expected = name == "optimized_hit"
+        assert fn() is expected, f"{name}: is_pinned returned {fn()}, expected {expected}"
+    rounds, iterations = (7, 2_000) if quick else (41, 10_000)
+    per: dict[str, list[float]] = {name: [] for name in fns}
+    for r in range(rounds + 1):  # round 0 warms up
+        order = list(fns) if r % 2 == 0 else list(reversed(fns))
+        for name in order:
+            fn = fns[name]
+            t0 = time.perf_counter()
+            for _ in range(iterations):
+                fn()
+            if r > 0:
+                per[name].append((time.perf_counter() - t0) / iterations * 1e9)
+    diffs = [m - h for m, h in zip(per["optimized_miss"], per["optimized_hit"], strict=True)]
+    ratios = [m / t for m, t in zip(per["optimized_miss"], per["torch_miss"], strict=True)]
+
+    def quartiles(xs: list[float]) -> list[float]:
+        q = statistics.quantiles(xs, n=4)
+        return [round(q[0], 1), round(q[2], 1)]
+
+    row = {
+        "live_ranges": ranges,
+        "median_ns": {name: round(statistics.median(xs), 1) for name, xs in per.items()},
+        "miss_minus_hit_ns": round(statistics.median(diffs), 1),
+        "miss_minus_hit_ns_quartiles": quartiles(diffs),
+        "miss_over_torch_miss": round(statistics.median(ratios), 3),
+        "miss_over_torch_miss_quartiles": [round(x, 3) for x in statistics.quantiles(ratios, n=4)[::2]],
+        "rounds": rounds,
+        "iterations": iterations,
+    }
+    print(
+        f"is_pinned_paired[{ranges}]: hit {row['median_ns']['optimized_hit']} ns, miss "
+        f"{row['median_ns']['optimized_miss']} ns, torch miss {row['median_ns']['torch_miss']} ns; miss - hit "
+        f"{row['miss_minus_hit_ns']} ns (quartiles {row['miss_minus_hit_ns_quartiles']}), miss / torch "
+        f"{row['miss_over_torch_miss']} (quartiles {row['miss_over_torch_miss_quartiles']})",
+        flush=True,
+    )
+    return row
+
+
 # -- bandwidth ----------------------------------------------------------------------------------------------------
 def _host_buffer(arm: str, nbytes: int) -> torch.Tensor:
     if arm == "torch_pinned":
@@ -565,6 +628,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.empty(1, device="cuda")
     runner = LoopRunner()
     phases: list[dict[str, Any]] = []
+    paired: list[dict[str, Any]] = []
     alloc_sizes = (4 * MiB, 64 * MiB) if args.quick else ALLOC_SIZES
     if args.alloc_sizes:
         alloc_sizes = tuple(int(x) * MiB for x in args.alloc_sizes.split(","))
@@ -587,6 +651,7 @@ def main(argv: list[str] | None = None) -> int:
             "machine_info": machine_info(),
             "benchmarks": runner.results,
             "phases": phases,
+            "is_pinned_paired": paired,
             "skipped": skipped,
             "errors": errors,
         }
@@ -626,6 +691,7 @@ def main(argv: list[str] | None = None) -> int:
                             lambda a=arm, c=count, k=kind: bench_is_pinned(runner, a, c, args.quick, k),
                             f"is_pinned {kind} {arm} {count}",
                         )
+                paired.append(bench_is_pinned_paired(count, args.quick))
         finally:
             release_synthetic()
 
