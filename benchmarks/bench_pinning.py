@@ -602,7 +602,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         default="alloc,is_pinned,bandwidth,phases",
-        help="comma-separated groups: alloc, is_pinned, bandwidth, phases",
+        help="comma-separated groups: alloc, is_pinned, is_pinned_paired (also run by is_pinned), bandwidth, phases",
     )
     parser.add_argument("--quick", action="store_true", help="small sizes and counts (smoke run)")
     parser.add_argument(
@@ -615,10 +615,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--alloc-sizes", default=None, help="comma-separated MiB sizes for the alloc group, e.g. 4096")
     args = parser.parse_args(argv)
     groups = {g.strip() for g in args.only.split(",") if g.strip()}
-    unknown = groups - {"alloc", "is_pinned", "bandwidth", "phases"}
+    unknown = groups - {"alloc", "is_pinned", "is_pinned_paired", "bandwidth", "phases"}
     if unknown:
         parser.error(
-            f"--only: unknown groups {sorted(unknown)}; allowed: alloc, is_pinned, bandwidth, phases"
+            f"--only: unknown groups {sorted(unknown)}; allowed: alloc, is_pinned, is_pinned_paired, bandwidth, phases"
         )
     if cuda_ok():
         # torch.cuda.init() does not create the device's primary context; the first allocation does. Every
@@ -691,6 +691,14 @@ def main(argv: list[str] | None = None) -> int:
                             lambda a=arm, c=count, k=kind: bench_is_pinned(runner, a, c, args.quick, k),
                             f"is_pinned {kind} {arm} {count}",
                         )
+                if "is_pinned_paired" not in groups:  # else its own group runs it
+                    paired.append(bench_is_pinned_paired(count, args.quick))
+        finally:
+            release_synthetic()
+
+    def run_is_pinned_paired() -> None:
+        try:
+            for count in counts:
                 paired.append(bench_is_pinned_paired(count, args.quick))
         finally:
             release_synthetic()
@@ -707,6 +715,7 @@ def main(argv: list[str] | None = None) -> int:
     group("alloc", run_alloc)
     group("phases", lambda: bench_phases(phases, 64 * MiB if args.quick else 4 * GiB))
     group("is_pinned", run_is_pinned)
+    group("is_pinned_paired", run_is_pinned_paired)
     group("bandwidth", run_bandwidth)
     dump()
     print(
