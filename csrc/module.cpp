@@ -261,23 +261,26 @@ bool g_miss_torch_pinning = false;
 bool g_miss_cuda_pointers = false;  // the CUDA runtime may be asked directly
 
 // HOSTOFFLOAD_ACCELERATOR's value (nullptr: unset) without scanning the environment on every call. getenv
-// compares the name against every variable: 85 ns with the 96 variables of the H200 box (issue 19's probe), most
-// of a miss's budget, and training jobs under a scheduler carry more. So where the variable was found, and what
-// the environment looked like, is remembered, and a call re-scans only when that picture no longer holds:
-//   - set: the array is the same and the same entry string sits at the same index. setenv/putenv replacing the
-//     value store a new string (glibc never edits one in place; CPython's os.environ goes through setenv), and
-//     unsetenv of an earlier variable shifts the entries, so either moves a different pointer into the slot;
-//   - unset: the array is the same, the slot after the last entry is still its end, and the last entry is the
-//     same string. Adding a variable (setenv appends, or moves the array) or removing one (entries shift down)
-//     changes one of the two.
+// compares the name against every variable: 85-130 ns with the 96 variables of the H200 box (issue 19's probe),
+// most of a miss's budget, and training jobs under a scheduler carry more. So what the environment looked like is
+// remembered, and a call scans it again only when that picture no longer holds. The picture rests on one fact of
+// the C library: an entry's string is never edited in place (setenv and putenv store another string, unsetenv
+// removes the pointer; CPython's os.environ goes through setenv and unsetenv), so equal pointers mean equal text.
+//   - set: the array is the same and the same entry string sits at the same index. That entry is the variable
+//     with the remembered value, and the library keeps names unique, so it is what getenv would find;
+//   - unset: the array is the same and holds exactly the same entry pointers, in order, up to its end (a copy
+//     is compared, 8 bytes per variable). A cheaper test, such as the same length and the same last entry, is
+//     not enough: set the variable (appended), remove the last entry and set it again (the library may hand back
+//     its very same string), remove an earlier one, and the length and last entry are as before.
 // A program writing into `environ` or into a string it handed to putenv, by hand, is not seen until the array
 // changes otherwise; nothing in this library or in CPython does that. Read and written under the GIL.
 extern "C" char** environ;
 struct AcceleratorEnv {
-    char** array = nullptr;     // environ when last scanned (nullptr: never scanned, or no environment at all)
-    std::size_t index = 0;      // the variable's slot, or (unset) the index of the terminating nullptr
-    const char* entry = nullptr;  // environ[index] (set), or environ[index - 1] (unset; nullptr when empty)
+    char** array = nullptr;       // environ when last scanned (nullptr: never scanned, or no environment at all)
+    std::size_t index = 0;        // set: the variable's slot
+    const char* entry = nullptr;  // set: environ[index]
     bool present = false;
+    std::vector<char*> entries;   // unset: every entry pointer, in order (the terminating nullptr excluded)
 };
 AcceleratorEnv g_accelerator_env;
 
@@ -289,20 +292,30 @@ const char* accelerator_env_value() {
     if (env != nullptr && env == c.array) {
         if (c.present) {
             if (env[c.index] == c.entry) return c.entry + kNameLen;
-        } else if (env[c.index] == nullptr && (c.index == 0 || env[c.index - 1] == c.entry)) {
-            return nullptr;
+        } else {
+            // Slots up to the remembered end are inside the array: unsetenv only moves entries down within it.
+            const std::size_t n = c.entries.size();
+            if (env[n] == nullptr && (n == 0 || std::memcmp(env, c.entries.data(), n * sizeof(char*)) == 0)) {
+                return nullptr;
+            }
         }
     }
-    c = AcceleratorEnv{};
+    c.array = nullptr;
+    c.present = false;
+    c.entries.clear();
     if (env == nullptr) return nullptr;
     std::size_t i = 0;
     for (; env[i] != nullptr; ++i) {
         if (std::strncmp(env[i], kName, kNameLen) == 0) {
-            c = AcceleratorEnv{env, i, env[i], true};
+            c.array = env;
+            c.index = i;
+            c.entry = env[i];
+            c.present = true;
             return env[i] + kNameLen;
         }
     }
-    c = AcceleratorEnv{env, i, i > 0 ? env[i - 1] : nullptr, false};
+    c.entries.assign(env, env + i);
+    c.array = env;
     return nullptr;
 }
 

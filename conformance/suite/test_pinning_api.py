@@ -7,6 +7,7 @@ A tensor with no elements is never pinned: it has no bytes to copy and torch rep
 from __future__ import annotations
 
 import gc
+import os
 import subprocess
 import sys
 import warnings
@@ -573,21 +574,91 @@ def test_is_pinned_miss_sees_every_change_of_the_environment(area_api, accelerat
                 assert area_api.is_pinned(t) is False, step
 
     monkeypatch.delenv(name, raising=False)
+    # Grow the environment array, then shrink it back: the C library's later additions then fit in the array it
+    # already has and it stays where it is, which is when a cached picture of it can be fooled (below).
+    padding = [f"ENVWALK_PAD{i}" for i in range(64)]
+    for pad in padding:
+        monkeypatch.setenv(pad, "1")
+    for pad in padding:
+        monkeypatch.delenv(pad)
     steps = [
         ("unset", lambda: None, False),
-        ("another variable appended after the scan", lambda: monkeypatch.setenv("HOSTOFFLOAD_TEST_BEFORE", "1"), False),
+        ("another variable appended after the scan", lambda: monkeypatch.setenv("ENVWALK_BEFORE", "1"), False),
         ("set, appended last", lambda: monkeypatch.setenv(name, bad), True),
         ("value replaced by a good one", lambda: monkeypatch.setenv(name, accelerator.name), False),
         ("value replaced by the bad one again", lambda: monkeypatch.setenv(name, bad), True),
-        ("a variable before it removed", lambda: monkeypatch.delenv("HOSTOFFLOAD_TEST_BEFORE"), True),
-        ("a variable appended after it", lambda: monkeypatch.setenv("HOSTOFFLOAD_TEST_AFTER", "1"), True),
+        ("a variable before it removed", lambda: monkeypatch.delenv("ENVWALK_BEFORE"), True),
+        ("a variable appended after it", lambda: monkeypatch.setenv("ENVWALK_AFTER", "1"), True),
         ("removed while not last", lambda: monkeypatch.delenv(name), False),
-        ("the last variable removed while it is unset", lambda: monkeypatch.delenv("HOSTOFFLOAD_TEST_AFTER"), False),
+        ("the last variable removed while it is unset", lambda: monkeypatch.delenv("ENVWALK_AFTER"), False),
         ("set again", lambda: monkeypatch.setenv(name, bad), True),
         ("removed while last", lambda: monkeypatch.delenv(name), False),
         ("set to a good value", lambda: monkeypatch.setenv(name, accelerator.name), False),
         ("the good value replaced by a bad one", lambda: monkeypatch.setenv(name, bad), True),
+        ("removed again", lambda: monkeypatch.delenv(name), False),
+        ("two variables appended while it is unset", lambda: (monkeypatch.setenv("ENVWALK_EARLIER", "1"),
+                                                              monkeypatch.setenv("ENVWALK_LAST", "1")), False),
+        # Between two calls: it is set (appended), the last variable is removed and set again to the same value
+        # (the C library may hand back the very same string), and an earlier variable is removed. The array then
+        # has its old length and its old last entry, yet the variable is set.
+        ("set, then the last variable re-set and an earlier one removed", lambda: (
+            monkeypatch.setenv(name, bad), monkeypatch.delenv("ENVWALK_LAST"),
+            monkeypatch.setenv("ENVWALK_LAST", "1"), monkeypatch.delenv("ENVWALK_EARLIER")), True),
     ]
     for step, change, expect_error in steps:
         change()
         answers(expect_error, step)
+
+
+_ENV_NAMES = ("HOSTOFFLOAD_ACCELERATOR", "ENVWALK_E1", "ENVWALK_E2", "ENVWALK_E3")
+# The accelerator variable is drawn as often as the three others together: the changes that matter are its own.
+# Most changes are followed by two misses (the second is the one a cache answers); the others are not, so that
+# several changes can pile up between two calls.
+_env_names_drawn = (_ENV_NAMES[0],) * 3 + _ENV_NAMES[1:]
+_env_ops = st.lists(
+    st.tuples(
+        st.sampled_from(("set", "set", "unset")),
+        st.sampled_from(_env_names_drawn),
+        st.sampled_from(("bad", "good", "1")),
+        st.sampled_from((True, True, True, False)),
+    ),
+    min_size=4,
+    max_size=40,
+)
+
+
+@given(ops=_env_ops)
+def test_is_pinned_miss_follows_any_sequence_of_environment_changes(area_api, accelerator, ops):
+    """The walk above, generalised: any interleaving of setting and removing the accelerator variable and three
+    others, with misses asked in between or not, and every miss answers for the environment of that moment (a bad
+    value raises, a good one or none answers False). Which sequences fool a cached picture of the environment
+    depends on where the C library's allocator puts the array, which no fixed walk controls."""
+    t = torch.empty(64)
+    saved = {name: os.environ.get(name) for name in _ENV_NAMES}
+    try:
+        for name in _ENV_NAMES:
+            os.environ.pop(name, None)
+        for pad in (padding := [f"ENVWALK_PAD{i}" for i in range(64)]):  # see the walk above
+            os.environ[pad] = "1"
+        for pad in padding:
+            del os.environ[pad]
+        for op, name, value, ask in ops:
+            if op == "set":
+                if name == _ENV_NAMES[0]:
+                    spelled = {"bad": "no-such-accelerator", "good": accelerator.name, "1": accelerator.name.upper()}
+                    value = spelled[value]
+                os.environ[name] = value
+            else:
+                os.environ.pop(name, None)
+            for _ in range(2 if ask else 0):
+                if os.environ.get(_ENV_NAMES[0]) == "no-such-accelerator":
+                    with pytest.raises(ConfigurationError, match=_ENV_NAMES[0]):
+                        area_api.is_pinned(t)
+                else:
+                    assert area_api.is_pinned(t) is False, f"after {ops}"
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
