@@ -631,8 +631,8 @@ _env_ops = st.lists(
 def test_is_pinned_miss_follows_any_sequence_of_environment_changes(area_api, accelerator, ops):
     """The walk above, generalised: any interleaving of setting and removing the accelerator variable and three
     others, with misses asked in between or not, and every miss answers for the environment of that moment (a bad
-    value raises, a good one or none answers False). Which sequences fool a cached picture of the environment
-    depends on where the C library's allocator puts the array, which no fixed walk controls."""
+    value raises, a good one or none answers False). The walk pins down the sequences known to be tricky; this
+    tries the interleavings nobody listed, on an array grown first as in the walk."""
     t = torch.empty(64)
     saved = {name: os.environ.get(name) for name in _ENV_NAMES}
     try:
