@@ -393,7 +393,7 @@ def bench_is_pinned_paired(ranges: int, quick: bool) -> dict[str, Any]:
     synthetic = synthetic_for("optimized")
     if synthetic is not None:
         synthetic.ensure(ranges - 1)
-    from optimized.pinning import is_pinned, pin_empty
+    from optimized.pinning import is_pinned, pin_empty, unpin
 
     with native_backend(register=True):
         hit_t = pin_empty(1024, dtype=torch.uint8)
@@ -417,6 +417,7 @@ def bench_is_pinned_paired(ranges: int, quick: bool) -> dict[str, Any]:
                 fn()
             if r > 0:
                 per[name].append((time.perf_counter() - t0) / iterations * 1e9)
+    unpin(hit_t)
     diffs = [m - h for m, h in zip(per["optimized_miss"], per["optimized_hit"], strict=True)]
     ratios = [m / t for m, t in zip(per["optimized_miss"], per["torch_miss"], strict=True)]
 
@@ -622,8 +623,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     if cuda_ok():
         # torch.cuda.init() does not create the device's primary context; the first allocation does. Every
-        # training process has one, and without it is_pinned misses take a slower path (asking CUDA first
-        # would create a context, so the answer is torch's): run I's first miss row (1 range) measured that.
+        # training process has one. Without it, a miss the driver cannot answer falls to the runtime path, which
+        # then hands it to torch (asking the runtime would create a context): run I's 1-range miss row, 1191 ns.
         torch.cuda.init()
         torch.empty(1, device="cuda")
     runner = LoopRunner()
