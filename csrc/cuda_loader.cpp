@@ -150,6 +150,9 @@ struct PointerApi {
     // no current context and creates none, so neither the runtime's context bookkeeping nor our per-call device
     // probe is paid; where it does not, the runtime answers as before.
     CuPointerGetAttributesFn pointer_attributes = nullptr;
+    // fork_generation() when resolved. A forked child inherits this object but not a usable CUDA: the driver and
+    // runtime belong to the parent, so the child never asks them (torch decides there, by its own rules).
+    std::uint64_t generation = 0;
     bool ok = false;
 };
 
@@ -190,6 +193,7 @@ const PointerApi* pointer_api() {
             resolve(rt, "cudaGetLastError", a->last_error, where) &&
             resolve(drv, "cuDeviceGet", a->device_get, where) &&
             resolve(drv, "cuDevicePrimaryCtxGetState", a->primary_ctx_state, where);
+    a->generation = fork_generation();
     if (a->ok) {
         std::string optional;  // a driver without it is still usable through the runtime query
         if (!resolve(drv, "cuPointerGetAttributes", a->pointer_attributes, optional)) a->pointer_attributes = nullptr;
@@ -235,7 +239,7 @@ bool current_device_has_context(const PointerApi& api) {
 
 int CudaHostApi::host_pointer_pinned(const void* ptr) {
     const PointerApi* api = pointer_api();
-    if (api == nullptr) return -1;
+    if (api == nullptr || api->generation != fork_generation()) return -1;
     if (api->pointer_attributes != nullptr) {
         // Why the driver's several-attribute query and not the others (benchmarks/probe_pointer_query.cpp, H200,
         // issue 19): for a pageable pointer, the common case, the single-attribute cuPointerGetAttribute answers

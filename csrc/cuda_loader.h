@@ -32,10 +32,11 @@ struct CudaHostApi {
     // host memory (cudaPointerGetAttributes type cudaMemoryTypeHost; asked of the driver first, where one
     // cuPointerGetAttributes lookup answers without any context bookkeeping), 0 if it reports anything else
     // (including "unknown pointer"), -1 if it cannot be asked here without side effects, and the caller must
-    // ask torch: no runtime is loaded in the process yet (this never loads one), an entry point is missing, the
-    // calling thread's current device has no active primary context (asking would create one, which torch
-    // avoids too), or any call failed (the sticky error slot is cleared). Thread-safe; a positive context probe
-    // is cached per thread and per fork generation; with the driver query (the common case) it is not needed.
+    // ask torch: no runtime is loaded in the process yet (this never loads one), this is a forked child of the
+    // process that found it (CUDA is the parent's), an entry point is missing, the calling thread's current
+    // device has no active primary context (asking would create one, which torch avoids too), or any call failed
+    // (the sticky error slot is cleared). Thread-safe; a positive context probe is cached per thread and per
+    // fork generation; with the driver query (the common case) it is not needed.
     static int host_pointer_pinned(const void* ptr);
 };
 
