@@ -47,6 +47,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # for annotations only: the functions import torch where they use it
+    import torch
 
 #: name -> (hidden, layers, heads, intermediate, vocab, seq, batch, gas)
 MODELS: dict[str, tuple[int, int, int, int, int, int, int, int]] = {
@@ -64,6 +68,16 @@ MODELS: dict[str, tuple[int, int, int, int, int, int, int, int]] = {
 
 ARMS = ["ours-s2", "ours-s2-offload", "ours-s2-offload-dpu", "ours-s3", "ours-s3-offload", "ours-s3-offload-dpu",
         "ds-z2-offload", "ds-z3-offload", "fsdp2", "fsdp2-offload"]
+
+
+def _engine_step(engine, batches) -> torch.Tensor:
+    """One optimizer step through the DeepSpeed-style surface both ZeroEngine and DeepSpeed's engine offer: a
+    forward, ``backward`` and ``step`` per micro-batch (the engine decides on which call the update happens)."""
+    for ids in batches:
+        loss = engine(input_ids=ids, labels=ids).loss
+        engine.backward(loss)
+        engine.step()
+    return loss.detach()
 
 
 def _llama(name: str):
@@ -165,21 +179,15 @@ def _child(arm: str, model_name: str, device_name: str, steps: int, warmup: int,
         }, device=device)
 
         def step() -> torch.Tensor:
-            for ids in batches:
-                loss = engine(input_ids=ids, labels=ids).loss
-                engine.backward(loss)
-                engine.step()
-            return loss.detach()
+            return _engine_step(engine, batches)
 
         def finish() -> None:
             engine.synchronize()
 
         timings = engine.offload_timings
-        from reference.contract.envvars import pin_backend
+        from reference.contract.envvars import cpu_adam_threads, pin_backend
 
         row["pin_backend"] = pin_backend()
-        from reference.contract.envvars import cpu_adam_threads
-
         row["adam_threads"] = cpu_adam_threads()
         # What the engine asked to pin; the host RSS column shows what the allocator really took.
         row["host_pinned_requested_gib"] = sum(t.numel() * t.element_size() for t in engine.pinned_buffers()) / 2**30
@@ -191,11 +199,7 @@ def _child(arm: str, model_name: str, device_name: str, steps: int, warmup: int,
                                           config=_ds_config(stage, gas, batch))
 
         def step() -> torch.Tensor:
-            for ids in batches:
-                loss = engine(input_ids=ids, labels=ids).loss
-                engine.backward(loss)
-                engine.step()
-            return loss.detach()
+            return _engine_step(engine, batches)
 
         def finish() -> None:
             pass
