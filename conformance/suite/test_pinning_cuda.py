@@ -9,8 +9,15 @@ CUDA.
 
 from __future__ import annotations
 
+import ctypes
 import importlib
+import json
+import os
+import subprocess
+import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -117,49 +124,92 @@ def test_every_declared_tuning_variant_registers_and_copies_exactly(impl, area_a
             del pinned_src, pinned_dst
 
 
+@contextmanager
+def _managed_cpu_tensor(nbytes: int) -> Iterator[torch.Tensor]:
+    """A CPU tensor over CUDA managed memory (``cuMemAllocManaged``, in the current context). The CUDA runtime calls
+    it managed, not host, memory, so torch's ``is_pinned`` is False for it; a query that reads only the driver's
+    memory type, or takes any known memory for pinned, says otherwise."""
+    libcuda = ctypes.CDLL("libcuda.so.1")
+    address = ctypes.c_uint64(0)
+    code = libcuda.cuMemAllocManaged(ctypes.byref(address), ctypes.c_size_t(nbytes), ctypes.c_uint(1))  # GLOBAL
+    assert code == 0, f"cuMemAllocManaged failed with CUresult {code}"
+    try:
+        yield torch.frombuffer((ctypes.c_uint8 * nbytes).from_address(address.value), dtype=torch.uint8)
+    finally:
+        assert libcuda.cuMemFree_v2(address) == 0, "cuMemFree of the managed buffer failed"
+
+
 def test_is_pinned_misses_agree_with_torch(area_api, cuda_native):
     """A registry miss is decided by what torch itself reports, however the implementation asks (the optimized
     one asks CUDA from C++): memory torch pinned, memory pinned behind hostoffload's back
     (``cudaHostRegister`` of a pageable buffer), pageable memory, a native buffer after ``unpin`` (locked no longer,
     unregistered), and device tensors. Each case is asked several times: the first miss may take another path
-    than the ones after it (a cached decision), then once more from a thread that never called CUDA."""
+    than the ones after it (a cached decision), then once more from a thread that never called CUDA. Managed
+    memory seen as a CPU tensor is not pinned for torch (the runtime's type is managed, not host)."""
     torch.cuda.init()
+    torch.cuda.synchronize()  # the primary context is current on this thread (the managed allocation needs one)
     torch_pinned = torch.empty(1 << 16, dtype=torch.uint8, pin_memory=True)
     pageable = torch.empty(1 << 16, dtype=torch.uint8)
     foreign = torch.empty(1 << 16, dtype=torch.uint8)
     cudart = torch.cuda.cudart()
     assert int(cudart.cudaHostRegister(foreign.data_ptr(), foreign.nbytes, 0)) == 0, "cudaHostRegister failed"
-    try:
-        unpinned = area_api.pin_empty(1 << 16, dtype=torch.uint8)
-        assert area_api.unpin(unpinned) is True
-        cases = {
-            "torch-pinned": (torch_pinned, True),
-            "torch-pinned slice": (torch_pinned[100:200], True),
-            "registered behind hostoffload's back": (foreign, True),
-            "pageable": (pageable, False),
-            "native after unpin": (unpinned, False),
-            "device": (torch.empty(16, device=cuda_native.device()), False),
-        }
-        for _ in range(3):
-            for what, (t, expected) in cases.items():
-                if t.is_cpu:
-                    assert bool(t.is_pinned()) is expected, f"{what}: torch itself says {t.is_pinned()}"
-                assert area_api.is_pinned(t) is expected, f"{what}: is_pinned is not {expected}"
-        # Again from a thread that has made no CUDA call: no context is current on it, which changes what some
-        # CUDA queries answer (a driver-level query may refuse, or may answer for a context that is not current).
-        answers: dict[str, object] = {}
+    with _managed_cpu_tensor(1 << 16) as managed:
+        try:
+            unpinned = area_api.pin_empty(1 << 16, dtype=torch.uint8)
+            assert area_api.unpin(unpinned) is True
+            cases = {
+                "managed": (managed, False),
+                "torch-pinned": (torch_pinned, True),
+                "torch-pinned slice": (torch_pinned[100:200], True),
+                "registered behind hostoffload's back": (foreign, True),
+                "pageable": (pageable, False),
+                "native after unpin": (unpinned, False),
+                "device": (torch.empty(16, device=cuda_native.device()), False),
+            }
+            for _ in range(3):
+                for what, (t, expected) in cases.items():
+                    if t.is_cpu:
+                        assert bool(t.is_pinned()) is expected, f"{what}: torch itself says {t.is_pinned()}"
+                    assert area_api.is_pinned(t) is expected, f"{what}: is_pinned is not {expected}"
+            # Again from a thread that has made no CUDA call: no context is current on it, which changes what some
+            # CUDA queries answer (a driver-level query may refuse, or may answer for a context that is not current).
+            answers: dict[str, object] = {}
 
-        def ask_from_fresh_thread() -> None:
-            for what, (t, _) in cases.items():
-                try:
-                    answers[what] = area_api.is_pinned(t)
-                except Exception as exc:  # reported below with the case that raised it
-                    answers[what] = exc
+            def ask_from_fresh_thread() -> None:
+                for what, (t, _) in cases.items():
+                    try:
+                        answers[what] = area_api.is_pinned(t)
+                    except Exception as exc:  # reported below with the case that raised it
+                        answers[what] = exc
 
-        worker = threading.Thread(target=ask_from_fresh_thread)
-        worker.start()
-        worker.join()
-        for what, (_, expected) in cases.items():
-            assert answers[what] is expected, f"{what}, from a fresh thread: is_pinned gave {answers[what]!r}"
-    finally:
-        assert int(cudart.cudaHostUnregister(foreign.data_ptr())) == 0
+            worker = threading.Thread(target=ask_from_fresh_thread)
+            worker.start()
+            worker.join()
+            for what, (_, expected) in cases.items():
+                assert answers[what] is expected, f"{what}, from a fresh thread: is_pinned gave {answers[what]!r}"
+        finally:
+            assert int(cudart.cudaHostUnregister(foreign.data_ptr())) == 0
+
+
+@pytest.mark.runs_in_subprocesses
+def test_is_pinned_miss_in_a_forked_child_is_torchs_answer(impl, cuda_native):
+    """In a child forked after CUDA was initialised (a data-loader worker, a launcher), a registry miss is still
+    whatever torch answers there, value or exception: the child inherits what the implementation cached on its
+    first misses and the entry points it resolved, but not a usable CUDA, so an implementation that asks the
+    parent's driver from the child may answer for memory the child does not have pinned, or crash. Observed by
+    conformance/probes/fork_cuda.py in a fresh interpreter (this process must not fork with CUDA initialised)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "conformance.probes.fork_cuda", impl.areas["pinning"]],
+        env=dict(os.environ), capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, f"the probe failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    expected = {"torch-pinned": True, "registered behind hostoffload's back": True, "pageable": False}
+    for what, asked in report["parent"].items():
+        assert asked["torch"] == ["value", expected[what]], f"{what}, in the parent: torch itself says {asked['torch']}"
+        assert asked["impl"] == asked["torch"], f"{what}, in the parent: is_pinned {asked['impl']}"
+    child = report["child"]
+    assert child["ok"], f"the forked child failed: {child.get('error')}"
+    for what, asked in child["cases"].items():
+        assert asked["impl"] == asked["torch"], (
+            f"{what}, in the forked child: is_pinned {asked['impl']}, torch {asked['torch']}")
