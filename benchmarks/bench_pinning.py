@@ -389,7 +389,14 @@ def bench_is_pinned_paired(ranges: int, quick: bool) -> dict[str, Any]:
     ``is_pinned`` on the same pageable tensor, timed in alternating order within every round, so that a noisy
     host (the H200 leases of runs L and M moved whole rows by 2x between rows timed a second apart) slows all
     three alike. Reported: each one's median, and the median over rounds of ``miss - hit`` and ``miss / torch``
-    (with the quartiles), which is what the targets compare. Script mode only (not a pytest-benchmark row)."""
+    (with the quartiles), which is what the targets compare. Script mode only (not a pytest-benchmark row).
+
+    A fourth arm, ``optimized_miss_no_query``, is the same miss with ``HOSTOFFLOAD_ACCELERATOR=cpu`` (an
+    accelerator without torch pinning, so nothing asks CUDA): it splits ``miss - hit`` into what the library adds
+    (``no_query - hit``) and what the accelerator's pointer query costs where it is asked, between Python calls
+    (``miss - no_query``), which can exceed its cost in a tight C loop (benchmarks/probe_pointer_query.cpp).
+    The variable is set around that arm's loop only; the first call after each change re-reads the environment
+    and is part of the 10,000."""
     synthetic = synthetic_for("optimized")
     if synthetic is not None:
         synthetic.ensure(ranges - 1)
@@ -401,37 +408,68 @@ def bench_is_pinned_paired(ranges: int, quick: bool) -> dict[str, Any]:
     fns: dict[str, Callable[[], bool]] = {
         "optimized_hit": lambda: is_pinned(hit_t),
         "optimized_miss": lambda: is_pinned(miss_t),
+        "optimized_miss_no_query": lambda: is_pinned(miss_t),
         "torch_miss": miss_t.is_pinned,  # bound method: no wrapper, as in the is_pinned_miss rows
     }
+    variable = "HOSTOFFLOAD_ACCELERATOR"
+    saved = os.environ.get(variable)
+
+    @contextlib.contextmanager
+    def arm_environment(name: str) -> Iterator[None]:
+        if name != "optimized_miss_no_query":
+            yield
+            return
+        os.environ[variable] = "cpu"
+        try:
+            yield
+        finally:
+            if saved is None:
+                del os.environ[variable]
+            else:
+                os.environ[variable] = saved
+
     for name, fn in fns.items():
         expected = name == "optimized_hit"
-        assert fn() is expected, f"{name}: is_pinned returned {fn()}, expected {expected}"
+        with arm_environment(name):
+            answer = fn()
+        assert answer is expected, f"{name}: is_pinned returned {answer}, expected {expected}"
     rounds, iterations = (7, 2_000) if quick else (41, 10_000)
     per: dict[str, list[float]] = {name: [] for name in fns}
     for r in range(rounds + 1):  # round 0 warms up
         order = list(fns) if r % 2 == 0 else list(reversed(fns))
         for name in order:
             fn = fns[name]
-            t0 = time.perf_counter()
-            for _ in range(iterations):
-                fn()
+            with arm_environment(name):
+                t0 = time.perf_counter()
+                for _ in range(iterations):
+                    fn()
+                elapsed = time.perf_counter() - t0
             if r > 0:
-                per[name].append((time.perf_counter() - t0) / iterations * 1e9)
+                per[name].append(elapsed / iterations * 1e9)
     unpin(hit_t)
-    diffs = [m - h for m, h in zip(per["optimized_miss"], per["optimized_hit"], strict=True)]
-    ratios = [m / t for m, t in zip(per["optimized_miss"], per["torch_miss"], strict=True)]
 
-    def quartiles(xs: list[float]) -> list[float]:
+    def paired(a: str, b: str, op: Callable[[float, float], float]) -> list[float]:
+        return [op(x, y) for x, y in zip(per[a], per[b], strict=True)]
+
+    def quartiles(xs: list[float], digits: int = 1) -> list[float]:
         q = statistics.quantiles(xs, n=4)
-        return [round(q[0], 1), round(q[2], 1)]
+        return [round(q[0], digits), round(q[2], digits)]
 
+    diffs = paired("optimized_miss", "optimized_hit", lambda m, h: m - h)
+    ratios = paired("optimized_miss", "torch_miss", lambda m, t: m / t)
+    ours = paired("optimized_miss_no_query", "optimized_hit", lambda m, h: m - h)
+    query = paired("optimized_miss", "optimized_miss_no_query", lambda m, n: m - n)
     row = {
         "live_ranges": ranges,
         "median_ns": {name: round(statistics.median(xs), 1) for name, xs in per.items()},
         "miss_minus_hit_ns": round(statistics.median(diffs), 1),
         "miss_minus_hit_ns_quartiles": quartiles(diffs),
         "miss_over_torch_miss": round(statistics.median(ratios), 3),
-        "miss_over_torch_miss_quartiles": [round(x, 3) for x in statistics.quantiles(ratios, n=4)[::2]],
+        "miss_over_torch_miss_quartiles": quartiles(ratios, 3),
+        "no_query_minus_hit_ns": round(statistics.median(ours), 1),
+        "no_query_minus_hit_ns_quartiles": quartiles(ours),
+        "miss_minus_no_query_ns": round(statistics.median(query), 1),
+        "miss_minus_no_query_ns_quartiles": quartiles(query),
         "rounds": rounds,
         "iterations": iterations,
     }
@@ -439,7 +477,9 @@ def bench_is_pinned_paired(ranges: int, quick: bool) -> dict[str, Any]:
         f"is_pinned_paired[{ranges}]: hit {row['median_ns']['optimized_hit']} ns, miss "
         f"{row['median_ns']['optimized_miss']} ns, torch miss {row['median_ns']['torch_miss']} ns; miss - hit "
         f"{row['miss_minus_hit_ns']} ns (quartiles {row['miss_minus_hit_ns_quartiles']}), miss / torch "
-        f"{row['miss_over_torch_miss']} (quartiles {row['miss_over_torch_miss_quartiles']})",
+        f"{row['miss_over_torch_miss']} (quartiles {row['miss_over_torch_miss_quartiles']}); of miss - hit, the "
+        f"library {row['no_query_minus_hit_ns']} ns (quartiles {row['no_query_minus_hit_ns_quartiles']}) and the "
+        f"accelerator's query {row['miss_minus_no_query_ns']} ns (quartiles {row['miss_minus_no_query_ns_quartiles']})",
         flush=True,
     )
     return row
