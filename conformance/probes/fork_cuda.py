@@ -10,9 +10,9 @@ which the pytest process must not do.
 
 The parent asks about every case first, so that whatever an implementation caches on the first miss (a decision,
 resolved entry points) is in place at the fork. Cases: memory torch pinned, pageable memory registered with
-``cudaHostRegister`` behind hostoffload's back, plain pageable memory. One JSON line on stdout: for each case the
-parent's and the child's outcome of torch's ``is_pinned`` and of the implementation's, each ``["value", bool]`` or
-``["raises", exception type name]``.
+``cudaHostRegister`` behind hostoffload's back, plain pageable memory, each asked twice in each process. One JSON
+line on stdout: for each case the parent's and the child's outcome of torch's ``is_pinned`` and of the
+implementation's, each ``["value", bool]`` or ``["raises", exception type name]``.
 
 Usage: ``python -m conformance.probes.fork_cuda <pinning module>``.
 """
@@ -57,7 +57,9 @@ def main() -> None:
 
         parent = ask_all()
         ask_all()  # twice: the second miss may take a cached path that the first one set up
-        child = run_child(lambda: {"cases": ask_all()})
+        # Twice in the child too: its first miss may go another way (a cached decision of the parent's generation
+        # no longer applies) than the ones after it.
+        child = run_child(lambda: {"cases": ask_all(), "again": ask_all()})
     finally:
         cudart.cudaHostUnregister(foreign.data_ptr())
     print(json.dumps({"parent": parent, "child": child}))
