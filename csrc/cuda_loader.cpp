@@ -249,10 +249,10 @@ int CudaHostApi::host_pointer_pinned(const void* ptr) {
         // current context and never creates one. HOST is page-locked host memory (cudaHostAlloc or
         // cudaHostRegister), which the runtime reports as cudaMemoryTypeHost, unless it is managed memory (the
         // runtime's cudaMemoryTypeManaged; the driver reports it as device memory anyway). Both attributes are
-        // asked at once: asking for the memory type alone was no faster on a pageable pointer (probe runs O and P:
-        // within the probe's noise), and a HOST answer would then pay a second call. Any other result (a driver
-        // not initialised yet, one shutting down) falls through to the runtime query, which torch asks. The driver
-        // API has no sticky error slot to clear.
+        // asked at once: asking for the memory type alone showed no consistent gain on a pageable pointer (probe
+        // runs O-Q, docs/benchmarks.md: differences in both directions, smaller than the noise between rows), and
+        // a HOST answer would then pay a second call. Any other result (a driver not initialised yet, one shutting
+        // down) falls through to the runtime query, which torch asks. The driver API has no sticky error slot.
         unsigned type = 0;
         int managed = 0;
         int which[2] = {kCuPointerAttributeMemoryType, kCuPointerAttributeIsManaged};
