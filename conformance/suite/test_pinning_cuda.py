@@ -127,8 +127,9 @@ def test_every_declared_tuning_variant_registers_and_copies_exactly(impl, area_a
 @contextmanager
 def _managed_cpu_tensor(nbytes: int) -> Iterator[torch.Tensor]:
     """A CPU tensor over CUDA managed memory (``cuMemAllocManaged``, in the current context). The CUDA runtime calls
-    it managed, not host, memory, so torch's ``is_pinned`` is False for it; a query that reads only the driver's
-    memory type, or takes any known memory for pinned, says otherwise."""
+    it managed, not host, memory, so torch's ``is_pinned`` is False for it. A query that takes any memory CUDA
+    knows for pinned says otherwise, and so would one that ignores the managed flag on a driver that reports
+    managed memory as host memory (the H200 box's driver reports it as device memory)."""
     libcuda = ctypes.CDLL("libcuda.so.1")
     address = ctypes.c_uint64(0)
     code = libcuda.cuMemAllocManaged(ctypes.byref(address), ctypes.c_size_t(nbytes), ctypes.c_uint(1))  # GLOBAL
