@@ -23,6 +23,7 @@ from reference.accumulation import (
     Backward,
     BackwardRecord,
     ControlRecord,
+    FlatLayout,
     Scenario,
     Step,
     StepRecord,
@@ -254,6 +255,22 @@ def arithmetic_tolerance(scenario: Scenario) -> TraceTolerance:
 # ---- replay of the boundary epilogue (R13-R16) -------------------------------------------------------------
 
 
+def _norm_and_clip(
+    cfg: AccumulationConfig, layout: FlatLayout, gradients: dict[str, torch.Tensor], world_size: int
+) -> tuple[float, float | None, torch.Tensor]:
+    """R14-R15 on one boundary's gradients: the global norm over the ranks' shards, the clip coefficient (None when
+    clipping is off or does not bite) and the flat fp32 gradient the optimizer then sees."""
+    grads = flatten(layout, gradients, torch.float32)
+    norm = global_grad_norm(layout, [shard(layout, grads, r) for r in range(world_size)])
+    coef = None
+    if cfg.gradient_clipping > 0:
+        c = cfg.gradient_clipping / (norm + CLIP_EPSILON)
+        if c < 1.0:
+            coef = c
+            grads = torch.mul(grads, c)
+    return norm, coef, grads
+
+
 def replay_boundaries(trace: Trace) -> list[tuple[float, float | None, dict[str, torch.Tensor]]]:
     """Recompute norm, clip coefficient and parameters of every boundary from the recorded gradients alone.
 
@@ -274,14 +291,7 @@ def replay_boundaries(trace: Trace) -> list[tuple[float, float | None, dict[str,
     params = {n: trace.initial_parameters[n].clone() for n in names}
     out = []
     for rec in trace.boundaries():
-        grads = flatten(layout, rec.gradients, torch.float32)
-        norm = global_grad_norm(layout, [shard(layout, grads, r) for r in range(sc.world_size)])
-        coef = None
-        if cfg.gradient_clipping > 0:
-            c = cfg.gradient_clipping / (norm + CLIP_EPSILON)
-            if c < 1.0:
-                coef = c
-                grads = torch.mul(grads, c)
+        norm, coef, grads = _norm_and_clip(cfg, layout, rec.gradients, sc.world_size)
         optimizer_step(cfg.optimizer, master, grads, state)
         new = master.to(cfg.model_dtype)
         for seg in layout.segments:
@@ -341,14 +351,7 @@ def assert_delayed_replay_consistent(trace: Trace) -> None:
         label = f"delayed replay of step record {rec.call_index}"
         if rec.boundary:
             install(master.to(cfg.model_dtype, copy=True))  # what this boundary installs: the previous update
-            grads = flatten(layout, rec.gradients, torch.float32)
-            norm = global_grad_norm(layout, [shard(layout, grads, r) for r in range(sc.world_size)])
-            coef = None
-            if cfg.gradient_clipping > 0:
-                c = cfg.gradient_clipping / (norm + CLIP_EPSILON)
-                if c < 1.0:
-                    coef = c
-                    grads = torch.mul(grads, c)
+            norm, coef, grads = _norm_and_clip(cfg, layout, rec.gradients, sc.world_size)
             assert_float_match(rec.grad_norm, norm, f"{label}: grad_norm (R14)", None)
             assert_float_match(rec.clip_coef, coef, f"{label}: clip_coef (R15)", None)
             optimizer_step(cfg.optimizer, master, grads, state)

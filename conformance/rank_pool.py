@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from conformance.environment import apply_environment
 from reference.contract.errors import HostOffloadError
 
 __all__ = ["RankFailure", "WorkerPool", "WorkerTimeoutError", "get_pool", "shutdown_pools"]
@@ -86,11 +87,7 @@ def _worker_main(rank: int, size: int, backend: str, store_path: str, timeout_s:
         if job is None:
             break
         fn, world, args, env = job
-        for k, v in env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        apply_environment(env)
         try:
             result = fn(groups[world], *args)
             conn.send(("ok", result))

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from conformance.environment import patched_environment
 from conformance.observation import Observation, RegistrationWatch
 from reference.contract.envvars import PIN_BACKEND_ENV, PIN_BACKENDS, PIN_REGISTER_DEVICE_ENV
 
@@ -15,17 +16,8 @@ from reference.contract.envvars import PIN_BACKEND_ENV, PIN_BACKENDS, PIN_REGIST
 def pin_backend(request: pytest.FixtureRequest, impl, accelerator) -> Iterator[str]:
     """Every backend the specification defines, selected through the environment as a user would."""
     backend = request.param  # undeclared backends are skipped at collection (conformance.capability_marks)
-    old = {k: os.environ.get(k) for k in (PIN_BACKEND_ENV, PIN_REGISTER_DEVICE_ENV)}
-    os.environ[PIN_BACKEND_ENV] = backend
-    os.environ.pop(PIN_REGISTER_DEVICE_ENV, None)
-    try:
+    with patched_environment({PIN_BACKEND_ENV: backend, PIN_REGISTER_DEVICE_ENV: None}):
         yield backend
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 @pytest.fixture

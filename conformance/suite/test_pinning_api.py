@@ -18,6 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance.assertions import assert_bitwise_equal, assert_names_argument, assert_pinned
+from conformance.environment import patched_environment
 from conformance.strategies import dtypes, filled, host_tensors, shapes, views_of
 from reference.contract.errors import ConfigurationError
 
@@ -634,10 +635,7 @@ def test_is_pinned_miss_follows_any_sequence_of_environment_changes(area_api, ac
     value raises, a good one or none answers False). The walk pins down the sequences known to be tricky; this
     tries the interleavings nobody listed, on an array grown first as in the walk."""
     t = torch.empty(64)
-    saved = {name: os.environ.get(name) for name in _ENV_NAMES}
-    try:
-        for name in _ENV_NAMES:
-            os.environ.pop(name, None)
+    with patched_environment(dict.fromkeys(_ENV_NAMES)):  # all four unset, restored after
         for pad in (padding := [f"ENVWALK_PAD{i}" for i in range(64)]):  # see the walk above
             os.environ[pad] = "1"
         for pad in padding:
@@ -656,9 +654,3 @@ def test_is_pinned_miss_follows_any_sequence_of_environment_changes(area_api, ac
                         area_api.is_pinned(t)
                 else:
                     assert area_api.is_pinned(t) is False, f"after {ops}"
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
