@@ -1,4 +1,6 @@
-"""The on-disk format of ZeroEngine checkpoints: one file per rank, a manifest, and an atomic commit.
+"""ZeroEngine checkpoints: the on-disk format (one file per rank, a manifest, an atomic commit) and what an engine
+writes into it and reads back (``save``, ``load``, ``install_state``: the engine's ``save_checkpoint`` /
+``load_checkpoint`` / ``load_state_dict`` delegate here).
 
 Why not ``torch.distributed.checkpoint`` (DCP): DCP reshards tensors whose *global* shape is fixed and whose
 shards are DTensor placements or ShardedTensor chunks. A ZeRO partition is neither: it is a contiguous range of
@@ -34,11 +36,17 @@ __all__ = [
     "LATEST",
     "MANIFEST",
     "VERSION",
+    "agree",
     "assemble",
     "commit",
+    "frozen_range",
+    "install_state",
+    "load",
+    "master_range",
     "read_manifest",
     "read_rank_file",
     "resolve_tag",
+    "save",
     "staging_directory",
     "write_rank_file",
 ]
@@ -224,3 +232,321 @@ def assemble(
                 f"checkpoint does not cover elements of parameter {name!r} (found {covered} of {length} needed "
                 f"from element {pstart}); it is partial"
             )
+
+
+# ---- what a ZeroEngine writes and reads (the engine's save_checkpoint/load_checkpoint delegate here) -----------
+# The engine side is written against the engine's state (layouts, parameters, master, optimizer state, schedule,
+# the update path); the format functions above know nothing of it.
+
+
+def agree(comm: Any, error: BaseException | None, what: str) -> None:
+    """Every rank learns whether any rank failed, and all raise the first failure (so no rank goes on into a
+    collective its peers will never join)."""
+    errors = comm.all_gather_objects(None if error is None else (type(error).__name__, str(error)), what)
+    if error is not None:
+        raise error
+    for r, e in enumerate(errors):
+        if e is not None:
+            cls = ConfigurationError if e[0] == "ConfigurationError" else CheckpointError
+            raise cls(f"{what} failed on rank {r}: {e[0]}: {e[1]}")
+
+
+def master_range(engine: Any) -> tuple[int, int]:
+    """The flat range of the engine's fp32 master: the whole buffer at stage 0, this rank's partition above."""
+    P = engine.layout.partition_size
+    return (0, engine.layout.total) if engine.stage == 0 else (engine.rank * P, (engine.rank + 1) * P)
+
+
+def frozen_range(engine: Any) -> tuple[int, int]:
+    """The flat range of frozen parameters this rank holds: all of them below stage 3, its partition at 3."""
+    if engine.stage != 3:
+        return (0, engine.frozen_layout.total)
+    size = engine.frozen_layout.partition_size
+    return (engine.rank * size, (engine.rank + 1) * size)
+
+
+def save(
+    engine: Any, save_dir: str | os.PathLike, tag: str | None, client_state: Any, save_latest: bool
+) -> str:
+    """:meth:`ZeroEngine.save_checkpoint`: agree on the tag, stage, write every rank's file, commit on rank 0."""
+    comm = engine._comm
+    directory = os.fspath(save_dir)
+    tag = f"global_step{engine.global_steps}" if tag is None else tag
+    staging = None
+    error = None
+    try:
+        staging = staging_directory(directory, tag)
+    except BaseException as exc:
+        error = exc
+    tags = comm.all_gather_objects((directory, tag), "checkpoint tag agreement")
+    if error is None and any(t != tags[0] for t in tags):
+        error = ConfigurationError(
+            f"save_checkpoint: ranks passed different (save_dir, tag): {tags}; allowed: the same on every rank"
+        )
+    if error is None and engine.rank == 0:
+        try:
+            os.makedirs(directory, exist_ok=True)
+            if os.path.lexists(staging):
+                shutil.rmtree(staging)  # an earlier save of this tag that never committed
+            os.makedirs(staging)
+        except OSError as exc:
+            error = ConfigurationError(f"save_dir={directory!r}: cannot create {staging!r} ({exc})")
+    agree(comm, error, "save_checkpoint")
+    try:
+        payload, entry, opt_state, state = _write_engine_rank_file(engine, staging, client_state)
+    except Exception as exc:  # reported to every rank, then re-raised here
+        error = exc
+    agree(comm, error, "save_checkpoint (rank files)")
+    entries = comm.all_gather_objects(entry, "checkpoint manifest gather")
+    del payload
+    manifest = _manifest(engine, tag, opt_state.step, sorted(state), entries)
+    error = None
+    if engine.rank == 0:
+        try:
+            commit(directory, tag, manifest, save_latest=save_latest)
+        except OSError as exc:
+            error = exc
+    agree(comm, error, "save_checkpoint (commit)")
+    return os.path.join(directory, tag)
+
+
+def _manifest(engine: Any, tag: str, optimizer_step: int, state_names: list[str], entries: list) -> dict[str, Any]:
+    sched = engine._schedule
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "tag": tag,
+        "world_size": engine.world_size,
+        "zero_stage": engine.stage,
+        "model_dtype": engine.config.dtype,
+        "optimizer_type": engine.config.optimizer.type,
+        "optimizer_step": optimizer_step,
+        "delayed_parameter_update": engine._delayed,
+        "state_buffers": state_names,
+        "parameters": {s.name: list(s.shape) for s in engine.layout.segments},
+        "frozen_parameters": {s.name: list(s.shape) for s in engine.frozen_layout.segments},
+        "counters": {
+            "micro_steps": sched.micro_steps,
+            "global_steps": sched.global_steps,
+            "global_samples": sched.global_samples,
+            "boundary_override": sched._boundary_override,
+        },
+        "ranks": entries,
+    }
+
+
+def _write_engine_rank_file(engine: Any, staging: str, client_state: Any) -> tuple:
+    """This rank's part of a save: its tensors and state into ``staging/rank<r>.pt``."""
+    opt_state = engine.optimizer_state()  # with nvme: read back from its files
+    lo, hi = master_range(engine)
+    if engine.stage == 0:
+        P = engine.layout.partition_size
+        lo, hi = engine.rank * P, (engine.rank + 1) * P
+        master, state = engine._master[lo:hi], {k: v[lo:hi] for k, v in opt_state.buffers.items()}
+    else:
+        master, state = engine._master, opt_state.buffers
+    size = engine.frozen_layout.partition_size
+    flo, fhi = engine.rank * size, (engine.rank + 1) * size
+    if engine.stage == 3:
+        frozen = engine._frozen_part.to("cpu", copy=True)
+    else:
+        frozen = torch.zeros(fhi - flo, dtype=engine.config.model_dtype)
+        for name, pstart, local, length in pieces_of_range(engine.frozen_layout.segments, flo, fhi):
+            frozen[local : local + length].copy_(engine._params[name].detach().reshape(-1)[pstart : pstart + length])
+    rng = {"cpu": torch.get_rng_state()}
+    if engine.device.type == "cuda":
+        rng["cuda"] = torch.cuda.get_rng_state(engine.device)
+    scheduler = engine.lr_scheduler
+    payload = {
+        # R27: the weights a delayed run computes with are not the master's cast; resuming needs them
+        "applied": engine._live_partition().to("cpu", copy=True) if engine._delayed else None,
+        "master": master.to("cpu", copy=True),
+        "state": {k: v.to("cpu", copy=True) for k, v in state.items()},
+        "frozen": frozen,
+        "buffers": {k: v.detach().to("cpu", copy=True) for k, v in engine.module.named_buffers()},
+        "rng": rng,
+        "optimizer": engine.optimizer.state_dict()["param_groups"],
+        "lr_scheduler": None if scheduler is None else scheduler.state_dict(),
+        "client_state": dict(client_state or {}),
+    }
+    size = write_rank_file(staging, engine.rank, payload)
+    entry = {
+        "file": f"rank{engine.rank}.pt",
+        "bytes": size,
+        "trainable": pieces_of_range(engine.layout.segments, lo, hi),
+        "frozen": pieces_of_range(engine.frozen_layout.segments, flo, fhi),
+    }
+    return payload, entry, opt_state, state
+
+
+def load(
+    engine: Any, load_dir: str | os.PathLike, tag: str | None, *, load_optimizer_states: bool,
+    load_lr_scheduler_states: bool, load_module_only: bool,
+) -> tuple[str, dict[str, Any]]:
+    """:meth:`ZeroEngine.load_checkpoint`: read and check everything, agree, then install (arguments checked)."""
+    error = None
+    loaded = None
+    try:
+        loaded = _read_for_engine(engine, os.fspath(load_dir), tag, load_optimizer_states and not load_module_only)
+    except (CheckpointError, ConfigurationError) as exc:
+        error = exc
+    except (OSError, KeyError, TypeError, ValueError, IndexError) as exc:  # a damaged manifest or file
+        error = CheckpointError(f"checkpoint in {os.fspath(load_dir)!r} (tag {tag!r}) cannot be read: {exc!r}")
+        error.__cause__ = exc
+    agree(engine._comm, error, "load_checkpoint")
+    path, manifest, master, state, frozen, own, applied = loaded
+    install_state(engine, master, state, frozen, own["buffers"], applied)
+    if not load_module_only:
+        c = manifest["counters"]
+        sched = engine._schedule
+        sched.micro_steps, sched.global_steps = c["micro_steps"], c["global_steps"]
+        sched.global_samples, sched._boundary_override = c["global_samples"], c["boundary_override"]
+        sched._backwards_since_boundary = 0
+        if load_optimizer_states:
+            engine._opt_state.step = manifest["optimizer_step"]
+        if load_lr_scheduler_states:
+            _load_hyperparameters(engine, own)
+        if engine.rank < manifest["world_size"]:
+            torch.set_rng_state(own["rng"]["cpu"])
+            if "cuda" in own["rng"] and engine.device.type == "cuda":
+                torch.cuda.set_rng_state(own["rng"]["cuda"], engine.device)
+    return path, own["client_state"]
+
+
+def _load_hyperparameters(engine: Any, own: dict[str, Any]) -> None:
+    """The optimizer's group values and the lr_scheduler state (applied when a scheduler is attached later)."""
+    groups = engine.optimizer.state_dict()
+    saved_groups = zip(own["optimizer"], groups["param_groups"], strict=True)
+    groups["param_groups"] = [{**g, "params": mine["params"]} for g, mine in saved_groups]
+    engine.optimizer.load_state_dict(groups)
+    if own["lr_scheduler"] is not None:
+        if engine.lr_scheduler is not None:
+            engine.lr_scheduler.load_state_dict(own["lr_scheduler"])
+        else:
+            engine._pending_scheduler_state = own["lr_scheduler"]
+
+
+def _check_compatible(engine: Any, where: str, manifest: dict[str, Any], with_state: bool, need_state: list) -> None:
+    """A checkpoint of another model, or optimizer state this engine cannot use, is refused before any read."""
+    mine = {s.name: list(s.shape) for s in engine.layout.segments}
+    mine_frozen = {s.name: list(s.shape) for s in engine.frozen_layout.segments}
+    for what, saved, have in (("trainable", manifest["parameters"], mine),
+                              ("frozen", manifest["frozen_parameters"], mine_frozen)):
+        if saved != have:
+            diff = sorted(k for k in set(saved) | set(have) if saved.get(k) != have.get(k))
+            raise CheckpointError(
+                f"{where} was saved from another model: its {what} parameters differ from this engine's at "
+                f"{diff[:5]} (saved {[saved.get(k) for k in diff[:5]]}, here {[have.get(k) for k in diff[:5]]})"
+            )
+    if with_state and manifest["optimizer_type"] != engine.config.optimizer.type:
+        raise CheckpointError(
+            f"{where} holds {manifest['optimizer_type']!r} optimizer state; this engine runs "
+            f"{engine.config.optimizer.type!r}; allowed: the same optimizer type, or load_optimizer_states=False"
+        )
+    if with_state and sorted(manifest["state_buffers"]) != need_state:
+        raise CheckpointError(
+            f"{where} holds optimizer state {manifest['state_buffers']}; this engine needs {need_state} "
+            f"(e.g. SGD momentum on one side only); allowed: load_optimizer_states=False"
+        )
+
+
+def _read_for_engine(engine: Any, directory: str, tag: str | None, with_state: bool) -> tuple:
+    """Everything a load installs, read and assembled into this engine's ranges; nothing of the engine changes."""
+    tag = resolve_tag(directory, tag)
+    path, manifest = read_manifest(directory, tag)
+    need_state = sorted(engine._opt_state.buffers) if engine._swap is None else sorted(engine._swap.names)
+    _check_compatible(engine, f"checkpoint {tag!r} in {directory!r}", manifest, with_state, need_state)
+    lo, hi = master_range(engine)
+    flo, fhi = frozen_range(engine)
+    needed = pieces_of_range(engine.layout.segments, lo, hi)
+    fneeded = pieces_of_range(engine.frozen_layout.segments, flo, fhi)
+    files: dict[int, dict[str, Any]] = {}
+    wanted_names = {n for n, *_ in needed}
+    fwanted = {n for n, *_ in fneeded}
+    own_rank = engine.rank if engine.rank < manifest["world_size"] else 0
+    for r, entry in enumerate(manifest["ranks"]):
+        if r == own_rank or any(p[0] in wanted_names for p in entry["trainable"]) or any(
+            p[0] in fwanted for p in entry["frozen"]
+        ):
+            files[r] = read_rank_file(path, entry)
+
+    def assembled(key: str, length: int, dtype: torch.dtype, frozen: bool = False, state: str | None = None):
+        out = torch.zeros(length, dtype=dtype)
+        kind = "frozen" if frozen else "trainable"
+        sources = [
+            (manifest["ranks"][r][kind], f[key] if state is None else f[key][state]) for r, f in files.items()
+        ]
+        assemble(fneeded if frozen else needed, out, sources)
+        return out
+
+    model_dtype = engine.config.model_dtype
+    master = assembled("master", hi - lo, torch.float32)
+    state = {k: assembled("state", hi - lo, torch.float32, state=k) for k in need_state} if with_state else None
+    frozen = assembled("frozen", fhi - flo, model_dtype, frozen=True)
+    applied = None
+    if engine._delayed and manifest.get("delayed_parameter_update"):
+        # R27: the weights the saved delayed run was computing with (the master's cast was still pending).
+        applied = assembled("applied", hi - lo, model_dtype)
+    return path, manifest, master, state, frozen, files[own_rank], applied
+
+
+def install_state(
+    engine: Any,
+    master: torch.Tensor,
+    opt_buffers: dict[str, torch.Tensor] | None,
+    frozen: Any,
+    buffers: Any,
+    applied: torch.Tensor | None = None,
+) -> None:
+    """Make ``master`` (this rank's master range) the engine's weights: the model-dtype parameters become its
+    cast (R13 step 5: the invariant a boundary leaves), all-gathered at stages 1/2; ``frozen`` is a name -> full
+    tensor mapping or this rank's flat frozen range. Gradients accumulated so far are dropped. ``applied`` (R27,
+    delayed update only): this rank's range of the parameters to compute with instead of the master's cast (a
+    delayed run's checkpoint). Used by a checkpoint load and by ``load_state_dict``."""
+    model_dtype = engine.config.model_dtype
+    engine._master.copy_(master)
+    if opt_buffers is not None:
+        if engine._swap is not None:
+            engine._swap.write_state(opt_buffers)
+        else:
+            for k, v in opt_buffers.items():
+                engine._opt_state.buffers[k].copy_(v)
+    lp = master.to(model_dtype)
+    if engine._delayed:
+        # R27: no update is pending after a load unless the checkpoint kept the weights a delayed run was
+        # computing with (``applied``): those stay live and the master's cast waits for the next boundary.
+        if engine._cast_master is not None:
+            engine._cast_master.copy_(lp)
+        if applied is not None:
+            lp = applied.to(model_dtype)
+    engine._write_live(lp, "checkpoint parameter all-gather")
+    _install_frozen(engine, frozen)
+    own = dict(engine.module.named_buffers())
+    for k, v in buffers.items():
+        own[k].copy_(v)
+    if engine._update is not None:
+        engine._update.reset()
+    engine._grad_accumulator.zero_()
+    engine._grads_pending = False
+
+
+def _install_frozen(engine: Any, frozen: Any) -> None:
+    model_dtype = engine.config.model_dtype
+    flo, fhi = frozen_range(engine)
+    segments = {s.name: s for s in engine.frozen_layout.segments}
+    if isinstance(frozen, torch.Tensor):
+        if engine.stage == 3:
+            engine._frozen_part.copy_(frozen)
+        else:
+            for n in engine.frozen_names:
+                s = segments[n]
+                engine._params[n].data.copy_(frozen[s.offset : s.end].view(s.shape))
+    else:
+        for n, v in frozen.items():
+            s = segments[n]
+            if engine.stage == 3:
+                for _, pstart, local, length in pieces_of_range([s], flo, fhi):
+                    src = v.detach().reshape(-1)[pstart : pstart + length]
+                    engine._frozen_part[local : local + length].copy_(src)
+            else:
+                engine._params[n].data.copy_(v.detach().to(model_dtype))

@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import tempfile
 import weakref
 from collections import deque
@@ -75,7 +74,7 @@ from optimized.pinning import pin_empty, unpin
 from reference.contract.accumulation_config import AccumulationConfig
 from reference.contract.accumulation_schedule import AccumulationSchedule, ScheduledEngine
 from reference.contract.accumulation_step import CLIP_EPSILON, OptimizerState, StepOutcome
-from reference.contract.errors import CheckpointError, ConfigurationError, UnsupportedOperationError
+from reference.contract.errors import ConfigurationError, UnsupportedOperationError
 
 __all__ = ["DEFAULT_BUCKET_ELEMENTS", "StepOutcome", "ZeroEngine"]
 
@@ -612,22 +611,7 @@ class ZeroEngine(ScheduledEngine):
                     g["lr"] = lr
         self._lr_scheduler = scheduler
 
-    # ---- checkpoints ---------------------------------------------------------------------------------------
-    def _master_range(self) -> tuple[int, int]:
-        P = self.layout.partition_size
-        return (0, self.layout.total) if self.stage == 0 else (self.rank * P, (self.rank + 1) * P)
-
-    def _agree(self, error: BaseException | None, what: str) -> None:
-        """Every rank learns whether any rank failed, and all raise the first failure (so no rank goes on into
-        a collective its peers will never join)."""
-        errors = self._comm.all_gather_objects(None if error is None else (type(error).__name__, str(error)), what)
-        if error is not None:
-            raise error
-        for r, e in enumerate(errors):
-            if e is not None:
-                cls = ConfigurationError if e[0] == "ConfigurationError" else CheckpointError
-                raise cls(f"{what} failed on rank {r}: {e[0]}: {e[1]}")
-
+    # ---- checkpoints (:mod:`.checkpoint` reads and writes them) -----------------------------------------------
     def save_checkpoint(
         self, save_dir: str | os.PathLike, tag: str | None = None, client_state: Mapping[str, Any] | None = None,
         save_latest: bool = True,
@@ -650,107 +634,7 @@ class ZeroEngine(ScheduledEngine):
                 "part of a checkpoint and would be lost; allowed: save right after a boundary step(), or "
                 "zero_grad() first to drop it on purpose"
             )
-        directory = os.fspath(save_dir)
-        tag = f"global_step{self.global_steps}" if tag is None else tag
-        staging = None
-        error = None
-        try:
-            staging = ckpt.staging_directory(directory, tag)
-        except BaseException as exc:
-            error = exc
-        tags = self._comm.all_gather_objects((directory, tag), "checkpoint tag agreement")
-        if error is None and any(t != tags[0] for t in tags):
-            error = ConfigurationError(
-                f"save_checkpoint: ranks passed different (save_dir, tag): {tags}; allowed: the same on every rank"
-            )
-        if error is None and self.rank == 0:
-            try:
-                os.makedirs(directory, exist_ok=True)
-                if os.path.lexists(staging):
-                    shutil.rmtree(staging)  # an earlier save of this tag that never committed
-                os.makedirs(staging)
-            except OSError as exc:
-                error = ConfigurationError(f"save_dir={directory!r}: cannot create {staging!r} ({exc})")
-        self._agree(error, "save_checkpoint")
-        try:
-            payload, entry, opt_state, state = self._write_rank_file(staging, client_state)
-        except Exception as exc:  # reported to every rank, then re-raised here
-            error = exc
-        self._agree(error, "save_checkpoint (rank files)")
-        entries = self._comm.all_gather_objects(entry, "checkpoint manifest gather")
-        del payload
-        sched = self._schedule
-        manifest = {
-            "format": ckpt.FORMAT,
-            "version": ckpt.VERSION,
-            "tag": tag,
-            "world_size": self.world_size,
-            "zero_stage": self.stage,
-            "model_dtype": self.config.dtype,
-            "optimizer_type": self.config.optimizer.type,
-            "optimizer_step": opt_state.step,
-            "delayed_parameter_update": self._delayed,
-            "state_buffers": sorted(state),
-            "parameters": {s.name: list(s.shape) for s in self.layout.segments},
-            "frozen_parameters": {s.name: list(s.shape) for s in self.frozen_layout.segments},
-            "counters": {
-                "micro_steps": sched.micro_steps,
-                "global_steps": sched.global_steps,
-                "global_samples": sched.global_samples,
-                "boundary_override": sched._boundary_override,
-            },
-            "ranks": entries,
-        }
-        error = None
-        if self.rank == 0:
-            try:
-                ckpt.commit(directory, tag, manifest, save_latest=save_latest)
-            except OSError as exc:
-                error = exc
-        self._agree(error, "save_checkpoint (commit)")
-        return os.path.join(directory, tag)
-
-    def _write_rank_file(self, staging: str, client_state: Mapping[str, Any] | None) -> tuple:
-        """This rank's part of a save: its tensors and state into ``staging/rank<r>.pt``."""
-        opt_state = self.optimizer_state()  # with nvme: read back from its files
-        lo, hi = self._master_range()
-        if self.stage == 0:
-            P = self.layout.partition_size
-            lo, hi = self.rank * P, (self.rank + 1) * P
-            master, state = self._master[lo:hi], {k: v[lo:hi] for k, v in opt_state.buffers.items()}
-        else:
-            master, state = self._master, opt_state.buffers
-        frozen_partition_size = self.frozen_layout.partition_size
-        flo, fhi = self.rank * frozen_partition_size, (self.rank + 1) * frozen_partition_size
-        if self.stage == 3:
-            frozen = self._frozen_part.to("cpu", copy=True)
-        else:
-            frozen = torch.zeros(frozen_partition_size, dtype=self.config.model_dtype)
-            for name, pstart, local, length in ckpt.pieces_of_range(self.frozen_layout.segments, flo, fhi):
-                frozen[local : local + length].copy_(self._params[name].detach().reshape(-1)[pstart : pstart + length])
-        rng = {"cpu": torch.get_rng_state()}
-        if self.device.type == "cuda":
-            rng["cuda"] = torch.cuda.get_rng_state(self.device)
-        payload = {
-            # R27: the weights a delayed run computes with are not the master's cast; resuming needs them
-            "applied": self._live_partition().to("cpu", copy=True) if self._delayed else None,
-            "master": master.to("cpu", copy=True),
-            "state": {k: v.to("cpu", copy=True) for k, v in state.items()},
-            "frozen": frozen,
-            "buffers": {k: v.detach().to("cpu", copy=True) for k, v in self._module.named_buffers()},
-            "rng": rng,
-            "optimizer": self.optimizer.state_dict()["param_groups"],
-            "lr_scheduler": None if self._lr_scheduler is None else self._lr_scheduler.state_dict(),
-            "client_state": dict(client_state or {}),
-        }
-        size = ckpt.write_rank_file(staging, self.rank, payload)
-        entry = {
-            "file": f"rank{self.rank}.pt",
-            "bytes": size,
-            "trainable": ckpt.pieces_of_range(self.layout.segments, lo, hi),
-            "frozen": ckpt.pieces_of_range(self.frozen_layout.segments, flo, fhi),
-        }
-        return payload, entry, opt_state, state
+        return ckpt.save(self, save_dir, tag, client_state, save_latest)
 
     def load_checkpoint(
         self, load_dir: str | os.PathLike, tag: str | None = None, *, load_optimizer_states: bool = True,
@@ -770,102 +654,10 @@ class ZeroEngine(ScheduledEngine):
                         ("load_lr_scheduler_states", load_lr_scheduler_states), ("load_module_only", load_module_only)):
             if type(v) is not bool:
                 raise ConfigurationError(f"{name}={v!r} must be a bool; allowed values: True, False")
-        error = None
-        loaded = None
-        try:
-            loaded = self._read_checkpoint(os.fspath(load_dir), tag, load_optimizer_states and not load_module_only)
-        except (CheckpointError, ConfigurationError) as exc:
-            error = exc
-        except (OSError, KeyError, TypeError, ValueError, IndexError) as exc:  # a damaged manifest or file
-            error = CheckpointError(f"checkpoint in {os.fspath(load_dir)!r} (tag {tag!r}) cannot be read: {exc!r}")
-            error.__cause__ = exc
-        self._agree(error, "load_checkpoint")
-        path, manifest, master, state, frozen, own, applied = loaded
-        self._install_state(master, state, frozen, own["buffers"], applied)
-        if not load_module_only:
-            c = manifest["counters"]
-            sched = self._schedule
-            sched.micro_steps, sched.global_steps = c["micro_steps"], c["global_steps"]
-            sched.global_samples, sched._boundary_override = c["global_samples"], c["boundary_override"]
-            sched._backwards_since_boundary = 0
-            if load_optimizer_states:
-                self._opt_state.step = manifest["optimizer_step"]
-            if load_lr_scheduler_states:
-                groups = self.optimizer.state_dict()
-                saved_groups = zip(own["optimizer"], groups["param_groups"], strict=True)
-                groups["param_groups"] = [{**g, "params": mine["params"]} for g, mine in saved_groups]
-                self.optimizer.load_state_dict(groups)
-                if own["lr_scheduler"] is not None:
-                    if self._lr_scheduler is not None:
-                        self._lr_scheduler.load_state_dict(own["lr_scheduler"])
-                    else:
-                        self._pending_scheduler_state = own["lr_scheduler"]
-            if self.rank < manifest["world_size"]:
-                torch.set_rng_state(own["rng"]["cpu"])
-                if "cuda" in own["rng"] and self.device.type == "cuda":
-                    torch.cuda.set_rng_state(own["rng"]["cuda"], self.device)
-        return path, own["client_state"]
-
-    def _read_checkpoint(self, directory: str, tag: str | None, with_state: bool) -> tuple:
-        tag = ckpt.resolve_tag(directory, tag)
-        path, manifest = ckpt.read_manifest(directory, tag)
-        where = f"checkpoint {tag!r} in {directory!r}"
-        mine = {s.name: list(s.shape) for s in self.layout.segments}
-        mine_frozen = {s.name: list(s.shape) for s in self.frozen_layout.segments}
-        for what, saved, have in (("trainable", manifest["parameters"], mine),
-                                  ("frozen", manifest["frozen_parameters"], mine_frozen)):
-            if saved != have:
-                diff = sorted(k for k in set(saved) | set(have) if saved.get(k) != have.get(k))
-                raise CheckpointError(
-                    f"{where} was saved from another model: its {what} parameters differ from this engine's at "
-                    f"{diff[:5]} (saved {[saved.get(k) for k in diff[:5]]}, here {[have.get(k) for k in diff[:5]]})"
-                )
-        if with_state and manifest["optimizer_type"] != self.config.optimizer.type:
-            raise CheckpointError(
-                f"{where} holds {manifest['optimizer_type']!r} optimizer state; this engine runs "
-                f"{self.config.optimizer.type!r}; allowed: the same optimizer type, or load_optimizer_states=False"
-            )
-        need_state = sorted(self._opt_state.buffers) if self._swap is None else sorted(self._swap.names)
-        if with_state and sorted(manifest["state_buffers"]) != need_state:
-            raise CheckpointError(
-                f"{where} holds optimizer state {manifest['state_buffers']}; this engine needs {need_state} "
-                f"(e.g. SGD momentum on one side only); allowed: load_optimizer_states=False"
-            )
-        lo, hi = self._master_range()
-        flo, fhi = self._frozen_range()
-        needed = ckpt.pieces_of_range(self.layout.segments, lo, hi)
-        fneeded = ckpt.pieces_of_range(self.frozen_layout.segments, flo, fhi)
-        files: dict[int, dict[str, Any]] = {}
-        wanted_names = {n for n, *_ in needed}
-        fwanted = {n for n, *_ in fneeded}
-        own_rank = self.rank if self.rank < manifest["world_size"] else 0
-        for r, entry in enumerate(manifest["ranks"]):
-            if r == own_rank or any(p[0] in wanted_names for p in entry["trainable"]) or any(
-                p[0] in fwanted for p in entry["frozen"]
-            ):
-                files[r] = ckpt.read_rank_file(path, entry)
-        model_dtype = self.config.model_dtype
-        master = torch.zeros(hi - lo, dtype=torch.float32)
-        ckpt.assemble(needed, master, [(manifest["ranks"][r]["trainable"], f["master"]) for r, f in files.items()])
-        state = None
-        if with_state:
-            state = {}
-            for k in need_state:
-                state[k] = torch.zeros(hi - lo, dtype=torch.float32)
-                ckpt.assemble(
-                    needed, state[k], [(manifest["ranks"][r]["trainable"], f["state"][k]) for r, f in files.items()]
-                )
-        frozen = torch.zeros(fhi - flo, dtype=model_dtype)
-        ckpt.assemble(fneeded, frozen, [(manifest["ranks"][r]["frozen"], f["frozen"]) for r, f in files.items()])
-        own = files[own_rank]
-        applied = None
-        if self._delayed and manifest.get("delayed_parameter_update"):
-            # R27: the weights the saved delayed run was computing with (the master's cast was still pending).
-            applied = torch.zeros(hi - lo, dtype=model_dtype)
-            ckpt.assemble(
-                needed, applied, [(manifest["ranks"][r]["trainable"], f["applied"]) for r, f in files.items()]
-            )
-        return path, manifest, master, state, frozen, own, applied
+        return ckpt.load(
+            self, load_dir, tag, load_optimizer_states=load_optimizer_states,
+            load_lr_scheduler_states=load_lr_scheduler_states, load_module_only=load_module_only,
+        )
 
     # ---- consolidated weights ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -913,68 +705,7 @@ class ZeroEngine(ScheduledEngine):
                 seg = self._segments[name]
                 master[local : local + length].copy_(flat[lo + local - seg.offset : lo + local - seg.offset + length])
         frozen = {k: state_dict[k] for k in self.frozen_names if k in state_dict}
-        self._install_state(master, None, frozen, {k: v for k, v in state_dict.items() if k in buffers})
-
-    def _frozen_range(self) -> tuple[int, int]:
-        if self.stage != 3:
-            return (0, self.frozen_layout.total)
-        frozen_partition_size = self.frozen_layout.partition_size
-        return (self.rank * frozen_partition_size, (self.rank + 1) * frozen_partition_size)
-
-    def _install_state(
-        self,
-        master: torch.Tensor,
-        opt_buffers: dict[str, torch.Tensor] | None,
-        frozen: Mapping[str, torch.Tensor] | torch.Tensor,
-        buffers: Mapping[str, torch.Tensor],
-        applied: torch.Tensor | None = None,
-    ) -> None:
-        """Make ``master`` (this rank's master range) the engine's weights: the model-dtype parameters become
-        its cast (R13 step 5: the invariant a boundary leaves), all-gathered at stages 1/2; ``frozen`` is a
-        name -> full tensor mapping or this rank's flat frozen range. Gradients accumulated so far are dropped.
-        ``applied`` (R27, delayed update only): this rank's range of the parameters to compute with instead of
-        the master's cast (a delayed run's checkpoint)."""
-        model_dtype = self.config.model_dtype
-        self._master.copy_(master)
-        if opt_buffers is not None:
-            if self._swap is not None:
-                self._swap.write_state(opt_buffers)
-            else:
-                for k, v in opt_buffers.items():
-                    self._opt_state.buffers[k].copy_(v)
-        lp = master.to(model_dtype)
-        if self._delayed:
-            # R27: no update is pending after a load unless the checkpoint kept the weights a delayed run was
-            # computing with (``applied``): those stay live and the master's cast waits for the next boundary.
-            if self._cast_master is not None:
-                self._cast_master.copy_(lp)
-            if applied is not None:
-                lp = applied.to(model_dtype)
-        self._write_live(lp, "checkpoint parameter all-gather")
-        flo, fhi = self._frozen_range()
-        if isinstance(frozen, torch.Tensor):
-            if self.stage == 3:
-                self._frozen_part.copy_(frozen)
-            else:
-                for n in self.frozen_names:
-                    s = self._frozen_segments[n]
-                    self._params[n].data.copy_(frozen[s.offset : s.end].view(s.shape))
-        else:
-            for n, v in frozen.items():
-                s = self._frozen_segments[n]
-                if self.stage == 3:
-                    for _, pstart, local, length in ckpt.pieces_of_range([s], flo, fhi):
-                        src = v.detach().reshape(-1)[pstart : pstart + length]
-                        self._frozen_part[local : local + length].copy_(src)
-                else:
-                    self._params[n].data.copy_(v.detach().to(model_dtype))
-        own = dict(self._module.named_buffers())
-        for k, v in buffers.items():
-            own[k].copy_(v)
-        if self._update is not None:
-            self._update.reset()
-        self._grad_accumulator.zero_()
-        self._grads_pending = False
+        ckpt.install_state(self, master, None, frozen, {k: v for k, v in state_dict.items() if k in buffers})
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """Copies of every parameter at full shape in the model dtype (stage 3: a collective, all ranks call)."""
