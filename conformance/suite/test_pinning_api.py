@@ -280,6 +280,72 @@ def test_bad_environment_values_fail_at_first_call(impl, area_api, accelerator, 
     assert area_api.pinned_stats() == before, "a rejected call left pinned memory behind"
 
 
+#: The native tuning variables with a value each must refuse (name, bad value, what the message must list).
+_TUNING = [
+    ("HOSTOFFLOAD_PIN_HUGE_PAGES", "always", ("auto", "thp", "hugetlb", "off")),
+    ("HOSTOFFLOAD_PIN_POPULATE_THREADS", "-1", ("0",)),
+    ("HOSTOFFLOAD_PIN_REGISTER_OVERLAP", "maybe", ("on", "off")),
+]
+#: Every pinning call, each from scratch (the environment is read at each of them, not only at the first).
+_PIN_CALLS = {
+    "pin_empty": lambda api: api.pin_empty(16, dtype=torch.float32),
+    "pin_empty_like": lambda api: api.pin_empty_like(torch.empty(4, 4)),
+    "pin_memory": lambda api: api.pin_memory(torch.ones(8), make_copy=True),
+}
+
+
+@pytest.mark.parametrize(("variable", "value", "allowed"), _TUNING, ids=[t[0] for t in _TUNING])
+def test_native_tuning_variables_are_checked_at_every_pinning_call_with_any_backend(
+    area_api, pin_backend, accelerator, monkeypatch, leak_check, variable, value, allowed
+):
+    """docs/usage.md: every pinning variable is checked at every pinning call whatever the backend. Issue 28:
+    ``HUGE_PAGES=always`` or ``POPULATE_THREADS=-1`` under the default torch backend was accepted until the day
+    the backend changed. A first call succeeds; after the variable is set, each pinning call raises a
+    ConfigurationError naming it, its value and the allowed values, and pins nothing."""
+    kept = area_api.pin_empty(4, dtype=torch.float32)  # the first call has happened: the check is not one-shot
+    try:
+        monkeypatch.setenv(variable, value)
+        before = area_api.pinned_stats()
+        for name, call in _PIN_CALLS.items():
+            with pytest.raises(ConfigurationError) as info:
+                call(area_api)
+            assert_names_argument(info.value, variable, *allowed)
+            assert value in str(info.value), f"{name}: the message does not show {value!r}: {info.value}"
+        gc.collect()
+        assert area_api.pinned_stats() == before, "a refused call left pinned memory behind"
+    finally:
+        monkeypatch.delenv(variable, raising=False)
+        area_api.unpin(kept)
+        del kept
+
+
+def test_a_misspelled_variable_warns_naming_the_closest_declared_one(
+    area_api, pin_backend, accelerator, monkeypatch, leak_check
+):
+    """Issue 28: ``..._PIN_BACKND=native`` (one letter missing) was silently ignored, so the run used the torch
+    backend without a word. A pinning call with an undeclared ``HOSTOFFLOAD_*`` name set warns, naming the
+    variable and the closest name of reference/contract/envvars.py, and still pins (the prefix is not reserved:
+    a warning, not an error, docs/usage.md)."""
+    from reference.contract import envvars
+
+    typo = envvars.PIN_BACKEND_ENV.replace("BACKEND", "BACKND")
+    monkeypatch.setenv(typo, "native")
+    for name, call in _PIN_CALLS.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = call(area_api)
+        texts = [str(w.message) for w in caught if typo in str(w.message)]
+        assert texts, f"{name}: no warning names {typo} (got {[str(w.message) for w in caught]})"
+        assert envvars.PIN_BACKEND_ENV in texts[0], f"{name}: the warning does not name the closest variable"
+        area_api.unpin(out)
+        del out
+    monkeypatch.delenv(typo)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        area_api.unpin(area_api.pin_empty(4, dtype=torch.float32))
+    assert not [w for w in caught if typo in str(w.message)], "the warning outlives the variable"
+
+
 def test_bad_environment_is_not_an_import_error(impl, monkeypatch):
     """Importing an implementation with bad variables set must succeed: errors belong to the first call."""
     module = impl.areas["pinning"]

@@ -25,13 +25,18 @@ means the default; named values (backends, accelerators, modes, booleans, profil
 is the rule for named values, :func:`read_int` and :func:`read_number` for numbers; every reader goes through them.
 
 Every pinning variable is validated at every pinning call whatever the backend: a bad
-``HOSTOFFLOAD_PIN_REGISTER_DEVICE`` is an error with the torch backend too, although only the native backend
-uses it, so a typo never waits for the day the backend changes.
+``HOSTOFFLOAD_PIN_REGISTER_DEVICE``, ``..._PIN_HUGE_PAGES``, ``..._PIN_POPULATE_THREADS`` or
+``..._PIN_REGISTER_OVERLAP`` is an error with the torch backend too, although only a native path uses them, so a
+bad value never waits for the day the backend changes. A *name* that is not declared here (a misspelling such as
+``..._PIN_BACKND``) cannot be an error -- another tool may own a name with this prefix -- so every pinning call
+warns about it (:class:`UnknownVariableWarning`, naming the closest declared name; :func:`warn_unknown_variables`).
 """
 
 from __future__ import annotations
 
+import difflib
 import os
+import warnings
 from dataclasses import dataclass
 
 from reference.contract.errors import ConfigurationError, allowed_values_error
@@ -124,9 +129,14 @@ def pin_register_device() -> bool:
 
 
 def check_pinning_environment() -> str:
-    """Validate every pinning variable now, whatever the backend; return the selected backend."""
+    """Validate every pinning variable now, whatever the backend (the native tuning variables below included),
+    warn about undeclared ``HOSTOFFLOAD_*`` names; return the selected backend."""
     backend = pin_backend()
     pin_register_device()
+    pin_huge_pages()
+    pin_populate_threads()
+    pin_register_overlap()
+    warn_unknown_variables()
     return backend
 
 
@@ -142,7 +152,7 @@ def accelerator_name() -> str | None:
     return normalize(os.environ.get(ACCELERATOR_ENV))
 
 
-# -- tuning of a native pinning path (optional: an implementation without one ignores them) ----------------------
+# -- tuning of a native pinning path (only a native path uses them; every pinning call validates them) -----------
 
 PIN_HUGE_PAGES_ENV = "HOSTOFFLOAD_PIN_HUGE_PAGES"
 PIN_HUGE_PAGES_MODES: tuple[str, ...] = ("auto", "thp", "hugetlb", "off")
@@ -259,3 +269,50 @@ VARIABLES: tuple[Variable, ...] = (
 
 #: Names by variable, for lookups and the structural test.
 BY_NAME: dict[str, Variable] = {v.name: v for v in VARIABLES}
+
+
+# -- names that are not declared -------------------------------------------------------------------------------
+
+PREFIX = "HOSTOFFLOAD_"
+
+
+class UnknownVariableWarning(UserWarning):
+    """A ``HOSTOFFLOAD_*`` variable is set that this contract does not declare (most likely a misspelling)."""
+
+
+def closest_variable(name: str) -> str | None:
+    """The declared name most like ``name`` (None when nothing is close)."""
+    match = difflib.get_close_matches(name, BY_NAME, n=1, cutoff=0.6)
+    return match[0] if match else None
+
+
+#: (number of environment entries, unknown names found) at the last scan; see warn_unknown_variables.
+_last_scan: tuple[int, tuple[str, ...]] = (-1, ())
+
+
+def unknown_variables() -> tuple[str, ...]:
+    """The ``HOSTOFFLOAD_*`` names set in the environment that :data:`VARIABLES` does not declare."""
+    return tuple(sorted(k for k in os.environ if k.startswith(PREFIX) and k not in BY_NAME))
+
+
+def warn_unknown_variables() -> tuple[str, ...]:
+    """Warn (:class:`UnknownVariableWarning`) for every undeclared ``HOSTOFFLOAD_*`` name set now, naming the
+    closest declared one; return them. Python's warning filters show each message once per call site by
+    default. Why a warning and not an error: the prefix is not reserved, and refusing to pin memory because of
+    an unrelated variable would be worse than the typo. The full scan (a few microseconds) runs when the number
+    of environment entries changed since the last one; in between, the names it found are re-checked."""
+    global _last_scan
+    count = len(os.environ)
+    if count != _last_scan[0]:
+        _last_scan = (count, unknown_variables())
+    found = tuple(n for n in _last_scan[1] if n in os.environ)
+    for name in found:
+        close = closest_variable(name)
+        hint = f"did you mean {close}?" if close else "no declared variable is close"
+        warnings.warn(
+            f"{name} is set but is not a hostoffload variable ({hint}); it is ignored. Declared variables: "
+            f"reference/contract/envvars.py (VARIABLES) and docs/usage.md",
+            UnknownVariableWarning,
+            stacklevel=3,
+        )
+    return found
