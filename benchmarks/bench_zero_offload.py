@@ -22,6 +22,15 @@ update). An arm whose package is missing is reported as ``not installed``; one t
 ``needs cuda``. Output: a side-by-side table on stdout, ``bench_zero_offload.json`` and a plot
 ``bench_zero_offload.png`` (step time vs peak GPU memory per arm) in ``--out``.
 
+``--mode converge`` trains each arm instead on a learnable synthetic task with a known loss floor (a sparse
+bigram chain, ``convergence.py``; fresh, seeded batches every boundary, the same for every arm) and reports per
+arm the median step time, the loss after ``--steps`` boundaries and the wall time to reach ``--target``, with the
+per-phase timeline of our offloaded arms (compute, exposed wait, and beside them D2H, host Adam, H2D). Its arms by
+default: no offload, synchronous offload, the split update (``-split``: ``gpu_share`` ``--gpu-share``, R28; reported
+as absent on a tree without it), the delayed update without and with a warm-up (``-dpu``, ``-dpu-warmup``) and
+DeepSpeed ZeRO-Offload. Output: ``bench_zero_offload_converge.{json,csv,png}`` (``plot_convergence.py`` draws
+the loss against wall time per arm).
+
 ``--model`` takes a preset (``tiny``: CPU smoke test; ``886m``: the issue's 886M-parameter model, sequence 2048,
 batch 4, gas 2; ``1.5b`` ... ``13b``: the same shape family, larger) or a comma list of presets; with
 ``--sweep`` the offloaded arms run each model in turn and the table says which was the largest that trained
@@ -31,14 +40,18 @@ batch 4, gas 2; ``1.5b`` ... ``13b``: the same shape family, larger) or a comma 
     python benchmarks/bench_zero_offload.py --device cuda --model 886m --out results/
     python benchmarks/bench_zero_offload.py --device cuda --model 886m,1.5b,3b,5b,7b --sweep \\
         --arms ours-s2-offload,ds-z2-offload --steps 3 --out results/
+    python benchmarks/bench_zero_offload.py --mode converge --device cpu --model tiny --chain-ids 64 --lr 3e-3 \\
+        --steps 60 --target 3.0 --out /tmp/bzc
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import datetime
 import importlib.util
 import json
+import math
 import os
 import platform
 import resource
@@ -48,6 +61,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from convergence import BigramChain, Schedule, Trainer, timeline, train
 
 if TYPE_CHECKING:  # for annotations only: the functions import torch where they use it
     import torch
@@ -66,26 +81,43 @@ MODELS: dict[str, tuple[int, int, int, int, int, int, int, int]] = {
     "13b": (5120, 40, 40, 13824, 32000, 2048, 4, 2),
 }
 
-ARMS = ["ours-s2", "ours-s2-offload", "ours-s2-offload-dpu", "ours-s3", "ours-s3-offload", "ours-s3-offload-dpu",
+ARMS = ["ours-s2", "ours-s2-offload", "ours-s2-offload-split", "ours-s2-offload-dpu", "ours-s2-offload-dpu-warmup",
+        "ours-s3", "ours-s3-offload", "ours-s3-offload-split", "ours-s3-offload-dpu", "ours-s3-offload-dpu-warmup",
         "ds-z2-offload", "ds-z3-offload", "fsdp2", "fsdp2-offload"]
+#: ``--mode converge``'s arms unless ``--arms`` is given (issue 27 item 6), most telling first: a run cut short by
+#: its time box keeps those.
+CONVERGE_ARMS = ["ours-s2", "ours-s2-offload", "ours-s2-offload-split", "ours-s2-offload-dpu-warmup",
+                 "ours-s2-offload-dpu", "ds-z2-offload"]
+#: The ``-dpu-warmup`` arm's undelayed boundaries on a tree whose config has no ``delayed_update_warmup``: the 30
+#: ``apply_delayed_update()`` boundaries issue 27 measured.
+DEFAULT_MANUAL_WARMUP = 30
 
 
-def _engine_step(engine, batches) -> torch.Tensor:
+def _engine_step(engine, micro: torch.Tensor) -> torch.Tensor:
     """One optimizer step through the DeepSpeed-style surface both ZeroEngine and DeepSpeed's engine offer: a
-    forward, ``backward`` and ``step`` per micro-batch (the engine decides on which call the update happens)."""
-    for ids in batches:
+    forward, ``backward`` and ``step`` per micro-batch of ``micro`` (``[gas, batch, seq]``; the engine decides on
+    which call the update happens). Returns the mean of the micro-batch losses, detached (read by the caller)."""
+    total = None
+    for ids in micro:
         loss = engine(input_ids=ids, labels=ids).loss
         engine.backward(loss)
         engine.step()
-    return loss.detach()
+        total = loss.detach() if total is None else total + loss.detach()
+    return total / len(micro)
 
 
-def _llama(name: str):
+def _shape(opts, name: str) -> tuple[int, int, int, int]:
+    """(vocab, seq, batch, gas) of preset ``name`` with the ``--seq/--batch/--gas`` overrides."""
+    _, _, _, _, vocab, seq, batch, gas = MODELS[name]
+    return vocab, opts.seq or seq, opts.batch or batch, opts.gas or gas
+
+
+def _llama(name: str, seq: int):
     """The model, built on the current default device (the child builds it on the GPU: initialising a 5B model's
     random weights on the host took minutes, longer than the arm itself)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    hidden, layers, heads, inter, vocab, seq, _, _ = MODELS[name]
+    hidden, layers, heads, inter, vocab, _, _, _ = MODELS[name]
     cfg = LlamaConfig(
         hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
         intermediate_size=inter, vocab_size=vocab, max_position_embeddings=seq, tie_word_embeddings=False,
@@ -98,7 +130,7 @@ def _rss_peak_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30
 
 
-def _ds_config(stage: int, gas: int, batch: int) -> dict:
+def _ds_config(stage: int, gas: int, batch: int, lr: float) -> dict:
     zero = {"stage": stage, "offload_optimizer": {"device": "cpu", "pin_memory": True}, "overlap_comm": True,
             "contiguous_gradients": True}
     if stage == 3:
@@ -106,7 +138,7 @@ def _ds_config(stage: int, gas: int, batch: int) -> dict:
     return {
         "train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": gas, "gradient_clipping": 1.0,
         "bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}, "zero_optimization": zero,
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-5, "weight_decay": 0.01}}, "steps_per_print": 10**9,
+        "optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": 0.01}}, "steps_per_print": 10**9,
     }
 
 
@@ -115,23 +147,154 @@ def _progress(t0: float, what: str) -> None:
     print(f"[{time.perf_counter() - t0:7.1f} s] {what}", file=sys.stderr, flush=True)
 
 
-def _child(arm: str, model_name: str, device_name: str, steps: int, warmup: int, out_file: str) -> None:
-    """One arm in this process; writes a JSON row to ``out_file``."""
-    t_start = time.perf_counter()
+def _offload_key_accepted(key: str, value) -> bool:
+    """Whether this tree's config takes ``zero_optimization.offload_optimizer.<key>`` (the split update's
+    ``gpu_share``, R28, and the delayed update's ``delayed_update_warmup`` arrived after this benchmark): False
+    when the config rejects the key as unknown; a value the config rejects otherwise is the caller's error."""
+    from reference.contract.accumulation_config import AccumulationConfig
+    from reference.contract.errors import ConfigurationError
+
+    off = {"device": "cpu", key: value}
+    if key.startswith("delayed_update"):
+        off["delayed_parameter_update"] = True
+    try:
+        AccumulationConfig.from_dict({"zero_optimization": {"stage": 2, "offload_optimizer": off}})
+    except ConfigurationError as exc:
+        if "unknown" in str(exc):
+            return False
+        raise SystemExit(f"bench_zero_offload.py: {exc}") from None
+    return True
+
+
+def _gpu_share(text: str) -> float | str:
+    """``--gpu-share``: "auto" or a number (the config validates its range)."""
+    return text if text == "auto" else float(text)
+
+
+def _ours_zero(arm: str, opts) -> tuple[dict, int]:
+    """Our arm's ``zero_optimization`` section, and how many first boundaries get an ``apply_delayed_update()``
+    (the ``-dpu-warmup`` arm on a tree whose config has no ``delayed_update_warmup`` yet: the warm-up the issue
+    measured by hand)."""
+    stage = 2 if "-s2" in arm else 3
+    zero: dict = {"stage": stage}
+    manual_warmup = 0
+    if "-offload" in arm:
+        off: dict = {"device": "cpu"}
+        if arm.endswith("-split"):
+            off["gpu_share"] = _gpu_share(opts.gpu_share)
+            if opts.gpu_memory_budget_gib is not None:
+                off["gpu_memory_budget"] = int(opts.gpu_memory_budget_gib * 2**30)
+        if "-dpu" in arm:
+            off["delayed_parameter_update"] = True
+            warm = opts.dpu_warmup if arm.endswith("-warmup") else 0
+            if _offload_key_accepted("delayed_update_warmup", 0):
+                if warm is not None:  # None: the warm-up arm runs the engine's default
+                    off["delayed_update_warmup"] = warm
+            elif arm.endswith("-warmup"):
+                manual_warmup = DEFAULT_MANUAL_WARMUP if warm is None else warm
+        zero["offload_optimizer"] = off
+        if stage == 3:
+            zero["offload_param"] = {"device": "cpu"}
+    return zero, manual_warmup
+
+
+def _build_ours(arm: str, model, device, shape: tuple, opts, row: dict) -> Trainer:
+    from optimized.accumulation import ZeroEngine
+    from reference.contract.envvars import cpu_adam_threads, pin_backend
+
+    _, _, batch, gas = shape
+    zero, manual_warmup = _ours_zero(arm, opts)
+    engine = ZeroEngine(model, {
+        "train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": gas, "gradient_clipping": 1.0,
+        "bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}, "zero_optimization": zero,
+        "optimizer": {"type": "AdamW", "params": {"lr": opts.lr, "weight_decay": 0.01}},
+    }, device=device)
+    row["pin_backend"] = pin_backend()
+    row["adam_threads"] = cpu_adam_threads()
+    row["offload_optimizer"] = zero.get("offload_optimizer")
+    # What the engine asked to pin; the host RSS column shows what the allocator really took.
+    row["host_pinned_requested_gib"] = sum(t.numel() * t.element_size() for t in engine.pinned_buffers()) / 2**30
+    if manual_warmup:
+        row["dpu_warmup_by"] = (f"apply_delayed_update() after boundaries 1-{manual_warmup} (this config has no "
+                                f"delayed_update_warmup)")
+
+    def after_boundary(k: int) -> None:
+        if k <= manual_warmup:
+            engine.apply_delayed_update()
+
+    def finish() -> None:
+        engine.synchronize()
+        report = getattr(engine, "split_report", None)  # R28's measurement, where the engine has one
+        if callable(report):
+            row["split"] = report()
+
+    return Trainer(step=lambda micro: _engine_step(engine, micro), set_lr=engine.set_lr,
+                   after_boundary=after_boundary, timings=engine.offload_timings, finish=finish)
+
+
+def _build_ds(arm: str, model, shape: tuple, opts) -> Trainer:
+    import deepspeed
+
+    _, _, batch, gas = shape
+    stage = 2 if "-z2" in arm else 3
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                      config=_ds_config(stage, gas, batch, opts.lr))
+
+    def set_lr(lr: float) -> None:
+        for g in engine.optimizer.param_groups:
+            g["lr"] = lr
+
+    return Trainer(step=lambda micro: _engine_step(engine, micro), set_lr=set_lr)
+
+
+def _build_fsdp2(arm: str, model, device, opts) -> Trainer:
+    import torch
+
+    try:
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+    except ImportError:
+        from torch.distributed._composable.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+    kw = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)}
+    if arm.endswith("offload"):
+        kw["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
+    else:
+        model.to(device)
+    for layer in model.model.layers:
+        fully_shard(layer, **kw)
+    fully_shard(model, **kw)
+    opt = torch.optim.AdamW(model.parameters(), lr=opts.lr, weight_decay=0.01, fused=not arm.endswith("offload"))
+
+    def step(micro: torch.Tensor) -> torch.Tensor:
+        total = None
+        for ids in micro:
+            loss = model(input_ids=ids, labels=ids).loss / len(micro)
+            loss.backward()
+            total = loss.detach() if total is None else total + loss.detach()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return total
+
+    def set_lr(lr: float) -> None:
+        for g in opt.param_groups:
+            g["lr"] = lr
+
+    return Trainer(step=step, set_lr=set_lr)
+
+
+def _child_setup(arm: str, model_name: str, opts, row: dict):
+    """Process group, the model (bf16 for the engines, fp32 for FSDP2's recipe) and the arm's Trainer; None
+    (with ``row["status"]`` set) when the arm cannot run here."""
     import torch
     import torch.distributed as dist
 
-    _, _, _, _, vocab, seq, batch, gas = MODELS[model_name]
-    row: dict = {"arm": arm, "model": model_name, "device": device_name}
-    cuda = device_name == "cuda"
+    cuda = opts.device == "cuda"
     if arm.startswith("ds-") and importlib.util.find_spec("deepspeed") is None:
         row["status"] = "not installed"
-        Path(out_file).write_text(json.dumps(row))
-        return
+        return None
     if arm.startswith(("ds-", "fsdp2")) and not cuda:
         row["status"] = "needs cuda"
-        Path(out_file).write_text(json.dumps(row))
-        return
+        return None
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(29600 + os.getpid() % 1000))
     if cuda:
@@ -142,131 +305,117 @@ def _child(arm: str, model_name: str, device_name: str, steps: int, warmup: int,
     if arm.startswith("ds-"):
         # The wheel built without ops records the build host's accelerator; pick CUDA explicitly.
         os.environ.setdefault("DS_ACCELERATOR", "cuda")
+    shape = _shape(opts, model_name)
     # The engines keep bf16 weights (fp32 masters are built from them): build in bf16, which also halves the host
     # memory of model construction; FSDP2's recipe keeps fp32 parameters (bf16 compute via its policy).
     default_dtype = torch.get_default_dtype()
     if not arm.startswith("fsdp2"):
         torch.set_default_dtype(torch.bfloat16)
-    _progress(t_start, f"{arm} {model_name}: building the model on {device}")
+    _progress(opts.t_start, f"{arm} {model_name}: building the model on {device}")
     try:
         with torch.device(device):
-            model = _llama(model_name)
+            model = _llama(model_name, shape[1])
     finally:
         torch.set_default_dtype(default_dtype)
     row["parameters"] = sum(p.numel() for p in model.parameters())
-    _progress(t_start, f"built: {row['parameters']:,} parameters; setting up the engine")
-    gen = torch.Generator().manual_seed(1)
-    batches = [torch.randint(0, vocab, (batch, seq), generator=gen) for _ in range(gas)]
-    batches = [b.to(device) for b in batches]
-    timings = None
-
+    _progress(opts.t_start, f"built: {row['parameters']:,} parameters; setting up the engine")
     if arm.startswith("ours"):
-        from optimized.accumulation import ZeroEngine
-
-        stage = 2 if "-s2" in arm else 3
-        offload = "-offload" in arm
-        zero = {"stage": stage}
-        if offload:
-            zero["offload_optimizer"] = {"device": "cpu"}
-            if arm.endswith("-dpu"):
-                zero["offload_optimizer"]["delayed_parameter_update"] = True
-            if stage == 3:
-                zero["offload_param"] = {"device": "cpu"}
-        engine = ZeroEngine(model, {
-            "train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": gas, "gradient_clipping": 1.0,
-            "bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}, "zero_optimization": zero,
-            "optimizer": {"type": "AdamW", "params": {"lr": 1e-5, "weight_decay": 0.01}},
-        }, device=device)
-
-        def step() -> torch.Tensor:
-            return _engine_step(engine, batches)
-
-        def finish() -> None:
-            engine.synchronize()
-
-        timings = engine.offload_timings
-        from reference.contract.envvars import cpu_adam_threads, pin_backend
-
-        row["pin_backend"] = pin_backend()
-        row["adam_threads"] = cpu_adam_threads()
-        # What the engine asked to pin; the host RSS column shows what the allocator really took.
-        row["host_pinned_requested_gib"] = sum(t.numel() * t.element_size() for t in engine.pinned_buffers()) / 2**30
+        trainer = _build_ours(arm, model, device, shape, opts, row)
     elif arm.startswith("ds-"):
-        import deepspeed
-
-        stage = 2 if "-z2" in arm else 3
-        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                          config=_ds_config(stage, gas, batch))
-
-        def step() -> torch.Tensor:
-            return _engine_step(engine, batches)
-
-        def finish() -> None:
-            pass
+        trainer = _build_ds(arm, model, shape, opts)
     else:
-        try:
-            from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-        except ImportError:
-            from torch.distributed._composable.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-        kw = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)}
-        if arm.endswith("offload"):
-            kw["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
-        else:
-            model.to(device)
-        for layer in model.model.layers:
-            fully_shard(layer, **kw)
-        fully_shard(model, **kw)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.01, fused=not arm.endswith("offload"))
+        trainer = _build_fsdp2(arm, model, device, opts)
+    return trainer, device, shape
 
-        def step() -> torch.Tensor:
-            for ids in batches:
-                loss = model(input_ids=ids, labels=ids).loss / gas
-                loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            return loss.detach()
 
-        def finish() -> None:
-            pass
+def _time_steps(trainer: Trainer, micro: torch.Tensor, opts, row: dict) -> None:
+    """``--mode step``: ``--warmup`` steps, then ``--steps`` steps run back to back, as in training (our offloaded
+    update overlaps the next step's forward), timed as one window: synchronizing after each step would expose the
+    overlapped tail in every step."""
+    import torch
 
-    # Steps run back to back, as in training (our offloaded update overlaps the next step's forward), and are timed
-    # as one window: synchronizing after each step would expose the overlapped tail in every step.
-    row["setup_s"] = time.perf_counter() - t_start
-    _progress(t_start, "engine ready; warm-up")
-    for _ in range(warmup):
-        step()
-    finish()
-    _progress(t_start, "warm-up done; timing")
+    cuda = opts.device == "cuda"
+    for _ in range(opts.warmup):
+        trainer.step(micro)
+    trainer.finish()
+    _progress(opts.t_start, "warm-up done; timing")
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    if timings is not None:
-        timings()  # drop the warm-up's share
+    if trainer.timings is not None:
+        trainer.timings()  # drop the warm-up's share
     t0 = time.perf_counter()
-    for _ in range(steps):
-        last = step()
-    finish()
+    for _ in range(opts.steps):
+        last = trainer.step(micro)
+    trainer.finish()
     if cuda:
         torch.cuda.synchronize()
-    step_s = (time.perf_counter() - t0) / steps
-    breakdown = {k: v / steps for k, v in ((timings() if timings is not None else None) or {}).items()}
-    row.update(status="ok", step_ms=step_s * 1e3, tokens_per_s=batch * seq * gas / step_s,
+    step_s = (time.perf_counter() - t0) / opts.steps
+    timings = (trainer.timings() if trainer.timings is not None else None) or {}
+    row.update(step_ms=step_s * 1e3, tokens_per_s=micro.numel() / step_s, last_loss=float(last))
+    if timings:
+        row["breakdown_ms"] = {k.removesuffix("_s"): v / opts.steps * 1e3 for k, v in timings.items()}
+        row["timeline_ms"] = timeline(timings, [step_s] * opts.steps)
+
+
+def _converge(trainer: Trainer, device, shape: tuple, opts, row: dict) -> None:
+    """``--mode converge``: train on the bigram chain (convergence.py) and record the curve and time to target."""
+    import torch
+
+    vocab, seq, batch, gas = shape
+    task = BigramChain(vocab, opts.chain_ids, opts.successors, opts.seed)
+    data = task.batches(opts.steps, gas, batch, seq).to(device)
+    schedule = Schedule(steps=opts.steps, lr=opts.lr, lr_warmup=opts.lr_warmup, target=opts.target,
+                        smooth=opts.smooth, arm_seconds=opts.arm_seconds)
+    cuda = opts.device == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    row.update(train(trainer, data, schedule, sync))
+    row["loss_floor"] = task.loss_floor
+    if row.get("mean_step_ms"):
+        row["tokens_per_s"] = batch * seq * gas / (row["mean_step_ms"] / 1e3)
+
+
+def _child(arm: str, model_name: str, opts, out_file: str) -> None:
+    """One arm in this process; writes a JSON row to ``out_file``."""
+    opts.t_start = time.perf_counter()
+    row: dict = {"arm": arm, "model": model_name, "device": opts.device, "mode": opts.mode}
+    setup = _child_setup(arm, model_name, opts, row)
+    if setup is None:
+        Path(out_file).write_text(json.dumps(row))
+        return
+    import torch
+    import torch.distributed as dist
+
+    trainer, device, shape = setup
+    vocab, seq, batch, gas = shape
+    row.update(seq=seq, batch=batch, gas=gas, setup_s=time.perf_counter() - opts.t_start)
+    _progress(opts.t_start, f"engine ready; {opts.mode}")
+    if opts.mode == "converge":
+        _converge(trainer, device, shape, opts, row)
+    else:
+        gen = torch.Generator().manual_seed(1)
+        micro = torch.randint(0, vocab, (gas, batch, seq), generator=gen).to(device)
+        _time_steps(trainer, micro, opts, row)
+    cuda = opts.device == "cuda"
+    row.update(status="ok", steps=opts.steps, warmup=opts.warmup,
                peak_gpu_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
                peak_gpu_reserved_gib=torch.cuda.max_memory_reserved() / 2**30 if cuda else None,
-               host_rss_peak_gib=_rss_peak_gib(), steps=steps, warmup=warmup, seq=seq, batch=batch, gas=gas,
-               last_loss=float(last))
-    if breakdown:
-        row["breakdown_ms"] = {k.removesuffix("_s"): v * 1e3 for k, v in breakdown.items()}
+               host_rss_peak_gib=_rss_peak_gib())
     Path(out_file).write_text(json.dumps(row))
     dist.destroy_process_group()
 
 
 def _run_arm(arm: str, model: str, args) -> dict:
+    if arm.endswith("-split") and not _offload_key_accepted("gpu_share", _gpu_share(args.gpu_share)):
+        return {"arm": arm, "model": model, "status": "no split update (config has no gpu_share: R28)"}
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "row.json")
-        cmd = [sys.executable, __file__, "--child", arm, "--model", model, "--device", args.device,
-               "--steps", str(args.steps), "--warmup", str(args.warmup), "--child-out", out]
+        opts = os.path.join(tmp, "opts.json")
+        Path(opts).write_text(json.dumps(vars(args)))
+        cmd = [sys.executable, __file__, "--child", arm, "--model", model, "--child-opts", opts, "--child-out", out]
         env = dict(os.environ)
         if args.pin_backend:
             from reference.contract.envvars import PIN_BACKEND_ENV
@@ -301,6 +450,11 @@ def _run_arm(arm: str, model: str, args) -> dict:
         return row
 
 
+def _fmt(r: dict, key: str, fmt: str) -> str:
+    v = r.get(key)
+    return "" if v is None else format(v, fmt)
+
+
 def _table(rows: list[dict]) -> str:
     head = ("arm", "model", "status", "step ms", "tokens/s", "peak GPU GiB", "host RSS GiB", "pinned asked GiB",
             "breakdown ms")
@@ -308,15 +462,40 @@ def _table(rows: list[dict]) -> str:
     for r in rows:
         bd = r.get("breakdown_ms")
         bd_text = ", ".join(f"{k} {v:.1f}" for k, v in bd.items()) if bd else ""
+        lines.append("| " + " | ".join([r["arm"], r["model"], r["status"], _fmt(r, "step_ms", ".1f"),
+                                          _fmt(r, "tokens_per_s", ".0f"), _fmt(r, "peak_gpu_gib", ".2f"),
+                                          _fmt(r, "host_rss_peak_gib", ".2f"),
+                                          _fmt(r, "host_pinned_requested_gib", ".2f"), bd_text]) + " |")
+    return "\n".join(lines)
 
-        def f(key, fmt, r=r):
-            v = r.get(key)
-            return "" if v is None else format(v, fmt)
 
-        lines.append("| " + " | ".join([r["arm"], r["model"], r["status"], f("step_ms", ".1f"),
-                                          f("tokens_per_s", ".0f"), f("peak_gpu_gib", ".2f"),
-                                          f("host_rss_peak_gib", ".2f"), f("host_pinned_requested_gib", ".2f"),
-                                          bd_text]) + " |")
+def _converge_table(rows: list[dict]) -> str:
+    head = ("arm", "model", "status", "boundaries", "median step ms", "loss after N", "time to target s",
+            "boundaries to target", "peak GPU GiB", "setup s")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        reached = r.get("time_to_target_s")
+        to_target = format(reached, ".1f") if reached is not None else ("not reached" if "curve" in r else "")
+        lines.append("| " + " | ".join([r["arm"], r["model"], r["status"], _fmt(r, "boundaries", "d"),
+                                          _fmt(r, "median_step_ms", ".1f"), _fmt(r, "final_loss", ".3f"),
+                                          to_target, _fmt(r, "steps_to_target", "d"), _fmt(r, "peak_gpu_gib", ".2f"),
+                                          _fmt(r, "setup_s", ".1f")]) + " |")
+    return "\n".join(lines)
+
+
+def _timelines(rows: list[dict]) -> str:
+    """Item 3 of issue 27: per arm, where a boundary's time went (engines that report ``offload_timings``)."""
+    lines = []
+    for r in rows:
+        t = r.get("timeline_ms")
+        if t:
+            lines.append(f"  {r['arm']} ({r['model']}) per boundary: step {t['step']:.1f} ms = compute "
+                         f"{t['compute']:.1f} + exposed wait {t['exposed_wait']:.1f}; beside it: D2H {t['d2h']:.1f}, "
+                         f"host Adam {t['host_adam']:.1f}, H2D {t['h2d']:.1f}")
+        if r.get("split"):
+            lines.append(f"  {r['arm']} ({r['model']}) split: {r['split']}")
+        if r.get("dpu_warmup_by"):
+            lines.append(f"  {r['arm']} ({r['model']}) warm-up: {r['dpu_warmup_by']}")
     return "\n".join(lines)
 
 
@@ -343,11 +522,13 @@ def _plot(rows: list[dict], path: Path) -> bool:
     return True
 
 
-def _write_json(out: Path, rows: list[dict]) -> None:
-    """``bench_zero_offload.json`` in ``out``: the run's metadata and every row measured so far."""
+def _write_results(out: Path, rows: list[dict], args) -> Path:
+    """``bench_zero_offload.json`` (``--mode step``) or ``bench_zero_offload_converge.json`` and ``.csv`` (one
+    line per arm and boundary: arm, model, boundary, wall_s, loss) in ``out``: the run's metadata and every row
+    measured so far (rewritten after every arm, so a run cut short by an outer time box keeps what it measured)."""
     out.mkdir(parents=True, exist_ok=True)
     meta = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "host": platform.node(), "python": platform.python_version(), "argv": sys.argv}
+            "host": platform.node(), "python": platform.python_version(), "argv": sys.argv, "mode": args.mode}
     try:
         import torch
 
@@ -356,20 +537,62 @@ def _write_json(out: Path, rows: list[dict]) -> None:
             meta["gpu"] = torch.cuda.get_device_name(0)
     except ImportError:
         pass
-    (out / "bench_zero_offload.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    if args.mode == "step":
+        path = out / "bench_zero_offload.json"
+        path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        return path
+    meta["task"] = {"kind": "bigram chain", "chain_ids": args.chain_ids, "successors": args.successors,
+                    "seed": args.seed, "loss_floor": math.log(args.successors), "lr": args.lr,
+                    "lr_warmup": args.lr_warmup, "target": args.target, "smooth": args.smooth}
+    path = out / "bench_zero_offload_converge.json"
+    path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    with open(out / "bench_zero_offload_converge.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["arm", "model", "boundary", "wall_s", "loss"])
+        for r in rows:
+            for k, wall, loss in r.get("curve", []):
+                w.writerow([r["arm"], r["model"], k, f"{wall:.4f}", f"{loss:.5f}"])
+    return path
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mode", choices=["step", "converge"], default="step",
+                    help="step: step time and memory on fixed random batches; converge: time to a target loss on "
+                         "the bigram-chain task (convergence.py), fresh batches every boundary")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--model", default="886m", help=f"preset or comma list of presets: {', '.join(MODELS)}")
-    ap.add_argument("--arms", default=",".join(ARMS), help=f"comma list of: {', '.join(ARMS)}")
+    ap.add_argument("--arms", default=None, help=f"comma list of: {', '.join(ARMS)} (default: every arm in step "
+                                                 f"mode; {', '.join(CONVERGE_ARMS)} in converge mode)")
+    ap.add_argument("--seq", type=int, default=None, help="override the preset's sequence length")
+    ap.add_argument("--batch", type=int, default=None, help="override the preset's micro-batch size")
+    ap.add_argument("--gas", type=int, default=None, help="override the preset's micro-batches per step")
     ap.add_argument("--sweep", nargs="?", const="up", choices=["up", "down"], default=None,
                     help="run the arms over the --model list in order. up (the default): each arm stops at its "
                          "first failure; down (list the models largest first): each arm stops at its first "
                          "success, so a box that fits only the smaller models does not spend its time on each")
-    ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=None,
+                    help="timed steps (step mode, default 5) or boundaries trained (converge mode, default 200)")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (step mode)")
+    ap.add_argument("--lr", type=float, default=None, help="AdamW learning rate (default 1e-5 step, 3e-4 converge)")
+    ap.add_argument("--lr-warmup", type=int, default=0, help="boundaries of linear LR warm-up (converge mode)")
+    ap.add_argument("--target", type=float, default=2.0, help="target loss (converge mode; floor: ln successors)")
+    ap.add_argument("--smooth", type=int, default=5,
+                    help="the target counts as reached when the mean loss of this many boundaries is <= it, and "
+                         "'loss after N' is the mean of the last this many (converge mode)")
+    ap.add_argument("--chain-ids", type=int, default=1024, help="token ids the bigram chain uses (converge mode)")
+    ap.add_argument("--successors", type=int, default=4, help="successors per id (converge mode)")
+    ap.add_argument("--seed", type=int, default=0, help="the bigram chain's and its batches' seed (converge mode)")
+    ap.add_argument("--arm-seconds", type=float, default=None,
+                    help="stop an arm once it has trained this long (converge mode; its row says so)")
+    ap.add_argument("--gpu-share", default="auto",
+                    help="the -split arms' offload_optimizer.gpu_share: 'auto' or a share in [0, 1] (R28)")
+    ap.add_argument("--gpu-memory-budget-gib", type=float, default=None,
+                    help="the -split arms' offload_optimizer.gpu_memory_budget, GiB (default: the engine's)")
+    ap.add_argument("--dpu-warmup", type=int, default=None,
+                    help="the -dpu-warmup arm's undelayed boundaries (default: the engine's delayed_update_warmup "
+                         f"default; {DEFAULT_MANUAL_WARMUP} by apply_delayed_update() on a tree without that key). "
+                         "The -dpu arm always runs without a warm-up")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per arm subprocess")
     ap.add_argument("--pin-backend", choices=["torch", "native"], default=None,
                     help="HOSTOFFLOAD_PIN_BACKEND for the arms (default: as set in the environment, else torch). "
@@ -379,25 +602,88 @@ def main() -> None:
                     help="HOSTOFFLOAD_CPU_ADAM_THREADS for our arms (default: the cores the process may use). "
                          "With the delayed update (R27) the CPU Adam shares the host with a running step: fewer "
                          "threads may leave the training thread a core")
-    ap.add_argument("--out", default=None, help="directory for the JSON and the plot")
+    ap.add_argument("--out", default=None, help="directory for the JSON (CSV in converge mode) and the plot")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--child-opts", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--child-out", default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    return ap
+
+
+def _check_args(ap: argparse.ArgumentParser, args) -> tuple[list[str], list[str]]:
+    """Defaults that depend on the mode, and every option checked (naming it and its allowed values)."""
+    converge = args.mode == "converge"
+    if args.steps is None:
+        args.steps = 200 if converge else 5
+    if args.lr is None:
+        args.lr = 3e-4 if converge else 1e-5
     models = [m.strip() for m in args.model.split(",") if m.strip()]
-    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    arms = [a.strip() for a in (args.arms or ",".join(CONVERGE_ARMS if converge else ARMS)).split(",") if a.strip()]
     for m in models:
         if m not in MODELS:
             ap.error(f"--model {m!r}: allowed values: {', '.join(MODELS)}")
     for a in arms:
         if a not in ARMS:
             ap.error(f"--arms {a!r}: allowed values: {', '.join(ARMS)}")
-    if args.adam_threads is not None and args.adam_threads < 1:
-        ap.error(f"--adam-threads {args.adam_threads}: allowed values: an int >= 1")
-    if args.steps < 1 or args.warmup < 1:
-        ap.error("--steps and --warmup must be >= 1")
-    if args.child:
-        _child(args.child, models[0], args.device, args.steps, args.warmup, args.child_out)
+    for name in ("steps", "warmup", "smooth", "chain_ids", "successors"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} {getattr(args, name)}: allowed values: an int >= 1")
+    for name in ("seq", "batch", "gas", "adam_threads", "dpu_warmup"):
+        value, low = getattr(args, name), 0 if name == "dpu_warmup" else 1
+        if value is not None and value < low:
+            ap.error(f"--{name.replace('_', '-')} {value}: allowed values: an int >= {low}")
+    if args.lr_warmup < 0 or not args.lr >= 0:
+        ap.error("--lr and --lr-warmup: allowed values: numbers >= 0")
+    if args.gpu_share != "auto":
+        try:
+            float(args.gpu_share)
+        except ValueError:
+            ap.error(f"--gpu-share {args.gpu_share!r}: allowed values: 'auto' or a number in [0, 1]")
+    if converge and args.sweep:
+        ap.error("--sweep: allowed in --mode step only")
+    return models, arms
+
+
+def _report(rows: list[dict], args) -> None:
+    if args.sweep:
+        size = list(MODELS)  # presets are listed smallest first
+        for arm in dict.fromkeys(r["arm"] for r in rows):
+            ok = sorted((r for r in rows if r["arm"] == arm and r["status"] == "ok"),
+                        key=lambda r: size.index(r["model"]))
+            print(f"  largest model that trained with {arm}: {ok[-1]['model'] if ok else 'none'}"
+                  + (f" (host RSS {ok[-1]['host_rss_peak_gib']:.1f} GiB)" if ok else ""))
+    print(_converge_table(rows) if args.mode == "converge" else _table(rows))
+    text = _timelines(rows)
+    if text:
+        print(text)
+    for r in rows:
+        if r.get("error") or r.get("stopped"):
+            print(f"  {r['arm']} ({r['model']}): {r.get('error') or r.get('stopped')}")
+    if not args.out:
         return
+    out = Path(args.out)
+    path = _write_results(out, rows, args)
+    if args.mode == "converge":
+        if importlib.util.find_spec("matplotlib") is not None:
+            from plot_convergence import plot
+
+            plot(json.loads(path.read_text()), out / "bench_zero_offload_converge.png")
+            print(f"plot: {out / 'bench_zero_offload_converge.png'}")
+        else:
+            print(f"no plot: matplotlib is missing (later: python benchmarks/plot_convergence.py {path} OUT.png)")
+    elif _plot(rows, out / "bench_zero_offload.png"):
+        print(f"plot: {out / 'bench_zero_offload.png'}")
+    else:
+        print("no plot: no arm reported GPU memory (a cpu run), or matplotlib is missing")
+
+
+def main() -> None:
+    ap = _parser()
+    args = ap.parse_args()
+    if args.child:
+        opts = argparse.Namespace(**json.loads(Path(args.child_opts).read_text()))
+        _child(args.child, args.model, opts, args.child_out)
+        return
+    models, arms = _check_args(ap, args)
     if importlib.util.find_spec("transformers") is None:
         sys.exit("bench_zero_offload.py needs transformers (pip install 'hostoffload[hf]')")
     rows = []
@@ -405,29 +691,15 @@ def main() -> None:
         for m in models:
             row = _run_arm(arm, m, args)
             rows.append(row)
-            print(f"  {arm:<20} {m:<6} {row['status']:<14} {row.get('step_ms', float('nan')):9.1f} ms", flush=True)
-            if args.out:  # after every arm: a run cut short by an outer time box keeps what it measured
-                _write_json(Path(args.out), rows)
+            step = row.get("median_step_ms", row.get("step_ms"))
+            extra = f"  loss {row['final_loss']:.3f}" if "final_loss" in row else ""
+            print(f"  {arm:<26} {m:<6} {row['status']:<14} {step if step is not None else float('nan'):9.1f} ms"
+                  + extra, flush=True)
+            if args.out:
+                _write_results(Path(args.out), rows, args)
             if (args.sweep == "up" and row["status"] != "ok") or (args.sweep == "down" and row["status"] == "ok"):
                 break
-    if args.sweep:
-        size = list(MODELS)  # presets are listed smallest first
-        for arm in arms:
-            ok = sorted((r for r in rows if r["arm"] == arm and r["status"] == "ok"),
-                        key=lambda r: size.index(r["model"]))
-            print(f"  largest model that trained with {arm}: {ok[-1]['model'] if ok else 'none'}"
-                  + (f" (host RSS {ok[-1]['host_rss_peak_gib']:.1f} GiB)" if ok else ""))
-    print(_table(rows))
-    for r in rows:
-        if r.get("error"):
-            print(f"  {r['arm']} ({r['model']}): {r['error']}")
-    if args.out:
-        out = Path(args.out)
-        _write_json(out, rows)
-        if _plot(rows, out / "bench_zero_offload.png"):
-            print(f"plot: {out / 'bench_zero_offload.png'}")
-        else:
-            print("no plot: no arm reported GPU memory (a cpu run), or matplotlib is missing")
+    _report(rows, args)
 
 
 if __name__ == "__main__":

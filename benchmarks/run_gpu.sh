@@ -99,6 +99,19 @@ zo=(python3 benchmarks/bench_zero_offload.py --device cuda --steps 5 --warmup 2 
 # seven arms at ~70 s do not fit one 600 s call.
 part bench-zero-offload "${T_BZO:-330}" "${zo[@]}" --model 886m --out "$out/zero_offload" \
   --arms ours-s2,ours-s2-offload,ours-s2-offload-dpu,ds-z2-offload
+# Time to loss (issue 27 item 6): each arm trains the 886M model on the bigram chain (1,024 ids, 4 successors each,
+# floor ln 4 = 1.39; sequence 1024, batch 4, 2 micro-batches, AdamW lr 3e-4, clip 1.0) for 120 boundaries and
+# reports the median step, the loss after them and the wall time to loss 2.0, with our offloaded arms' per-phase
+# timeline. Estimated from run J's setup times and issue 27's step times at this shape (ours: 14-28 s setup, 194-433
+# ms steps; DeepSpeed: 75 s setup with its CPU Adam's JIT build, ~600 ms steps): about 450 s for the six arms, DS
+# last so a cut keeps ours (the JSON is rewritten after every arm). Needs DeepSpeed's wheels as for the parts
+# below. CONV_ARMS / CONV_STEPS / CONV_MODEL change the arms, boundaries and shape (3b: about 3.4x the step time,
+# so split its arms over calls). The -split arm needs R28 (gpu_share) and reports itself absent without it.
+part bench-zero-converge "${T_BZC:-470}" python3 benchmarks/bench_zero_offload.py --mode converge --device cuda \
+  --model "${CONV_MODEL:-886m}" --seq 1024 --steps "${CONV_STEPS:-120}" --target 2.0 --lr 3e-4 --arm-seconds 80 \
+  --timeout 200 --arms "${CONV_ARMS:-ours-s2,ours-s2-offload,ours-s2-offload-split,ours-s2-offload-dpu-warmup,ours-s2-offload-dpu,ds-z2-offload}" \
+  --out "$out/zero_converge"
+wanted bench-zero-converge && grep -E "per boundary|split:|warm-up:" "$out/bench-zero-converge.log"
 # R27's remaining overhead (docs/benchmarks.md, run J: 89.5 ms over the no-offload step, 45 ms of it not
 # attributed) looked like host-core contention between the CPU Adam and the training thread: the R27 arm with
 # fewer Adam threads, side by side with the default count (one JSON per count).
