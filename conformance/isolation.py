@@ -44,12 +44,17 @@ from typing import Any
 
 import pytest
 
+from conformance.isolation_reports import (
+    child_reports,
+    decode_lines,
+    encode_report,
+    encode_warning,
+    with_parent_teardown,
+)
 from reference.contract import envvars
 
 #: Set in the child: its reports go to this file, and nothing is isolated again.
 CHILD_REPORTS_ENV = envvars.ISOLATED_REPORTS_ENV
-#: How many of the child's last output lines a crash report quotes.
-TAIL_LINES = 30
 #: Seconds an isolated test may run before the child is killed and the test failed.
 CHILD_TIMEOUT_S = 900
 
@@ -62,7 +67,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def in_child() -> bool:
-    return bool(os.environ.get(CHILD_REPORTS_ENV))
+    return bool(_CHILD_PIPE) or bool(os.environ.get(CHILD_REPORTS_ENV))
 
 
 def should_isolate(item: pytest.Item) -> bool:
@@ -98,16 +103,6 @@ def _child_command(item: pytest.Item) -> list[str]:
     if profile:
         cmd += ["--conformance-profile", profile]
     return cmd
-
-
-def describe_exit(returncode: int) -> str:
-    if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
-        return f"killed by {name} (signal {-returncode})"
-    return f"exited with status {returncode} before reporting"
 
 
 def _cuda_initialised() -> bool:
@@ -156,6 +151,7 @@ def _run_forked(item: pytest.Item) -> list[pytest.TestReport]:
 
         def prepare() -> None:
             os.close(read_end)
+            _own_setup_state(item)
             _child_redirect(item.config, fd)
             _CHILD_PIPE[:] = [os.fdopen(write_end, "w")]
 
@@ -176,8 +172,7 @@ def _run_forked(item: pytest.Item) -> list[pytest.TestReport]:
             output = f.read()
     finally:
         os.unlink(out_path)
-    lines = [json.loads(line) for line in b"".join(chunks).decode().splitlines() if line.strip()]
-    return _reports(item, lines, output, returncode, attach_output=False, child="forked child")
+    return _reports(item, b"".join(chunks).decode(), output, returncode, attach_output=False, child="forked child")
 
 
 def _child_redirect(config: pytest.Config, fd: int) -> None:
@@ -217,71 +212,46 @@ def _run_subprocess(item: pytest.Item) -> list[pytest.TestReport]:
             output = out.decode(errors="replace") if isinstance(out, bytes) else out
             returncode = None
         with open(report_path) as f:
-            lines = [json.loads(line) for line in f if line.strip()]
+            lines = f.read()
     finally:
         os.unlink(report_path)
     return _reports(item, lines, output, returncode, attach_output=True, child="fresh interpreter")
 
 
-def _tail(output: str) -> list[str]:
-    """The child's last output lines; where faulthandler dumped a crash, the lines the child printed before it
-    and the innermost frames of the dump (most recent call first), without its list of extension modules."""
-    lines = [line for line in output.splitlines() if not line.startswith("Extension modules:")]
-    for i, line in enumerate(lines):
-        if line.startswith("Fatal Python error"):
-            return lines[max(0, i - TAIL_LINES // 3) : i] + lines[i : i + TAIL_LINES - TAIL_LINES // 3]
-    return lines[-TAIL_LINES:]
-
-
 def _reports(
-    item: pytest.Item, lines: list[dict], output: str, returncode: int | None, *, attach_output: bool, child: str
+    item: pytest.Item, lines: str, output: str, returncode: int | None, *, attach_output: bool, child: str
 ) -> list[pytest.TestReport]:
-    """The child's reports as this process's, each saying which kind of ``child`` ran it (``user_properties``:
-    ``isolated_in``); a crash becomes a failed report of the phase that was running."""
-    tail = _tail(output)
-    reports = [item.config.hook.pytest_report_from_serializable(config=item.config, data=d) for d in lines]
-    reports = [r for r in reports if isinstance(r, pytest.TestReport)]
-    whens = {r.when for r in reports}
-    crashed = returncode is None or "teardown" not in whens
-    if not crashed:
-        for rep in reports:
-            rep.user_properties.append(("isolated_in", child))
-            if attach_output and tail:
-                rep.sections.append(("isolated child output", "\n".join(tail)))
-        return reports
-    how = f"timed out after {CHILD_TIMEOUT_S}s" if returncode is None else describe_exit(returncode)
-    phase = "setup" if not whens else ("call" if "call" not in whens else "teardown")
-    message = (
-        f"the isolated child ({child}) running {item.path.name}::{item.name} {how} during {phase}; "
-        f"its last output lines:\n"
-        + ("\n".join(tail) if tail else "(none)")
-    )
-    crash = pytest.TestReport(
-        nodeid=item.nodeid, location=item.location, keywords={k: 1 for k in item.keywords},
-        outcome="failed", longrepr=message, when=phase, sections=[], duration=0.0,
-    )
-    kept = [r for r in reports if r.when != phase]
-    out = [*kept, crash] if phase != "teardown" else [*reports, crash]
-    for rep in out:
-        rep.user_properties.append(("isolated_in", child))
-    return out
+    """The reports of the child's ``lines`` (a crash report added if it died); the warnings among them are
+    recorded here now, as pytest would have recorded them at the end of an in-process test."""
+    reports, recorded = decode_lines(item.config, lines)
+    for kwargs in recorded:
+        item.ihook.pytest_warning_recorded.call_historic(kwargs=kwargs)
+    return child_reports(item, reports, output, returncode, child=child, timeout_s=CHILD_TIMEOUT_S,
+                         attach_output=attach_output)
 
 
-def _write_child_report(config: pytest.Config, report: pytest.TestReport) -> None:
-    data = config.hook.pytest_report_to_serializable(config=config, report=report)
-    with open(os.environ[CHILD_REPORTS_ENV], "a") as f:
-        f.write(json.dumps(data) + "\n")  # in the kernel once written: it survives this process's crash
+def _send_to_parent(line: str) -> None:
+    """In a child: one line to the parent, through the pipe (forked child) or the reports file (the others);
+    in the kernel once written, so it survives this process's crash."""
+    if _CHILD_PIPE:
+        _CHILD_PIPE[0].write(line + "\n")
+        _CHILD_PIPE[0].flush()
+    else:
+        with open(os.environ[CHILD_REPORTS_ENV], "a") as f:
+            f.write(line + "\n")
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """In a child: send each report to the parent as soon as it exists, so that the phases that completed
     before a crash are reported as they were (the crash then fails the phase that was running)."""
-    if _CHILD_PIPE:
-        data = _CONFIG[0].hook.pytest_report_to_serializable(config=_CONFIG[0], report=report)
-        _CHILD_PIPE[0].write(json.dumps(data) + "\n")
-        _CHILD_PIPE[0].flush()
-    elif in_child():
-        _write_child_report(_CONFIG[0], report)
+    if in_child():
+        _send_to_parent(encode_report(_CONFIG[0], report))
+
+
+def pytest_warning_recorded(warning_message: Any, when: str, nodeid: str) -> None:
+    """In a child: send each warning pytest recorded for the test, for the parent's warnings summary."""
+    if in_child() and when == "runtest":
+        _send_to_parent(encode_warning(warning_message, when, nodeid))
 
 
 #: In a forked child: the pipe its reports go to (set only there).
@@ -298,16 +268,52 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+    """An isolated test's protocol in the parent: the child runs setup, call and teardown; the parent then tears
+    down what the next test no longer needs (its own wider-scoped fixtures, exactly as after an in-process test,
+    so that its setup state stays a prefix of the next test's), and logs the reports in the usual order."""
     if not should_isolate(item):
         return None
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
-    for rep in run_isolated(item):
-        from conformance import plugin
+    reports = with_parent_teardown(run_isolated(item), _parent_teardown(item, nextitem))
+    from conformance import plugin
 
+    for rep in reports:
         plugin.record_report(item, rep)
         item.ihook.pytest_runtest_logreport(report=rep)
     item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
     return True
+
+
+def _parent_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> pytest.TestReport:
+    """The teardown phase of ``item`` in this process, as the report pytest would make of it: the setup state torn
+    down to ``nextitem``, its output captured as pytest's capture plugin would. (Not the whole
+    ``pytest_runtest_teardown`` hook: other plugins' parts of it expect their own setup part to have run here.)"""
+    from _pytest.outcomes import Exit
+    from _pytest.runner import CallInfo
+
+    capman = item.config.pluginmanager.getplugin("capturemanager")
+
+    def teardown() -> None:
+        if capman is None:
+            item.session._setupstate.teardown_exact(nextitem)  # type: ignore[attr-defined]
+            return
+        with capman.item_capture("teardown", item):
+            item.session._setupstate.teardown_exact(nextitem)  # type: ignore[attr-defined]
+
+    reraise: tuple[type[BaseException], ...] = (Exit,)
+    if not item.config.getoption("usepdb", False):
+        reraise += (KeyboardInterrupt,)
+    return pytest.TestReport.from_item_and_call(item, CallInfo.from_call(teardown, when="teardown", reraise=reraise))
+
+
+def _own_setup_state(item: pytest.Item) -> None:
+    """In a forked child: keep the parent's set-up nodes (and the fixture values cached on them: the child uses
+    them as an in-process test would) but none of their finalizers. The child tears down everything when its
+    test ends; what it set up itself is finalized there, what the parent set up is the parent's to finalize
+    (a module fixture's cleanup of a shared directory must not run once per isolated test)."""
+    stack = item.session._setupstate.stack  # type: ignore[attr-defined]
+    for node, (_finalizers, exc) in list(stack.items()):
+        stack[node] = ([], exc)
 
 
 # -- the zygote -----------------------------------------------------------------------------------------------------
@@ -429,7 +435,7 @@ class Zygote:
                 self._give_up(f"{type(exc).__name__}: {exc}")
                 return None
             with open(report_path) as f:
-                lines = [json.loads(line) for line in f if line.strip()]
+                lines = f.read()
             with open(out_path, errors="replace") as f:
                 output = f.read()
         finally:
@@ -534,9 +540,9 @@ def _run_item_and_exit(
     code = 0
     try:
         prepare()
-        from _pytest.runner import runtestprotocol
-
-        runtestprotocol(item, log=True, nextitem=None)
+        # The whole hook, not just pytest's runtestprotocol: its wrappers (assertion comparison messages, warnings
+        # capture, faulthandler timeout) must be around the test here as they are in-process.
+        item.ihook.pytest_runtest_protocol(item=item, nextitem=None)
         if finish is not None:
             finish()
     except BaseException:

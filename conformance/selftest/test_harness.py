@@ -27,6 +27,8 @@ def test_list_shows_discovered_plugins(tmp_path):
 
 
 def test_report_matrix_is_written(tmp_path):
+    """The report of a passing run. The implementation is named: without ``--conformance-impl`` the run would
+    judge whatever else is installed in the environment too, and this test would fail with any imperfect one."""
     report = tmp_path / "report"
     proc = run_pytest(
         "--pyargs",
@@ -36,6 +38,8 @@ def test_report_matrix_is_written(tmp_path):
         "contract or bad_arguments or unpin_of_unpinned",
         "--conformance-profile",
         "ci",
+        "--conformance-impl",
+        "reference",
         "--conformance-report",
         str(report),
         cwd=tmp_path,
@@ -44,6 +48,7 @@ def test_report_matrix_is_written(tmp_path):
     data = json.loads((report / "report.json").read_text())
     assert {"date", "versions", "hardware", "profile", "seed", "command", "duration_s", "totals", "matrix"} <= set(data)
     assert data["verdict"] == "passed" and data["profile"] == "ci" and data["seed"] is None
+    assert data["implementations"] == ["reference"]
     cells = {(r["area"], r["implementation"], r["accelerator"]): r for r in data["matrix"]}
     assert cells[("pinning", "reference", "cpu")]["status"] == "passed"
     assert cells[("pinning", "reference", "cpu")]["passed"] > 0
