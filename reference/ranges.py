@@ -24,6 +24,8 @@ import torch
 
 from reference.contract.pinning_rules import PinnedRange, check_range_int
 
+__all__ = ["PinnedRange", "RangeRegistry", "extent_is_registered", "global_registry", "tensor_extent"]
+
 
 def _check_int(name: str, value: object, minimum: int) -> int:
     return check_range_int(name, value, minimum)

@@ -43,6 +43,7 @@ def _run(ws, leaf, ckpt):
     return [leaf.grad.clone()] + [p.grad.clone() for pair in ws for p in pair]
 
 
+@pytest.mark.requires(calls=("offload.checkpoint",))
 @pytest.mark.parametrize("use_reentrant", [False, True])
 def test_checkpoint_bitwise_equal_to_torch_checkpoint(area_api, accelerator, use_reentrant):
     device = accelerator.device()
@@ -58,6 +59,7 @@ def test_checkpoint_bitwise_equal_to_torch_checkpoint(area_api, accelerator, use
     assert stats.tensors_offloaded == 3 and stats.tensors_restored == 3, stats
 
 
+@pytest.mark.requires(calls=("offload.checkpoint",))
 def test_reentrant_checkpoint_leaves_inputs_untouched(area_api, accelerator):
     """The forward runs on the caller's inputs; they are neither emptied nor moved, before or after."""
     device = accelerator.device()
@@ -97,6 +99,7 @@ def test_checkpoint_inputs_mode_selects_only_checkpoint_inputs(area_api, acceler
     assert stats.skipped_by_reason.get("not_checkpoint_input", 0) >= 2, stats
 
 
+@pytest.mark.requires(calls=("offload.checkpoint",))
 def test_checkpoint_inputs_mode_with_own_checkpoint_and_marks(area_api, accelerator):
     device = accelerator.device()
     manager = area_api.ActivationOffload(
@@ -112,6 +115,7 @@ def test_checkpoint_inputs_mode_with_own_checkpoint_and_marks(area_api, accelera
     assert manager.stats.tensors_offloaded == 2, manager.stats
 
 
+@pytest.mark.requires(calls=("offload.checkpoint",))
 def test_checkpoint_argument_errors(area_api):
     with pytest.raises(area_api.ConfigurationError) as info:
         area_api.checkpoint(torch.sin, torch.ones(1), use_reentrant="yes")

@@ -25,6 +25,7 @@ from reference.contract.errors import ConfigurationError
 pytestmark = pytest.mark.conformance_area("pinning")
 
 
+@pytest.mark.requires(calls=("pinning.pin_memory",))
 @given(t=host_tensors(), match_shape=st.booleans())
 def test_pin_memory_copy_preserves_values_and_leaves_input(area_api, pin_backend, backend_pins, t, match_shape):
     """make_copy=True: a new tensor with t's values (flat when match_shape=False); t is untouched."""
@@ -49,6 +50,7 @@ def _is_view_or_window(t: torch.Tensor) -> bool:
             or t.untyped_storage().nbytes() != t.numel() * t.element_size())
 
 
+@pytest.mark.requires(calls=("pinning.pin_memory",))
 @given(t=host_tensors(), match_shape=st.booleans())
 def test_pin_memory_in_place_moves_tensor(area_api, pin_backend, backend_pins, t, match_shape):
     """make_copy=False: t itself is returned, holding its values, now in pinned memory when the backend pins.
@@ -65,6 +67,7 @@ def test_pin_memory_in_place_moves_tensor(area_api, pin_backend, backend_pins, t
     assert_pinned(area_api, t, backend_pins and t.numel() > 0, "tensor pinned in place")
 
 
+@pytest.mark.requires(calls=("pinning.pin_memory",))
 @given(t=host_tensors(), match_shape=st.booleans())
 def test_pin_memory_in_place_never_detaches_a_view(area_api, pin_backend, backend_pins, leak_check, t, match_shape):
     """make_copy=False on a view (or a window into a larger storage) whose memory is not pinned yet raises a
@@ -84,6 +87,7 @@ def test_pin_memory_in_place_never_detaches_a_view(area_api, pin_backend, backen
     assert_pinned(area_api, t, False, "a view refused by pin_memory(make_copy=False)")
 
 
+@pytest.mark.requires(calls=("pinning.pin_memory",))
 def test_pin_memory_in_place_of_a_pinned_view_keeps_it(area_api, pin_backend, backend_pins, leak_check):
     """A view whose memory is already pinned is returned as is by make_copy=False: still the same memory."""
     base = area_api.pin_empty(4, 256, dtype=torch.float32)
@@ -100,6 +104,7 @@ def test_pin_memory_in_place_of_a_pinned_view_keeps_it(area_api, pin_backend, ba
     assert float(base[1].sum()) == 3.0 * 256
 
 
+@pytest.mark.requires(calls=("pinning.pin_memory", "pinning.unpin"))
 def test_unpin_sees_the_memory_the_tensor_holds_now(area_api, pin_backend, backend_pins, leak_check):
     """unpin(t) unpins the allocation holding t's current byte extent: after t.data is replaced it acts on the
     new data, never on memory t held before (keep a reference to a buffer to unpin it later)."""
@@ -132,6 +137,7 @@ def test_unpin_sees_the_memory_the_tensor_holds_now(area_api, pin_backend, backe
     assert area_api.unpin(held) is native
 
 
+@pytest.mark.requires(calls=("pinning.pin_empty", "pinning.pin_empty_like"))
 @given(shape=shapes, dtype=dtypes)
 def test_pin_empty_and_like(area_api, pin_backend, backend_pins, shape, dtype):
     """pin_empty/pin_empty_like: host memory of the requested shape and dtype, contiguous, pinned per backend."""
@@ -188,6 +194,7 @@ def test_pageable_tensors_are_not_pinned(area_api, pin_backend):
     assert_pinned(area_api, torch.empty(1024), False, "plain torch.empty")
 
 
+@pytest.mark.requires(calls=("pinning.unpin",))
 def test_unpin_semantics(area_api, pin_backend, backend_pins, leak_check):
     """unpin drops the pin at once (True), a second unpin is False, and surviving views stay valid."""
     buf = area_api.pin_empty(3, 1024, dtype=torch.float32)
@@ -209,6 +216,7 @@ def test_unpin_semantics(area_api, pin_backend, backend_pins, leak_check):
     assert area_api.pinned_stats().unpinned_alive >= 1
 
 
+@pytest.mark.requires(calls=("pinning.unpin",))
 def test_unpin_of_unpinned_memory_is_false(area_api, pin_backend):
     assert area_api.unpin(torch.empty(16)) is False
     assert area_api.unpin(torch.empty(16, device="meta")) is False

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
 
+from reference.contract import interfaces
 from reference.contract.capabilities import Capabilities
 
 #: Every area of the specification, in the order the report lists them.
@@ -30,12 +31,17 @@ class Implementation:
     ``capabilities`` is the one typed declaration of features and tolerances the suite reads instead of
     special-casing implementations (:class:`~reference.contract.capabilities.Capabilities`; a plain mapping is accepted
     and converted, unknown keys are an error).
+    ``unsupported`` maps single calls of a declared area (``"<area>.<name>"``, a member of the area's protocol in
+    :mod:`reference.contract.interfaces`) to the reason they are not provided: the suite skips the interface
+    check of that name and every test marked as exercising it (``requires(calls=...)``) with this reason, and
+    the report shows it. Everything else of the area is judged in full.
     """
 
     name: str
     version: str
     areas: dict[str, str] = field(default_factory=dict)
     capabilities: Capabilities = field(default_factory=Capabilities)
+    unsupported: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.areas) - set(AREAS))
@@ -52,6 +58,29 @@ class Implementation:
                 f"(or a mapping of its field names), got {type(caps).__name__}"
             )
         object.__setattr__(self, "capabilities", caps)
+        object.__setattr__(self, "unsupported", self._checked_unsupported(dict(self.unsupported)))
+
+    def _checked_unsupported(self, unsupported: dict[str, str]) -> dict[str, str]:
+        for call, reason in unsupported.items():
+            area, _, name = str(call).partition(".")
+            if area not in self.areas:
+                raise ValueError(
+                    f"Implementation {self.name!r}: unsupported call {call!r} must be '<area>.<name>' with an area "
+                    f"it declares ({', '.join(self.areas) or 'none declared'})"
+                )
+            if name not in interfaces.call_names(area):
+                raise ValueError(
+                    f"Implementation {self.name!r}: unsupported call {call!r} is not in the {area} interface; "
+                    f"allowed names: {', '.join(interfaces.call_names(area))}"
+                )
+            if not isinstance(reason, str) or not reason.strip():
+                raise ValueError(f"Implementation {self.name!r}: unsupported call {call!r} needs a reason (a "
+                                 f"non-empty string), got {reason!r}")
+        return unsupported
+
+    def unsupported_reason(self, call: str) -> str | None:
+        """Why ``call`` (``"<area>.<name>"``) is declared unsupported, or None when it is provided."""
+        return self.unsupported.get(call)
 
     def provides(self, area: str) -> bool:
         """True if the area is declared and its module can be found (not yet imported)."""
