@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -15,10 +16,11 @@ import pytest
 from conformance.discovery import discover_implementations
 from conformance.interface_check import interface_problems
 from conformance.selftest.plugins import partial_pinning
+from conformance.selftest.runner import source_root
 from conformance.selftest.test_harness import run_pytest
 from reference.contract.capabilities import Capabilities
 from reference.contract.implementation import Implementation
-from reference.contract.interfaces import AREA_INTERFACES, call_names
+from reference.contract.interfaces import AREA_INTERFACES, call_names, contract_types
 
 pytestmark = pytest.mark.conformance_area("harness")
 
@@ -171,3 +173,37 @@ def test_an_unsupported_call_is_skipped_with_its_reason_in_the_run_and_the_repor
     assert sum(r["skipped"] for r in rows) == 3 and sum(r["failed"] + r["errors"] for r in rows) == 0, rows
     assert sum(r["passed"] for r in rows) == 4, rows  # the interface test and the 3 other calls' sparse cases
     assert reason in Path(report / "report.md").read_text()
+
+
+def _documented_locations() -> dict[str, str]:
+    """name -> module, from the table between the contract-locations markers of docs/extending.md."""
+    root = source_root()
+    if root is None or not (root / "docs" / "extending.md").exists():
+        pytest.skip("docs/ not found: set HOSTOFFLOAD_SOURCE_ROOT to a source checkout")
+    text = (root / "docs" / "extending.md").read_text()
+    table = text[text.index("<!-- contract-locations: begin -->"):text.index("<!-- contract-locations: end -->")]
+    out = {}
+    for line in table.splitlines():
+        match = re.match(r"^\| `([\w.]+)` \| (.*) \|$", line)
+        if match:
+            for name in re.findall(r"`(\w+)`", match.group(2).split("(also")[0]):
+                out[name] = match.group(1)
+    return out
+
+
+def test_contract_types_are_where_extending_md_and_the_changelog_say():
+    """Every contract type a plugin author meets (``contract_types()``) is listed in docs/extending.md at the module
+    that defines it, and docs/changelog.md names it there (``module.Name``): moving one without updating both,
+    i.e. without telling plugin authors, fails here."""
+    documented = _documented_locations()
+    actual = {name: cls.__module__ for name, cls in contract_types().items()}
+    moved = {n: (documented.get(n), m) for n, m in actual.items() if documented.get(n) != m}
+    assert not moved, (
+        "contract types not where docs/extending.md's table says (name: (table, code)): "
+        f"{moved}; update the table and add a docs/changelog.md entry naming the new place"
+    )
+    stale = sorted(set(documented) - set(actual))
+    assert not stale, f"docs/extending.md lists names that are no contract type (any more): {stale}"
+    changelog = (source_root() / "docs" / "changelog.md").read_text()
+    unannounced = [f"{m}.{n}" for n, m in sorted(actual.items()) if f"`{m}.{n}`" not in changelog]
+    assert not unannounced, f"docs/changelog.md never names these contract types at their place: {unannounced}"

@@ -302,6 +302,42 @@ def contract_namespace() -> dict[str, Any]:
     return namespace
 
 
+def contract_types() -> dict[str, type]:
+    """Every class of ``reference.contract`` a plugin author meets, by name: those the protocols name (re-exported
+    types, parameter and result types) and what registering and erring take (``Implementation``,
+    ``Capabilities``, ``Accelerator``, the base errors). docs/extending.md lists where each lives, and a
+    self-test holds that list, and docs/changelog.md, to where they are (a move cannot go unannounced)."""
+    import typing
+
+    from reference.contract import errors
+    from reference.contract.accelerators import Accelerator
+    from reference.contract.capabilities import Capabilities
+    from reference.contract.implementation import Implementation
+
+    namespace = contract_namespace()
+    found: dict[str, type] = {}
+
+    def walk(hint: Any) -> None:
+        if isinstance(hint, type) and hint.__module__.startswith("reference.contract") and not getattr(
+                hint, "_is_protocol", False):
+            found[hint.__name__] = hint
+        for arg in typing.get_args(hint):
+            walk(arg)
+
+    for protocol in _PROTOCOLS:
+        for hint in typing.get_type_hints(protocol, globalns=namespace, localns=namespace).values():
+            walk(hint)
+        for name in protocol_members(protocol):
+            member = protocol.__dict__.get(name)
+            if inspect.isfunction(member):
+                for hint in typing.get_type_hints(member, globalns=namespace, localns=namespace).values():
+                    walk(hint)
+    for cls in (Implementation, Capabilities, Accelerator, errors.HostOffloadError, errors.UnknownPluginError,
+                errors.PinnedMemoryLockError):
+        found[cls.__name__] = cls
+    return found
+
+
 _PROTOCOLS = (PinningArea, RangeRegistryClass, RangesArea, RangesStress, ActivationOffloadClass, OffloadArea,
               AccumulationArea, ZeroEngineClass, DistributedAccumulation, SwapRequestClass, SwapHandleClass, IoArea)
 
@@ -323,5 +359,6 @@ __all__ = [
     "ZeroEngineClass",
     "call_names",
     "contract_namespace",
+    "contract_types",
     "protocol_members",
 ]
