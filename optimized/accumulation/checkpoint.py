@@ -321,7 +321,7 @@ def _manifest(engine: Any, tag: str, optimizer_step: int, state_names: list[str]
         "model_dtype": engine.config.dtype,
         "optimizer_type": engine.config.optimizer.type,
         "optimizer_step": optimizer_step,
-        "delayed_parameter_update": engine._delayed,
+        "delayed_parameter_update": engine._path.lags_parameters,
         "state_buffers": state_names,
         "parameters": {s.name: list(s.shape) for s in engine.layout.segments},
         "frozen_parameters": {s.name: list(s.shape) for s in engine.frozen_layout.segments},
@@ -342,13 +342,13 @@ def _write_engine_rank_file(engine: Any, staging: str, client_state: Any) -> tup
     if engine.stage == 0:
         P = engine.layout.partition_size
         lo, hi = engine.rank * P, (engine.rank + 1) * P
-        master, state = engine._master[lo:hi], {k: v[lo:hi] for k, v in opt_state.buffers.items()}
+        master, state = engine._path.master[lo:hi], {k: v[lo:hi] for k, v in opt_state.buffers.items()}
     else:
-        master, state = engine._master, opt_state.buffers
+        master, state = engine._path.master, opt_state.buffers
     size = engine.frozen_layout.partition_size
     flo, fhi = engine.rank * size, (engine.rank + 1) * size
     if engine.stage == 3:
-        frozen = engine._frozen_part.to("cpu", copy=True)
+        frozen = engine._weights.frozen_part.to("cpu", copy=True)
     else:
         frozen = torch.zeros(fhi - flo, dtype=engine.config.model_dtype)
         for name, pstart, local, length in pieces_of_range(engine.frozen_layout.segments, flo, fhi):
@@ -359,7 +359,7 @@ def _write_engine_rank_file(engine: Any, staging: str, client_state: Any) -> tup
     scheduler = engine.lr_scheduler
     payload = {
         # R27: the weights a delayed run computes with are not the master's cast; resuming needs them
-        "applied": engine._live_partition().to("cpu", copy=True) if engine._delayed else None,
+        "applied": engine._path.live_weights_to_save(),
         "master": master.to("cpu", copy=True),
         "state": {k: v.to("cpu", copy=True) for k, v in state.items()},
         "frozen": frozen,
@@ -403,7 +403,7 @@ def load(
         sched.global_samples, sched._boundary_override = c["global_samples"], c["boundary_override"]
         sched._backwards_since_boundary = 0
         if load_optimizer_states:
-            engine._opt_state.step = manifest["optimizer_step"]
+            engine._path.opt_state.step = manifest["optimizer_step"]
         if load_lr_scheduler_states:
             _load_hyperparameters(engine, own)
         if engine.rank < manifest["world_size"]:
@@ -454,7 +454,7 @@ def _read_for_engine(engine: Any, directory: str, tag: str | None, with_state: b
     """Everything a load installs, read and assembled into this engine's ranges; nothing of the engine changes."""
     tag = resolve_tag(directory, tag)
     path, manifest = read_manifest(directory, tag)
-    need_state = sorted(engine._opt_state.buffers) if engine._swap is None else sorted(engine._swap.names)
+    need_state = engine._path.state_names()
     _check_compatible(engine, f"checkpoint {tag!r} in {directory!r}", manifest, with_state, need_state)
     lo, hi = master_range(engine)
     flo, fhi = frozen_range(engine)
@@ -484,7 +484,7 @@ def _read_for_engine(engine: Any, directory: str, tag: str | None, with_state: b
     state = {k: assembled("state", hi - lo, torch.float32, state=k) for k in need_state} if with_state else None
     frozen = assembled("frozen", fhi - flo, model_dtype, frozen=True)
     applied = None
-    if engine._delayed and manifest.get("delayed_parameter_update"):
+    if engine._path.lags_parameters and manifest.get("delayed_parameter_update"):
         # R27: the weights the saved delayed run was computing with (the master's cast was still pending).
         applied = assembled("applied", hi - lo, model_dtype)
     return path, manifest, master, state, frozen, files[own_rank], applied
@@ -503,30 +503,11 @@ def install_state(
     tensor mapping or this rank's flat frozen range. Gradients accumulated so far are dropped. ``applied`` (R27,
     delayed update only): this rank's range of the parameters to compute with instead of the master's cast (a
     delayed run's checkpoint). Used by a checkpoint load and by ``load_state_dict``."""
-    model_dtype = engine.config.model_dtype
-    engine._master.copy_(master)
-    if opt_buffers is not None:
-        if engine._swap is not None:
-            engine._swap.write_state(opt_buffers)
-        else:
-            for k, v in opt_buffers.items():
-                engine._opt_state.buffers[k].copy_(v)
-    lp = master.to(model_dtype)
-    if engine._delayed:
-        # R27: no update is pending after a load unless the checkpoint kept the weights a delayed run was
-        # computing with (``applied``): those stay live and the master's cast waits for the next boundary.
-        if engine._cast_master is not None:
-            engine._cast_master.copy_(lp)
-        if applied is not None:
-            lp = applied.to(model_dtype)
-    engine._write_live(lp, "checkpoint parameter all-gather")
+    engine._path.install(master, opt_buffers, applied)
     _install_frozen(engine, frozen)
     own = dict(engine.module.named_buffers())
     for k, v in buffers.items():
         own[k].copy_(v)
-    if engine._update is not None:
-        engine._update.reset()
-    engine._grad_accumulator.zero_()
     engine._grads_pending = False
 
 
@@ -536,7 +517,7 @@ def _install_frozen(engine: Any, frozen: Any) -> None:
     segments = {s.name: s for s in engine.frozen_layout.segments}
     if isinstance(frozen, torch.Tensor):
         if engine.stage == 3:
-            engine._frozen_part.copy_(frozen)
+            engine._weights.frozen_part.copy_(frozen)
         else:
             for n in engine.frozen_names:
                 s = segments[n]
@@ -547,6 +528,6 @@ def _install_frozen(engine: Any, frozen: Any) -> None:
             if engine.stage == 3:
                 for _, pstart, local, length in pieces_of_range([s], flo, fhi):
                     src = v.detach().reshape(-1)[pstart : pstart + length]
-                    engine._frozen_part[local : local + length].copy_(src)
+                    engine._weights.frozen_part[local : local + length].copy_(src)
             else:
                 engine._params[n].data.copy_(v.detach().to(model_dtype))

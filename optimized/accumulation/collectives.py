@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from reference.contract.accumulation_norm import fold_left
 from reference.contract.errors import HostOffloadError
 
 # torch >= 2.13 renames all_gather_into_tensor (and warns on the old name); 2.4-2.12 only have the old one.
@@ -141,16 +142,11 @@ class Collectives:
     def sum_floats_in_rank_order(self, value: float, device: torch.device, what: str = "norm") -> float:
         """Every rank's fp64 ``value`` added in rank order as Python floats (R14's cross-rank sum)."""
         if self.world == 1:
-            total = 0.0
-            total += value
-            return total
+            return fold_left((value,))
         mine = torch.tensor([value], dtype=torch.float64, device=device)
         out = torch.empty(self.world, dtype=torch.float64, device=device)
         self.all_gather_into(out, mine, what)
-        total = 0.0
-        for v in out.cpu().tolist():
-            total += v
-        return total
+        return fold_left(out.cpu().tolist())
 
     def all_gather_objects(self, obj: Any, what: str = "object all-gather") -> list[Any]:
         """Every rank's picklable ``obj`` in rank order (checkpoint agreement: tags, per-rank errors)."""

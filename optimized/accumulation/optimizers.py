@@ -22,7 +22,9 @@ from optimized import cpu_adam
 from reference.contract.accumulation_config import OptimizerConfig
 from reference.contract.accumulation_step import OptimizerState, state_buffer_names
 
-__all__ = ["CHUNK_ELEMENTS", "OptimizerState", "init_state", "step_master", "torch_step", "uses_native"]
+__all__ = [
+    "CHUNK_ELEMENTS", "OptimizerState", "init_state", "native_adam", "step_master", "torch_step", "uses_native",
+]
 
 def init_state(config: OptimizerConfig, master: torch.Tensor) -> OptimizerState:
     """Zeroed state buffers (the contract's names) for ``master``, on its device, fp32."""
@@ -42,14 +44,18 @@ def _sqrt_rounded_once(x: torch.Tensor) -> torch.Tensor:
 CHUNK_ELEMENTS = 1 << 24
 
 
+def native_adam(config: OptimizerConfig) -> bool:
+    """Whether this optimizer has the native CPU kernel in this build (Adam/AdamW with ``optimized.cpu_adam``)."""
+    return config.type in ("adam", "adamw") and cpu_adam.available()
+
+
 def uses_native(config: OptimizerConfig, master: torch.Tensor) -> bool:
     """Whether :func:`step_master` runs the native CPU kernel for this optimizer and master."""
     return (
-        config.type in ("adam", "adamw")
+        native_adam(config)
         and master.device.type == "cpu"
         and master.dtype == torch.float32
         and master.is_contiguous()
-        and cpu_adam.available()
     )
 
 

@@ -8,7 +8,7 @@ the suite builds and compares, and the error classes its rejections raise.
 from __future__ import annotations
 
 from reference.accumulation.collectives import average_across_ranks
-from reference.accumulation.engine import CLIP_EPSILON, AccumulationEngine, StepOutcome, global_grad_norm
+from reference.accumulation.engine import AccumulationEngine, StepOutcome, global_grad_norm
 from reference.accumulation.optimizers import OptimizerState, init_state, optimizer_step
 from reference.accumulation.partition import (
     FLAT_ALIGNMENT,
@@ -45,6 +45,7 @@ from reference.contract.accumulation_scenario import (
     micro_batch,
     scenario_calls,
 )
+from reference.contract.accumulation_step import CLIP_EPSILON
 from reference.contract.errors import ConfigurationError, UnsupportedOperationError
 
 __all__ = [

@@ -17,7 +17,6 @@ Each rank has its own replica of the model (``engine.module(rank)``). A training
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -29,8 +28,9 @@ from reference.accumulation.optimizers import OptimizerState, init_state, optimi
 from reference.accumulation.partition import FlatLayout, build_layout, flatten, gather, shard, unflatten
 from reference.accumulation.swap import OptimizerStateSwap
 from reference.contract.accumulation_config import AccumulationConfig
+from reference.contract.accumulation_norm import clip_coefficient, fold_left, norm_from_total, rank_square_sum
 from reference.contract.accumulation_schedule import AccumulationSchedule, ScheduledEngine
-from reference.contract.accumulation_step import CLIP_EPSILON, StepOutcome
+from reference.contract.accumulation_step import StepOutcome
 from reference.contract.errors import ConfigurationError, UnsupportedOperationError
 from reference.io import SwapStats
 
@@ -42,19 +42,10 @@ def global_grad_norm(layout: FlatLayout, partitions: Sequence[torch.Tensor]) -> 
 
     Each rank sums the squares of each of its parameter pieces in fp64 and adds those per-piece sums in flat
     order; the per-rank sums are then added in rank order (the all-reduce of one fp64 scalar) and the square
-    root is taken.
+    root is taken -- the contract's arithmetic (:mod:`reference.contract.accumulation_norm`), here over the
+    simulated ranks.
     """
-    rank_sums: list[float] = []
-    for r, part in enumerate(partitions):
-        s = 0.0
-        for piece in layout.pieces(r):
-            seg = part[piece.local_start : piece.local_start + piece.length].to(torch.float64)
-            s += float(torch.sum(torch.mul(seg, seg)).item())
-        rank_sums.append(s)
-    total = 0.0
-    for s in rank_sums:
-        total += s
-    return math.sqrt(total)
+    return norm_from_total(fold_left(rank_square_sum(layout, r, part) for r, part in enumerate(partitions)))
 
 
 class AccumulationEngine(ScheduledEngine):
@@ -320,12 +311,9 @@ class AccumulationEngine(ScheduledEngine):
         norm = global_grad_norm(layout, partitions)
         # 3. Clipping (R15), on the host when the optimizer is offloaded (R17).
         grads32 = [o.to(device=self.master_device, dtype=torch.float32) for o in owned]
-        clip_coef: float | None = None
-        if cfg.gradient_clipping > 0:
-            coef = cfg.gradient_clipping / (norm + CLIP_EPSILON)
-            if coef < 1.0:
-                clip_coef = coef
-                grads32 = [torch.mul(g, coef) for g in grads32]
+        clip_coef = clip_coefficient(norm, cfg.gradient_clipping)
+        if clip_coef is not None:
+            grads32 = [torch.mul(g, clip_coef) for g in grads32]
         # R27: with the delayed update the parameters this boundary installs are the cast of the masters as they
         # are now (a copy: for an fp32 model the cast is the master itself), before this boundary's update, i.e.
         # what the previous boundary's update produced; this boundary's update reaches the parameters at the

@@ -1,0 +1,153 @@
+"""Where a ZeroEngine's gradients go during backward (R7, R9, R10).
+
+- Stages 0/1: each backward adds every parameter's gradient into the update path's flat accumulation buffer
+  straight from a post-accumulate-grad hook (``p.grad`` is dropped at once, so no second full-size gradient copy
+  lives on). The boundary reduces it once.
+- Stages 2/3: the hook copies the gradient into the bucket's communication buffer (the update path says where);
+  when the last gradient of a bucket has arrived the bucket's rank-ordered reduce-scatter is launched
+  asynchronously (gloo's worker threads, or NCCL's stream), so it overlaps the rest of backward; at the end of
+  backward the buckets whose parameters got no gradient are launched with zeros (R7) and the update path adds
+  this rank's reduced slices into its partition accumulator (R10).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from optimized.accumulation.collectives import Collectives, PendingReduce
+from optimized.accumulation.partition import FlatLayout, owners
+from optimized.accumulation.update_paths import UpdatePath
+
+__all__ = ["Bucket", "GradientHooks", "plan_buckets"]
+
+
+@dataclass
+class Bucket:
+    """A contiguous range of the flat gradient buffer reduced by one collective (stages 2/3)."""
+
+    start: int
+    end: int
+    names: tuple[str, ...]
+    splits: list[int]
+    index: int = 0
+    pending: int = 0
+    reduce: PendingReduce | None = None
+    keep_alive: torch.Tensor | None = None
+    #: streamed offload: this backward's gradients of the bucket (comm dtype, zeros where none arrived), allocated
+    #: at its first gradient and dropped once reduced, instead of a view of a model-sized flat buffer
+    grads: torch.Tensor | None = None
+
+
+def plan_buckets(layout: FlatLayout, bucket_elements: int) -> list[Bucket]:
+    """Group parameters in reverse flat order (roughly the order backward produces gradients) into buckets of
+    about ``bucket_elements``; the buckets tile the flat buffer so padding travels too."""
+    offset = {s.name: s.offset for s in layout.segments}
+    groups: list[list[str]] = []
+    current: list[str] = []
+    size = 0
+    for seg in reversed(layout.segments):
+        current.append(seg.name)
+        size += seg.numel
+        if size >= bucket_elements:
+            groups.append(current)
+            current, size = [], 0
+    if current:
+        groups.append(current)
+    groups.sort(key=lambda g: min(offset[n] for n in g))
+    starts = [0] + [min(offset[n] for n in g) for g in groups[1:]]
+    ends = [*starts[1:], layout.total]
+    buckets = []
+    for g, a, b in zip(groups, starts, ends, strict=True):
+        splits = [o.length for o in owners(layout, a, b)]
+        buckets.append(Bucket(a, b, tuple(g), splits, index=len(buckets)))
+    return buckets
+
+
+class GradientHooks:
+    """The post-accumulate-grad hooks of one engine and the bucket reductions they launch."""
+
+    def __init__(
+        self,
+        *,
+        stage: int,
+        layout: FlatLayout,
+        comm: Collectives,
+        accum_dtype: torch.dtype,
+        buckets: list[Bucket],
+        in_backward: Callable[[], bool],
+    ) -> None:
+        self.stage, self.layout, self._comm, self._accum_dtype = stage, layout, comm, accum_dtype
+        self.buckets = buckets
+        self._segments = {s.name: s for s in layout.segments}
+        self._bucket_of = {n: b for b in buckets for n in b.names}
+        self._got_grad: set[str] = set()
+        self._in_backward = in_backward
+        self._path: UpdatePath | None = None
+
+    def attach(self, path: UpdatePath, params: dict[str, nn.Parameter], add_hook: Callable[[Any], None]) -> None:
+        """Hook every trainable parameter; gradients go to ``path``."""
+        self._path = path
+        for name in self._segments:
+            add_hook(params[name].register_post_accumulate_grad_hook(self._make_hook(name)))
+
+    def begin(self) -> None:
+        """A backward starts: every bucket waits for all its gradients again."""
+        self._got_grad.clear()
+        for b in self.buckets:
+            b.pending = len(b.names)
+            b.reduce = None
+            b.keep_alive = None
+            b.grads = None
+
+    def _make_hook(self, name: str) -> Callable[[torch.Tensor], None]:
+        seg = self._segments[name]
+
+        def hook(p: torch.Tensor) -> None:
+            if not self._in_backward() or p.grad is None:
+                return  # a backward not driven by engine.backward(): leave p.grad to the caller
+            g = p.grad.reshape(-1)
+            if self.stage <= 1:
+                # R9: acc = acc + g.to(accum_dtype), per backward, locally.
+                self._path.accumulator[seg.offset : seg.end].add_(g.to(self._accum_dtype))
+            else:
+                # R10: this backward's gradient in the communication dtype, reduced per bucket.
+                bucket = self._bucket_of[name]
+                self._path.bucket_gradients(bucket)[seg.offset - bucket.start : seg.end - bucket.start].copy_(g)
+                self._got_grad.add(name)
+                bucket.pending -= 1
+                if bucket.pending == 0:
+                    self._launch(bucket)
+            p.grad = None
+
+        return hook
+
+    def _launch(self, bucket: Bucket) -> None:
+        contribution = torch.div(self._path.bucket_gradients(bucket), self._comm.world)
+        bucket.keep_alive = contribution
+        bucket.grads = None
+        bucket.reduce = self._comm.start_reduce_scatter(contribution, bucket.splits, "bucket reduce-scatter")
+        self._path.bucket_launched(bucket)
+
+    def finish(self) -> None:
+        """End of a stage-2/3 backward: launch the buckets whose parameters got no gradient (R7: zeros), then the
+        update path absorbs every bucket (R10)."""
+        for b in self.buckets:
+            if b.pending:  # not launched by the hooks: some parameter got no gradient
+                for n in b.names:
+                    if n not in self._got_grad:
+                        s = self._segments[n]
+                        self._path.bucket_gradients(b)[s.offset - b.start : s.end - b.start].zero_()
+                self._launch(b)
+        self._path.finish_backward(self.buckets)
+
+    def abandon(self) -> None:
+        """A backward failed: drop the buckets' state (the failing rank does not wait on its peers)."""
+        for b in self.buckets:
+            b.grads = None
+            b.reduce = None
+            b.keep_alive = None

@@ -1,0 +1,83 @@
+"""Update paths: how one rank of a ZeroEngine turns its accumulated gradient into new weights (R9-R17, R27).
+
+The ``offload_optimizer`` value (with ``delayed_parameter_update``, the stage and the optimizer) is decoded in one
+place, :func:`update_path_class`, into one of these classes; the engine builds the object once, at construction,
+and delegates to it. Nothing in the engine tests the config again.
+
+=================================  ===============================================  =========================
+path                               chosen when                                      module
+=================================  ===============================================  =========================
+:class:`DeviceUpdate`              ``offload_optimizer: none``                      :mod:`.whole`
+:class:`HostUpdate`                ``cpu``, not streamed (stage 0/1, SGD, no         :mod:`.whole`
+                                   native CPU Adam)
+:class:`NvmeUpdate`                ``nvme``                                         :mod:`.whole`
+:class:`StreamedHostUpdate`        ``cpu``, stage 2/3, Adam/AdamW, native kernel     :mod:`.streamed`
+:class:`DelayedHostUpdate`         the same with ``delayed_parameter_update`` (R27)  :mod:`.streamed`
+=================================  ===============================================  =========================
+
+The interface (:class:`~.base.UpdatePath`; defaults there describe a path with nothing in flight). A path owns
+its buffers (master, optimizer state, gradient accumulator, cast and staging buffers; host memory through the
+context's :class:`~optimized.accumulation.host_buffers.HostBuffers`), its boundary epilogue and its checkpoint
+state. The engine keeps the training surface, the parameters (:class:`~optimized.accumulation.weights.LiveWeights`),
+the gradient buckets and their reduce-scatters, the stage-3 gathers and the schedule, and calls:
+
+- construction: ``cls.check_config(config)`` before touching the model (e.g. ``nvme_path`` writable), then
+  ``cls(ctx)`` with an :class:`~.base.UpdateContext` (config, layout, rank, world size, stage, device,
+  collectives, live weights -- whose ``initial`` is the broadcast starting point of the master --, host
+  buffers, gradient buckets); afterwards ``install_forward_waits(module, names_of, add_hook)``;
+- attributes: ``master`` (fp32, this rank's range: whole at stage 0), ``opt_state`` (its ``step`` is the R16
+  step count), ``accumulator`` (stages 0/1: the full flat buffer the engine's gradient hooks add into, on the
+  device; stages 2/3: this rank's partition, filled by the path) and ``lags_parameters`` (R27);
+- every backward: ``begin_backward(boundary_predicted)``; at stages 2/3, ``bucket_gradients(bucket)`` (where the
+  hooks copy the gradients), ``bucket_launched(bucket)`` after each reduce-scatter is launched and
+  ``finish_backward(buckets)`` once all are (the path adds this rank's reduced slices into its accumulator);
+- every step: ``before_step()``; at a boundary ``boundary(hyper, record_gradients) -> StepOutcome`` (R13-R16
+  with this boundary's hyper-parameters: norm and clip through :mod:`reference.contract.accumulation_norm`, the
+  R14 sum across ranks through ``_norm``; the path writes its new model-dtype range through
+  ``ctx.weights.write``);
+- waits: ``synchronize()``, ``wait_range(lo, hi)`` (stage-3 gathers), ``apply_delayed()``, ``offload_timings()``;
+- state: ``zero_grad()``, ``state_names()``, ``optimizer_state()`` (a copy), ``live_weights_to_save()`` (R27),
+  ``install(master, opt_buffers, applied)`` (checkpoint load, ``load_state_dict``), ``resident_buffers()``,
+  ``swap_directory``, ``swap_stats()``; and ``close()`` from ``destroy()`` (never raises, never communicates).
+
+A new path (e.g. one that updates part of the partition on the device and the rest on the host) is one more
+subclass here and one more branch in :func:`update_path_class`; checkpoints stay in parameter coordinates
+(``master`` and ``optimizer_state()`` cover this rank's whole range), so they load at any other path.
+"""
+
+from __future__ import annotations
+
+from optimized.accumulation.optimizers import native_adam
+from optimized.accumulation.update_paths.base import UpdateContext, UpdatePath
+from optimized.accumulation.update_paths.streamed import DelayedHostUpdate, StreamedHostUpdate
+from optimized.accumulation.update_paths.whole import DeviceUpdate, HostUpdate, NvmeUpdate
+from reference.contract.accumulation_config import AccumulationConfig
+from reference.contract.errors import ConfigurationError
+
+__all__ = [
+    "DelayedHostUpdate",
+    "DeviceUpdate",
+    "HostUpdate",
+    "NvmeUpdate",
+    "StreamedHostUpdate",
+    "UpdateContext",
+    "UpdatePath",
+    "update_path_class",
+]
+
+
+def update_path_class(config: AccumulationConfig) -> type[UpdatePath]:
+    """The update path ``config`` selects (the only place ``offload_optimizer`` is decoded)."""
+    if config.offload_optimizer == "none":
+        return DeviceUpdate
+    if config.offload_optimizer == "nvme":
+        return NvmeUpdate
+    streams = config.zero_stage >= 2 and native_adam(config.optimizer)
+    if config.delayed_parameter_update:
+        if not streams:
+            raise ConfigurationError(
+                "delayed_parameter_update=True needs the native CPU Adam (optimized.cpu_adam), which this build "
+                "does not have; allowed: delayed_parameter_update=False, or a build with the native extension"
+            )
+        return DelayedHostUpdate
+    return StreamedHostUpdate if streams else HostUpdate

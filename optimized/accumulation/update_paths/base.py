@@ -1,0 +1,224 @@
+"""The update-path interface (see the package docstring) and what every path shares."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from optimized.accumulation.collectives import Collectives
+from optimized.accumulation.host_buffers import HostBuffers
+from optimized.accumulation.partition import unflatten
+from optimized.accumulation.weights import LiveWeights
+from reference.contract.accumulation_config import AccumulationConfig, OptimizerConfig
+from reference.contract.accumulation_norm import norm_from_total
+from reference.contract.accumulation_partition import FlatLayout
+from reference.contract.accumulation_step import OptimizerState, StepOutcome
+
+__all__ = ["UpdateContext", "UpdatePath"]
+
+
+@dataclass
+class UpdateContext:
+    """What the engine hands an update path at construction; the path allocates everything else itself."""
+
+    config: AccumulationConfig
+    layout: FlatLayout
+    rank: int
+    world_size: int
+    stage: int
+    device: torch.device
+    comm: Collectives
+    #: the model-dtype parameters the module computes with (the path writes its new partition there)
+    weights: LiveWeights
+    #: allocator of the engine's host memory (freed by the engine's destroy(), after the path's close())
+    host: HostBuffers
+    #: stages 2/3: the gradient buckets, in flat order (``start``, ``end``, ``index``, and while a backward
+    #: runs ``reduce`` -- the pending reduce-scatter -- ``keep_alive`` and ``grads``); empty at stages 0/1
+    buckets: Sequence[Any]
+
+    @property
+    def partition(self) -> tuple[int, int]:
+        """This rank's partition ``[lo, hi)`` in flat coordinates."""
+        P = self.layout.partition_size
+        return self.rank * P, (self.rank + 1) * P
+
+    @property
+    def master_numel(self) -> int:
+        """Elements of this rank's master: the whole flat buffer at stage 0 (R11), one partition above (R12)."""
+        return self.layout.total if self.stage == 0 else self.layout.partition_size
+
+
+class UpdatePath:
+    """Base of every update path: the defaults of the interface (a path with nothing in flight) and helpers.
+
+    Attributes every path sets in its constructor: ``master`` (this rank's fp32 master, R11/R12), ``opt_state``
+    (an :class:`OptimizerState` whose ``step`` the engine's checkpoint load sets; its buffers may be empty when
+    the state lives elsewhere, see :meth:`optimizer_state`), ``accumulator`` (the gradient accumulator the
+    engine adds into at stages 0/1 -- the full flat buffer -- and this path fills at stages 2/3 -- the
+    partition --, accumulation dtype).
+    """
+
+    #: R27: the live parameters lag the master by one boundary (a checkpoint then saves the live weights too)
+    lags_parameters: ClassVar[bool] = False
+
+    master: torch.Tensor
+    opt_state: OptimizerState
+    accumulator: torch.Tensor
+
+    def __init__(self, ctx: UpdateContext) -> None:
+        self.ctx = ctx
+        self.config = ctx.config
+
+    @classmethod
+    def check_config(cls, config: AccumulationConfig) -> None:
+        """Checks of the environment this path needs, run before the engine touches the model (default none)."""
+
+    # ---- backward (R9, R10) ----------------------------------------------------------------------------------
+    def begin_backward(self, boundary_predicted: bool) -> None:
+        """A backward starts (``boundary_predicted``: a managed schedule says it is the boundary's). Waits for
+        whatever of the last update the backward must not overlap."""
+
+    def bucket_gradients(self, bucket: Any) -> torch.Tensor:
+        """Where this backward's gradients of ``bucket`` go (R10, communication dtype; stages 2/3)."""
+        raise NotImplementedError
+
+    def bucket_launched(self, bucket: Any) -> None:
+        """``bucket``'s reduce-scatter was launched (``bucket.reduce``); the path may consume earlier ones."""
+
+    def finish_backward(self, buckets: Sequence[Any]) -> None:
+        """Every bucket was launched: add this rank's reduced slices into the accumulator (R10), then drop
+        each bucket's ``reduce`` and ``keep_alive``."""
+        raise NotImplementedError
+
+    # ---- the boundary (R13-R17) --------------------------------------------------------------------------
+    def before_step(self) -> None:
+        """``step()`` starts (boundary or not): wait for what a step must not overlap."""
+
+    def boundary(self, hyper: OptimizerConfig, record_gradients: bool) -> StepOutcome:
+        """R13 on this rank: finish the reduction, norm (R14), clip (R15), optimizer (R16/R17), cast back and
+        all-gather (R12), clear the gradient state. ``hyper``: this boundary's hyper-parameters."""
+        raise NotImplementedError
+
+    # ---- what is in flight ----------------------------------------------------------------------------------
+    def synchronize(self) -> None:
+        """The last boundary's update is complete and visible to the current stream; re-raises its error."""
+
+    def wait_range(self, lo: int, hi: int) -> None:
+        """The weights of partition range ``[lo, hi)`` are in place for work queued from now on (stage 3)."""
+
+    def install_forward_waits(self, module: nn.Module, names_of: dict[int, str], add_hook: Callable) -> None:
+        """Register forward pre-hooks that wait for a module's own weights (stage 2, an update in flight)."""
+
+    def apply_delayed(self) -> None:
+        """R27: let the last boundary's update reach the parameters now (no-op where they already have it)."""
+
+    def offload_timings(self) -> dict[str, float] | None:
+        """Where a streamed update spent its time since the last call, or None (see ``ZeroEngine``)."""
+        return None
+
+    # ---- state: gradients, checkpoints, inspection ------------------------------------------------------
+    def zero_grad(self) -> None:
+        """Drop the gradient accumulated since the last boundary."""
+        self.accumulator.zero_()
+
+    def state_names(self) -> list[str]:
+        """The optimizer-state buffers this path keeps (sorted), as a checkpoint must hold them."""
+        return sorted(self.opt_state.buffers)
+
+    def optimizer_state(self) -> OptimizerState:
+        """A copy of this rank's optimizer state (read back from wherever it waits between steps)."""
+        return OptimizerState(self.opt_state.step, {k: v.clone() for k, v in self.opt_state.buffers.items()})
+
+    def live_weights_to_save(self) -> torch.Tensor | None:
+        """R27: this rank's live partition when it is not the master's cast (a host copy), else None."""
+        return None
+
+    def install(
+        self, master: torch.Tensor, opt_buffers: dict[str, torch.Tensor] | None, applied: torch.Tensor | None
+    ) -> None:
+        """Make ``master`` (this rank's master range) the master and its cast the live parameters (R13 step 5),
+        ``opt_buffers`` (if given) the optimizer state, and drop the accumulated gradient. ``applied``: the
+        live weights a delayed run saved (used only where :attr:`lags_parameters`)."""
+        self.master.copy_(master)
+        if opt_buffers is not None:
+            self._install_state_buffers(opt_buffers)
+        self._write_live(self._install_cast(master.to(self.config.model_dtype), applied),
+                         "checkpoint parameter all-gather")
+        self.zero_grad()
+
+    def _install_state_buffers(self, opt_buffers: dict[str, torch.Tensor]) -> None:
+        for k, v in opt_buffers.items():
+            self.opt_state.buffers[k].copy_(v)
+
+    def _install_cast(self, lp: torch.Tensor, applied: torch.Tensor | None) -> torch.Tensor:
+        """What the live parameters become on :meth:`install` (the master's cast, by default)."""
+        return lp
+
+    def resident_buffers(self) -> tuple[torch.Tensor, ...]:
+        """Pinned buffers this path holds apart from the engine's :class:`HostBuffers` (``nvme``: the state
+        while it is in memory)."""
+        return ()
+
+    @property
+    def swap_directory(self) -> str | None:
+        return None
+
+    def swap_stats(self) -> Any:
+        return None
+
+    def close(self) -> None:
+        """Stop everything in flight and drop every reference to buffers, so that objects still holding this
+        path (an autograd graph a caller kept) keep no memory alive (never raises, never communicates).
+        Subclasses stop their own machinery first, then call this."""
+        self.__dict__.clear()
+
+    # ---- helpers ------------------------------------------------------------------------------------------
+    def _write_live(self, lp: torch.Tensor, what: str) -> None:
+        self.ctx.weights.write(lp, what)
+
+    def _initial_master(self, *, on_host: bool) -> torch.Tensor:
+        """This rank's fp32 master from the broadcast initial parameters (R1), on the host (pinned) or device."""
+        ctx = self.ctx
+        numel = ctx.master_numel
+        if on_host:
+            master = ctx.host.empty(numel, torch.float32, pinned=True)
+        else:
+            master = torch.empty(numel, dtype=torch.float32, device=ctx.device)
+        lo, hi = ctx.partition
+        master.copy_(ctx.weights.initial if ctx.stage == 0 else ctx.weights.initial[lo:hi])
+        return master
+
+    def _state_buffers(self, names: Sequence[str], *, on_host: bool) -> dict[str, torch.Tensor]:
+        """Zeroed optimizer-state buffers next to the master."""
+        ctx = self.ctx
+        out = {}
+        for name in names:
+            if on_host:
+                b = ctx.host.empty(ctx.master_numel, torch.float32, pinned=True)
+            else:
+                b = torch.empty(ctx.master_numel, dtype=torch.float32, device=ctx.device)
+            out[name] = b.zero_()
+        return out
+
+    def _host_model_buffer(self) -> torch.Tensor:
+        """A host buffer of the master's size in the model dtype (pinned when a device copies from it)."""
+        ctx = self.ctx
+        return ctx.host.empty(ctx.master_numel, self.config.model_dtype, pinned=ctx.device.type != "cpu")
+
+    def _norm(self, rank_sum: float) -> float:
+        """R14: this rank's sum of squares added to the others' in rank order, square root."""
+        ctx = self.ctx
+        return norm_from_total(ctx.comm.sum_floats_in_rank_order(rank_sum, ctx.device, "gradient norm all-gather"))
+
+    def _record(self, part: torch.Tensor, full: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """The full reduced gradient as fp32 per parameter (``record_gradients``): ``full`` if this rank has it
+        (stage 0), else all-gathered from every rank's ``part``."""
+        ctx = self.ctx
+        if full is None:
+            full = torch.empty(ctx.layout.total, dtype=self.config.accum_dtype, device=ctx.device)
+            ctx.comm.all_gather_into(full, part.to(ctx.device), "gradient record all-gather")
+        return {n: t.clone() for n, t in unflatten(ctx.layout, full.to(torch.float32)).items()}

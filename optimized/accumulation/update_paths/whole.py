@@ -1,0 +1,238 @@
+"""Update paths that update the whole partition at the boundary, in one call of the optimizer.
+
+:class:`DeviceUpdate` (no offload: master and state on the device), :class:`HostUpdate` (``offload_optimizer:
+cpu`` where the update is not streamed: stages 0/1, SGD, or a build without the native CPU Adam) and
+:class:`NvmeUpdate` (``offload_optimizer: nvme``: the host update with the state in files between steps). Their
+boundary is R13 as written: the reduction finished here at stages 0/1 (during backward at 2/3, into a device
+accumulator), the norm of the partition, the optimizer over the whole master, the cast all-gathered.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from optimized.accumulation.optimizers import native_adam, step_master
+from optimized.accumulation.partition import owners
+from optimized.accumulation.swap import StateSwapper
+from optimized.accumulation.update_paths.base import UpdateContext, UpdatePath
+from reference.contract.accumulation_config import AccumulationConfig, OptimizerConfig
+from reference.contract.accumulation_norm import clip_coefficient, rank_square_sum
+from reference.contract.accumulation_step import OptimizerState, StepOutcome, state_buffer_names
+from reference.contract.errors import ConfigurationError
+
+__all__ = ["DeviceUpdate", "HostUpdate", "NvmeUpdate", "WholePartitionUpdate"]
+
+
+class WholePartitionUpdate(UpdatePath):
+    """R13 as written, for a master on :attr:`masters_on_host` or the device (subclasses choose)."""
+
+    #: where the fp32 master and the optimizer state live (R17)
+    masters_on_host: bool = False
+
+    def __init__(self, ctx: UpdateContext) -> None:
+        super().__init__(ctx)
+        cfg = self.config
+        self.master = self._initial_master(on_host=self.masters_on_host)
+        state = self._state_buffers(self._resident_state_names(), on_host=self.masters_on_host)
+        self.opt_state = OptimizerState(0, state)
+        numel = ctx.master_numel
+        #: device -> host gradient staging for the host update (not needed when everything is on the host)
+        self._grad_host = (
+            ctx.host.empty(numel, torch.float32, pinned=True)
+            if self.masters_on_host and ctx.device.type != "cpu" else None
+        )
+        #: where the native kernel writes the cast master (R13 step 5), or None (the caller casts)
+        self._cast = self._cast_buffer()
+        #: device copy of this rank's cast partition, the all-gather's input (stages 1/2)
+        self._gather_source = (
+            torch.empty(ctx.layout.partition_size, dtype=cfg.model_dtype, device=ctx.device)
+            if ctx.stage in (1, 2) else None
+        )
+        if ctx.stage <= 1:
+            self.accumulator = torch.zeros(ctx.layout.total, dtype=cfg.accum_dtype, device=ctx.device)
+            self._comm_grads = None
+        else:
+            self.accumulator = torch.zeros(ctx.layout.partition_size, dtype=cfg.accum_dtype, device=ctx.device)
+            #: the flat communication-dtype gradient of one backward
+            self._comm_grads = torch.zeros(ctx.layout.total, dtype=cfg.comm_dtype, device=ctx.device)
+
+    def _resident_state_names(self) -> tuple[str, ...]:
+        return state_buffer_names(self.config.optimizer)
+
+    def _cast_buffer(self) -> torch.Tensor | None:
+        ctx, cfg = self.ctx, self.config
+        if cfg.model_dtype != torch.bfloat16 or not (native_adam(cfg.optimizer) and self.master.device.type == "cpu"):
+            return None
+        if ctx.stage == 0 and ctx.device.type == "cpu":
+            return ctx.weights.flat
+        if ctx.stage == 3 and ctx.weights.param_device.type == "cpu":
+            return ctx.weights.part
+        return self._host_model_buffer()
+
+    # ---- backward ----------------------------------------------------------------------------------------
+    def bucket_gradients(self, bucket: Any) -> torch.Tensor:
+        return self._comm_grads[bucket.start : bucket.end]
+
+    def finish_backward(self, buckets: Sequence[Any]) -> None:
+        ctx = self.ctx
+        base = ctx.partition[0]
+        accum = self.config.accum_dtype
+        for b in buckets:
+            mine = owners(ctx.layout, b.start, b.end)[ctx.rank]
+            reduced = b.reduce.result()
+            if mine.length:
+                self.accumulator[mine.start - base : mine.end - base].add_(reduced.to(accum))
+            b.reduce = None
+            b.keep_alive = None
+
+    # ---- the boundary --------------------------------------------------------------------------------------
+    def _reduced(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """R13 step 1: (this rank's partition of the reduced gradient, what its master is updated with: the
+        whole gradient at stage 0), accumulation dtype."""
+        ctx, cfg = self.ctx, self.config
+        W, P = ctx.world_size, ctx.layout.partition_size
+        if ctx.stage >= 2:
+            return self.accumulator, self.accumulator
+        contribution = torch.div(self.accumulator.to(cfg.comm_dtype), W)
+        part = ctx.comm.start_reduce_scatter(contribution, [P] * W, "boundary reduce-scatter").result()
+        part = part.to(cfg.accum_dtype)
+        if ctx.stage == 1:
+            return part, part
+        owned = torch.empty(ctx.layout.total, dtype=cfg.accum_dtype, device=ctx.device)
+        ctx.comm.all_gather_into(owned, part, "boundary all-gather of gradients")
+        return part, owned
+
+    def boundary(self, hyper: OptimizerConfig, record_gradients: bool) -> StepOutcome:
+        ctx, cfg = self.ctx, self.config
+        self._before_reduction()
+        part, owned = self._reduced()
+        gradients = None
+        if record_gradients:
+            gradients = self._record(part, owned if ctx.stage == 0 else None)
+        norm = self._norm(rank_square_sum(ctx.layout, ctx.rank, part))  # R14
+        clip_coef = clip_coefficient(norm, cfg.gradient_clipping)  # R15; applied with the optimizer
+        # R16 on the fp32 master, on the host when offloaded (R17).
+        wrote_lp = self._optimizer_step(hyper, self._master_gradient(owned.to(torch.float32)), clip_coef)
+        lp = self._cast if wrote_lp else self.master.to(cfg.model_dtype)
+        ctx.weights.write(lp, "parameter all-gather", staging=self._gather_source, non_blocking=True)  # R12
+        self.accumulator.zero_()  # R13 step 6
+        return StepOutcome(boundary=True, grad_norm=norm, clip_coef=clip_coef, gradients=gradients)
+
+    def _before_reduction(self) -> None:
+        """The boundary starts (before the reduction finishes)."""
+
+    def _master_gradient(self, g32: torch.Tensor) -> torch.Tensor:
+        """The fp32 gradient where the master is."""
+        if self._grad_host is not None:
+            self._grad_host.copy_(g32, non_blocking=True)
+            torch.cuda.current_stream(self.ctx.device).synchronize()
+            return self._grad_host
+        return g32 if g32.device == self.master.device else g32.to(self.master.device)
+
+    def _optimizer_step(self, hyper: OptimizerConfig, g32: torch.Tensor, clip_coef: float | None) -> bool:
+        return step_master(hyper, self.master, g32, self.opt_state, clip_coef=clip_coef, bf16_out=self._cast)
+
+    def _write_live(self, lp: torch.Tensor, what: str) -> None:
+        self.ctx.weights.write(lp, what, staging=self._gather_source)
+
+
+class DeviceUpdate(WholePartitionUpdate):
+    """``offload_optimizer: none``: master and optimizer state on the device (R11, R12)."""
+
+    masters_on_host = False
+
+
+class HostUpdate(WholePartitionUpdate):
+    """``offload_optimizer: cpu``, not streamed: master and state pinned on the host (R17); the reduced gradient
+    is copied to the host at the boundary and the weights back after the step."""
+
+    masters_on_host = True
+
+
+class NvmeUpdate(HostUpdate):
+    """``offload_optimizer: nvme``: :class:`HostUpdate` with the optimizer state in files under ``nvme_path``
+    between steps (R17): read back asynchronously from the start of the boundary, written after the step while
+    the weights are cast and all-gathered; the next backward waits for the writes."""
+
+    def __init__(self, ctx: UpdateContext) -> None:
+        names = state_buffer_names(ctx.config.optimizer)
+        # R17 (nvme): the state exists only in its files until the first boundary swaps it in.
+        self._swap = StateSwapper(ctx.config.nvme_path, ctx.config.nvme_swap, ctx.rank, names, ctx.master_numel)
+        try:
+            self._swap.write_initial()
+            super().__init__(ctx)
+        except BaseException:
+            self.close()
+            raise
+
+    @classmethod
+    def check_config(cls, config: AccumulationConfig) -> None:
+        _probe_nvme_path(config.nvme_path)
+
+    def _resident_state_names(self) -> tuple[str, ...]:
+        return ()
+
+    def begin_backward(self, boundary_predicted: bool) -> None:
+        self._swap.release()  # the last step's state writes ran during this micro-step's forward
+
+    def _before_reduction(self) -> None:
+        # Start reading the optimizer state now; the reduction and the norm overlap the reads.
+        self._swap.begin_swap_in()
+
+    def _optimizer_step(self, hyper: OptimizerConfig, g32: torch.Tensor, clip_coef: float | None) -> bool:
+        self.opt_state.buffers = self._swap.finish_swap_in()
+        wrote_lp = super()._optimizer_step(hyper, g32, clip_coef)
+        # The writes run while the weights are cast and all-gathered; the next backward() waits for them.
+        self.opt_state.buffers = {}
+        self._swap.begin_swap_out()
+        return wrote_lp
+
+    def state_names(self) -> list[str]:
+        return sorted(self._swap.names)
+
+    def optimizer_state(self) -> OptimizerState:
+        self._swap.begin_swap_in()
+        try:
+            buffers = {k: v.clone() for k, v in self._swap.finish_swap_in().items()}
+        finally:
+            self._swap.release()
+        return OptimizerState(self.opt_state.step, buffers)
+
+    def _install_state_buffers(self, opt_buffers: dict[str, torch.Tensor]) -> None:
+        self._swap.write_state(opt_buffers)
+
+    def resident_buffers(self) -> tuple[torch.Tensor, ...]:
+        return self._swap.resident
+
+    @property
+    def swap_directory(self) -> str | None:
+        return self._swap.directory
+
+    def swap_stats(self) -> Any:
+        return self._swap.stats()
+
+    def close(self) -> None:
+        swap = self.__dict__.pop("_swap", None)
+        if swap is not None:
+            swap.close()  # never raises: finishes the requests, closes the handle, deletes the files, unpins
+        super().close()
+
+
+def _probe_nvme_path(path: str) -> None:
+    """R19 says ``nvme_path`` must be an existing *writable* directory; write permission cannot be read off the
+    mode bits (root, read-only mounts, ACLs), so create and remove a file there now, at construction."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".hostoffload-probe-", dir=path)
+    except OSError as exc:
+        raise ConfigurationError(
+            f"nvme_path={path!r} is not usable: creating a file there failed ({exc.strerror or exc}); "
+            f"allowed: an existing directory this process can write (offload_optimizer='nvme' swaps the "
+            f"optimizer state into files there)"
+        ) from exc
+    os.close(fd)
+    os.unlink(probe)
