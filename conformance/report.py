@@ -6,7 +6,9 @@ outcome counts and skip reasons per cell, and each failure with its message and 
 
 A cell's status is honest about what ran: ``failed`` if any test failed or errored, ``skipped`` if nothing ran
 (every test skipped, or only expected failures), ``passed`` only if something passed and nothing failed. The
-markdown shows the ran/total counts next to the status, so "passed, 1 of 48 ran" cannot hide behind "passed".
+markdown shows the ran/total counts next to the status, so "passed, 1 of 48 ran" cannot hide behind "passed". The
+outcome counts are pytest's (a test that passes and errors in teardown is one passed and one error, as in pytest's
+summary); ran and total count tests.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ class Cell:
     xpassed: int = 0
     skip_reasons: dict[str, int] = field(default_factory=dict)
     failures: list[Failure] = field(default_factory=list)
+    #: Each test of the cell (node id) -> whether it ran to a verdict of its own (any outcome but a skip).
+    tests: dict[str, bool] = field(default_factory=dict)
 
     @property
     def status(self) -> str:
@@ -61,12 +65,14 @@ class Cell:
 
     @property
     def ran(self) -> int:
-        """Tests that ran to a verdict of their own (not skipped)."""
-        return self.passed + self.failed + self.errors + self.xfailed + self.xpassed
+        """Tests that ran to a verdict of their own (not skipped): an error in setup is one, and a test that
+        passed and then errored in teardown is one test, though pytest counts it once passed and once an error."""
+        return sum(self.tests.values())
 
     @property
     def total(self) -> int:
-        return self.ran + self.skipped
+        """Tests of the cell, each counted once whatever its phases reported."""
+        return len(self.tests)
 
 
 def first_lines(text: str, lines: int = MESSAGE_LINES, chars: int = MESSAGE_CHARS) -> str:
@@ -100,6 +106,7 @@ class ReportCollector:
             raise ValueError(f"outcome={outcome!r} is not allowed; allowed values: {', '.join(OUTCOMES)}")
         cell = self.cells[key]
         setattr(cell, outcome, getattr(cell, outcome) + 1)
+        cell.tests[nodeid] = cell.tests.get(nodeid, False) or outcome != "skipped"
         if outcome == "skipped" and reason:
             cell.skip_reasons[reason] = cell.skip_reasons.get(reason, 0) + 1
         if outcome in ("failed", "errors"):

@@ -46,10 +46,27 @@ def test_cell_status_rules(outcomes, status):
 def test_markdown_shows_how_much_of_a_passed_cell_ran():
     collector = ReportCollector()
     collector.record(("pinning", "x", "cpu"), "passed", "t")
-    for _ in range(47):
-        collector.record(("pinning", "x", "cpu"), "skipped", "t", "not declared")
+    for i in range(47):
+        collector.record(("pinning", "x", "cpu"), "skipped", f"s{i}", "not declared")
     md = render_markdown(build_report(collector, {"profile": "ci", "seed": None}))
     assert "| pinning | x | cpu | **passed** (1 of 48 ran) | 1 | 0 | 0 | 47 | not declared (x47) |" in md
+
+
+def test_ran_counts_each_test_that_errored_once():
+    """Errors ran: a setup error is a test that ran to a verdict, and a test that passed then errored in teardown
+    is one test (pytest counts it as one passed and one error; the counts columns say so, ran and total do not
+    double it)."""
+    collector = ReportCollector()
+    key = ("pinning", "x", "cpu")
+    collector.record(key, "errors", "setup_error", when="setup", message="boom")
+    collector.record(key, "passed", "teardown_error")
+    collector.record(key, "errors", "teardown_error", when="teardown", message="boom")
+    collector.record(key, "failed", "fails", message="boom")
+    collector.record(key, "skipped", "skips", "why")
+    row = build_report(collector, {})["matrix"][0]
+    assert (row["passed"], row["failed"], row["errors"], row["skipped"]) == (1, 1, 2, 1), row
+    assert (row["ran"], row["total"]) == (3, 4), row
+    assert "**failed** (3 of 4 ran) | 1 | 1 | 2 | 1 |" in render_markdown(build_report(collector, {}))
 
 
 _SMALL_SUITE = '''

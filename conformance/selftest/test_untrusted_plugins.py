@@ -3,13 +3,18 @@
 
 The plugins are registered as an installed package would be: a ``*.dist-info`` directory with an
 ``entry_points.txt`` on ``PYTHONPATH`` (nothing is installed into the environment). One pytest run in a child
-process, as a vendor would start it, covers all four plugins (each test of theirs isolated in a child forked from
-the harness's zygote); each check reads its output and the report it wrote.
+process, as a vendor would start it (``--junitxml``, ``-ra`` and ``--conformance-report``), covers every plugin,
+each on the few suite tests that matter for it (each test of theirs isolated in a child forked from the harness's
+zygote); each check reads its output, its junit XML and the report it wrote, and the three must agree on every
+count and every skip reason.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import xml.etree.ElementTree as ET
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -35,34 +40,42 @@ def _plugin_path(tmp_path: Path) -> dict[str, str]:
 
 
 _PLUGIN_NAMES = tuple(ENTRY_POINTS)
-_SELECTION = " or ".join(
-    (
-        "test_pin_empty_and_like",
-        "test_unpin_of_unpinned_memory_is_false",
-        "(test_bad_arguments_name_the_argument and native)",
-        "test_registry_lookup_and_remove_cost_is_logarithmic",
-        "(test_R17_destroy_returns_every_pinned_byte and 0)",
-    )
-)
+#: A test every pinning plugin must pass (or, without the area, skip): it calls no pinning function that is broken.
+_HARMLESS = "test_unpin_of_unpinned_memory_is_false"
+#: Per plugin, the suite tests its run selects: the ones that must flag its defects and one that must not fail.
+#: The run stays short (seconds per plugin) and each defect is one failed test.
+_TESTS = {
+    "selftest-abort": ("test_pin_empty_and_like", _HARMLESS),
+    "selftest-leak": ("(test_bad_arguments_name_the_argument and native)", _HARMLESS),
+    "selftest-linear": ("test_registry_lookup_and_remove_cost_is_logarithmic",),
+    "selftest-foreign-engine": ("(test_R17_destroy_returns_every_pinned_byte and 0)", _HARMLESS),
+    "selftest-stranger": ("test_pin_empty_and_like", "test_views_survive_unpin_and_gc_of_the_base", _HARMLESS),
+    "selftest-missing-area": ("test_pin_empty_and_like", _HARMLESS),
+}
+_SELECTION = " or ".join(f"({name} and ({' or '.join(tests)}))" for name, tests in _TESTS.items())
+_MODULES = ("test_pinning_api", "test_pinning_lifetime", "test_pinning_threads", "test_ranges_cost_growth",
+            "test_accumulation_engine_faults")
 
 
 @pytest.fixture(scope="module")
 def verdict(tmp_path_factory):
-    """(returncode, output, report data) of one run of the selected suite tests on every self-test plugin."""
+    """(process, output, report data, junit XML root) of one run of the selected suite tests on every self-test
+    plugin, with every report pytest and the harness can write."""
     tmp_path = tmp_path_factory.mktemp("untrusted")
     report = tmp_path / "report"
+    xml = tmp_path / "out.xml"
     # The one engine test selected runs on two ranks: the rank pool starts only those (not its default four).
     env = {**_plugin_path(tmp_path), POOL_SIZE_ENV: "2"}
     proc = run_pytest(
-        "--pyargs", "conformance.suite.test_pinning_api", "conformance.suite.test_ranges_cost_growth",
-        "conformance.suite.test_accumulation_engine_faults", "-k", _SELECTION,
+        "--pyargs", *(f"conformance.suite.{m}" for m in _MODULES), "-k", _SELECTION,
         "--conformance-impl", ",".join(_PLUGIN_NAMES), "--conformance-accelerator", "cpu",
-        "--conformance-profile", "ci", "--conformance-report", str(report), "-rfE",
+        "--conformance-profile", "ci", "--conformance-report", str(report), "--junitxml", str(xml), "-ra",
         env=env, cwd=tmp_path,
     )
     text = proc.stdout + proc.stderr
     assert (report / "report.json").exists(), f"the run wrote no report:\n{text[-4000:]}"
-    return proc, text, json.loads((report / "report.json").read_text())
+    assert xml.exists(), f"the run wrote no junit XML:\n{text[-4000:]}"
+    return proc, text, json.loads((report / "report.json").read_text()), ET.parse(xml).getroot()
 
 
 def _failed(text: str, impl: str) -> set[str]:
@@ -86,9 +99,10 @@ def _verdicts(text: str, impl: str) -> list[str]:
 
 
 def test_the_run_completes_with_a_report(verdict):
-    """Despite an abort inside one implementation, every selected test ran and the report covers all four."""
-    proc, text, data = verdict
-    assert proc.returncode == 1, text[-4000:]
+    """Despite aborts and segfaults inside the implementations, every selected test ran and the report covers
+    every plugin."""
+    proc, text, data, _ = verdict
+    assert proc.returncode == 1 and "INTERNALERROR" not in text, text[-4000:]
     tail = proc.stdout.strip().splitlines()[-4:]  # the verdict, then the report paths, end the output
     assert any(line.startswith("hostoffload conformance: FAILED") and "passed" in line for line in tail), tail
     assert set(data["implementations"]) == set(_PLUGIN_NAMES), data["implementations"]
@@ -97,10 +111,8 @@ def test_the_run_completes_with_a_report(verdict):
 def test_abort_in_pin_empty_fails_the_tests_that_call_it(verdict):
     """A native abort() in pin_empty fails the tests that call it, each naming SIGABRT and quoting the child's
     last output; the test that does not call pin_empty passes."""
-    proc, text, _ = verdict
-    failed = _failed(text, "selftest-abort")
-    assert "test_pin_empty_and_like" in failed, text[-4000:]
-    assert failed <= {"test_pin_empty_and_like", "test_bad_arguments_name_the_argument"}, failed
+    proc, text, _, _ = verdict
+    assert _failed(text, "selftest-abort") == {"test_pin_empty_and_like"}, text[-4000:]
     quoted = proc.stdout.split("its last output lines:", 1)[-1]  # the crash report's quote, not stderr
     assert "killed by SIGABRT" in text and "native assertion `nbytes >= 0' failed" in quoted, text[-4000:]
     # After importing torch the run has threads, so the children are forked from the zygote (milliseconds each),
@@ -111,7 +123,7 @@ def test_abort_in_pin_empty_fails_the_tests_that_call_it(verdict):
 def test_locked_memory_leaked_outside_pinned_stats_is_caught(verdict):
     """A failed pin_empty that leaves locked pages behind, invisible to pinned_stats(): the leak check of the
     very test that made the failed calls reports VmLck growth."""
-    _, text, _ = verdict
+    _, text, _, _ = verdict
     assert _failed(text, "selftest-leak") == {"test_bad_arguments_name_the_argument"}, text[-4000:]
     verdicts = _verdicts(text, "selftest-leak")
     assert verdicts and all("page-locked memory grew" in v and "(VmLck)" in v for v in verdicts), verdicts
@@ -120,7 +132,7 @@ def test_locked_memory_leaked_outside_pinned_stats_is_caught(verdict):
 
 def test_linear_registry_scan_is_flagged_by_the_cost_growth_property(verdict):
     """A registry that answers every lookup correctly but scans all ranges fails the cost-growth property."""
-    _, text, _ = verdict
+    _, text, _, _ = verdict
     assert _failed(text, "selftest-linear") == {"test_registry_lookup_and_remove_cost_is_logarithmic"}, text[-4000:]
     assert any("is not O(log n)" in v for v in _verdicts(text, "selftest-linear")), text[-4000:]
 
@@ -129,11 +141,100 @@ def test_foreign_engine_is_the_engine_under_test(verdict):
     """The engine tests take ZeroEngine and pinned_stats from the implementation that declares them: a foreign
     engine whose destroy() forgets its pinned buffers fails the release test (hostoffload's own engine passes
     it in the suite); its pinning tests (hostoffload's optimized pinning) pass."""
-    _, text, data = verdict
+    _, text, data, _ = verdict
     assert _failed(text, "selftest-foreign-engine") == {"test_R17_destroy_returns_every_pinned_byte"}, text[-4000:]
     assert "pinned_stats before" in text, text[-4000:]
     cells = {(r["area"], r["implementation"]): r for r in data["matrix"]}
     assert cells[("accumulation", "selftest-foreign-engine")]["failed"] == 1
+
+
+def _failure_messages(data: dict, impl: str) -> dict[str, str]:
+    """Test name -> the report's failure message, for ``impl``'s failures."""
+    return {
+        f["nodeid"].split("::")[-1].split("[")[0]: f["message"]
+        for row in data["matrix"] if row["implementation"] == impl for f in row["failures"]
+    }
+
+
+def test_the_strangers_crashes_are_each_one_failed_test(verdict):
+    """A third party's pinning reached only through the public calls: its native assert (SIGABRT) and its freed
+    view (SIGSEGV) each fail exactly one test, with a message that names the signal and quotes its output; the
+    test it has no reason to fail passes."""
+    _, text, data, _ = verdict
+    expected = {"test_pin_empty_and_like", "test_views_survive_unpin_and_gc_of_the_base"}
+    assert _failed(text, "selftest-stranger") == expected, text[-4000:]
+    messages = _failure_messages(data, "selftest-stranger")
+    assert "killed by SIGABRT" in messages["test_pin_empty_and_like"], messages
+    assert "killed by SIGSEGV" in messages["test_views_survive_unpin_and_gc_of_the_base"], messages
+    assert "native assertion `nbytes > 0' failed" in text, text[-4000:]
+    passed = {r["implementation"]: r["passed"] for r in data["matrix"] if r["area"] == "pinning"}
+    assert passed["selftest-stranger"] >= 1 and passed["selftest-abort"] >= 1, passed
+
+
+def test_an_area_declared_without_its_module_is_skipped_with_that_reason(verdict):
+    """An implementation that declares the pinning area but did not ship its module: every selected test of it
+    is skipped, none runs, and the reason says the module is missing (in the XML and the report alike)."""
+    _, _, data, xml = verdict
+    reason = "selftest-missing-area does not provide area 'pinning' (declared but its module is missing)"
+    rows = [r for r in data["matrix"] if r["implementation"] == "selftest-missing-area"]
+    assert rows and all(r["ran"] == 0 and r["status"] == "skipped" for r in rows), rows
+    assert {k for r in rows for k in r["skip_reasons"]} == {reason}, rows
+    cases = [c for c in xml.iter("testcase") if "impl=selftest-missing-area" in c.get("name", "")]
+    assert len(cases) == sum(r["total"] for r in rows) >= 2, [c.get("name") for c in cases]
+    assert all([(e.tag, e.get("message")) for e in c] == [("skipped", reason)] for c in cases)
+
+
+def _summary_counts(stdout: str) -> Counter:
+    """pytest's final outcome line as counts (``errors``, ``warnings`` in the plural)."""
+    line = next(line for line in reversed(stdout.splitlines()) if re.match(r"^=+ .* in [\d.]+s", line))
+    out = Counter()
+    for n, word in re.findall(r"(\d+) (\w+)", line.split(" in ")[0]):
+        out[{"error": "errors", "warning": "warnings"}.get(word, word)] += int(n)
+    return out
+
+
+def _summary_lines(stdout: str, word: str) -> list[str]:
+    section = stdout.split("short test summary info", 1)[-1]
+    return [line for line in section.splitlines() if line.startswith(word + " ")]
+
+
+def _case_name(case: ET.Element) -> str:
+    return case.get("name", "").split("::")[-1]
+
+
+def test_the_xml_the_summary_and_the_report_agree(verdict):
+    """Every count (passed, failed, errors, skipped) and every skip reason is the same in pytest's ``-ra``
+    summary, the junit XML and the conformance report, though most of the tests ran in isolated children and
+    some of those crashed."""
+    proc, _, data, xml = verdict
+    totals, summary = data["totals"], _summary_counts(proc.stdout)
+    for outcome in ("passed", "failed", "errors", "skipped", "xfailed", "xpassed"):
+        assert totals[outcome] == summary[outcome], (outcome, totals, summary)
+    suite = xml if xml.tag == "testsuite" else xml.find("testsuite")
+    assert int(suite.get("failures")) == totals["failed"] and int(suite.get("errors")) == totals["errors"]
+    assert int(suite.get("skipped")) == totals["skipped"] + totals["xfailed"]
+    assert len({_case_name(c) for c in suite.iter("testcase")}) == sum(r["total"] for r in data["matrix"])
+
+    def by_kind(tag: str) -> set[str]:
+        return {_case_name(c) for c in suite.iter("testcase") if c.find(tag) is not None}
+
+    report_failed = {f["nodeid"].split("::")[-1] for r in data["matrix"] for f in r["failures"] if f["when"] == "call"}
+    report_errors = {f["nodeid"].split("::")[-1] for r in data["matrix"] for f in r["failures"] if f["when"] != "call"}
+    summary_failed = {line.split()[1].split("::")[-1] for line in _summary_lines(proc.stdout, "FAILED")}
+    summary_errors = {line.split()[1].split("::")[-1] for line in _summary_lines(proc.stdout, "ERROR")}
+    assert by_kind("failure") == report_failed == summary_failed and len(report_failed) == totals["failed"]
+    assert by_kind("error") == report_errors == summary_errors
+
+    xml_reasons = Counter(e.get("message") for e in suite.iter("skipped") if e.get("type") != "pytest.xfail")
+    report_reasons = Counter()
+    for row in data["matrix"]:
+        report_reasons.update(row["skip_reasons"])
+    summary_reasons = Counter()
+    for line in _summary_lines(proc.stdout, "SKIPPED"):
+        n, reason = re.match(r"^SKIPPED \[(\d+)\] [^:]+:\d+: (.*)$", line).groups()
+        summary_reasons[reason] += int(n)
+    assert xml_reasons == report_reasons == summary_reasons, (xml_reasons, report_reasons, summary_reasons)
+    assert sum(report_reasons.values()) == totals["skipped"] > 0
 
 
 def test_a_single_threaded_run_forks_its_children_directly(tmp_path):

@@ -11,6 +11,13 @@ package is found) and checks that the right test flags each one while the run st
 - ``selftest-linear``: a range registry whose lookups scan every range: the cost-growth property must fail it.
 - ``selftest-foreign-engine``: a distributed engine that is not ours (it forgets to release its pinned buffers
   on ``destroy()``): the engine tests must drive this engine, not ours, and flag it.
+- ``selftest-stranger``: a third party's pinning with only the public calls (no range registry), forwarding to
+  another library and keeping its own table: it asserts (SIGABRT) on an empty ``pin_empty``, frees a large
+  buffer's pages while a view still reads them (SIGSEGV), races on its unlocked table and scans it linearly
+  (:mod:`conformance.selftest.plugins.stranger_pinning`). Each behaviour must be flagged by one test, and the
+  run must still complete with a consistent junit XML, ``-ra`` summary and report.
+- ``selftest-missing-area``: declares the pinning area, but its module was not shipped: every pinning test must be
+  skipped with that reason, none run.
 """
 
 from __future__ import annotations
@@ -48,10 +55,26 @@ FOREIGN_ENGINE = Implementation(
     capabilities=Capabilities(pin_backends=("torch", "native"), distributed_engine=True),
 )
 
+STRANGER = Implementation(
+    name="selftest-stranger",
+    version="0.0.0",
+    areas={"pinning": f"{_PLUGINS}.stranger_pinning"},
+    capabilities=Capabilities(pin_backends=("torch", "native")),
+)
+
+MISSING_AREA = Implementation(
+    name="selftest-missing-area",
+    version="0.0.0",
+    areas={"pinning": f"{_PLUGINS}.not_shipped_pinning"},
+    capabilities=Capabilities(pin_backends=("torch", "native")),
+)
+
 #: entry-point name -> "module:attribute", what the self-test writes into its entry_points.txt.
 ENTRY_POINTS = {
     "selftest-abort": f"{_PLUGINS}:ABORTING",
     "selftest-leak": f"{_PLUGINS}:LEAKING",
     "selftest-linear": f"{_PLUGINS}:LINEAR",
     "selftest-foreign-engine": f"{_PLUGINS}:FOREIGN_ENGINE",
+    "selftest-stranger": f"{_PLUGINS}:STRANGER",
+    "selftest-missing-area": f"{_PLUGINS}:MISSING_AREA",
 }
