@@ -44,6 +44,28 @@ def test_pin_memory_copy_preserves_values_and_leaves_input(area_api, pin_backend
     assert_pinned(area_api, out, backend_pins and t.numel() > 0, "pin_memory result")
 
 
+@pytest.mark.requires(calls=("pinning.pin_memory",))
+@given(t=host_tensors(), match_shape=st.booleans(), whole=st.booleans())
+def test_pin_memory_copy_of_pinned_memory_is_a_new_buffer(
+    area_api, pin_backend, backend_pins, t, match_shape, whole
+):
+    """make_copy=True copies even when ``t`` is already pinned (a pinned buffer, or a view of one): the result
+    is a new pinned buffer, and writing it leaves ``t`` alone. Returning ``t`` itself ("already pinned, nothing
+    to do") is the make_copy=False answer, and here it would let the caller's copy alias the original."""
+    pinned = area_api.pin_empty(*t.shape, dtype=t.dtype) if whole else area_api.pin_empty(
+        t.numel() + 3, dtype=t.dtype)[3:].view(t.shape)
+    pinned.copy_(t)
+    before = pinned.clone()
+    out = area_api.pin_memory(pinned, make_copy=True, match_shape=match_shape)
+    assert out is not pinned, "pin_memory(make_copy=True) of pinned memory returned its input"
+    assert_bitwise_equal(out.view(t.shape), before, "pin_memory(make_copy=True) values of pinned memory")
+    if t.numel():
+        assert out.data_ptr() != pinned.data_ptr(), "pin_memory(make_copy=True) of pinned memory shares its memory"
+        out.view(-1)[0] = out.view(-1)[0] + 1 if out.dtype != torch.bool else ~out.view(-1)[0]
+        assert_bitwise_equal(pinned, before, "pinned input after writing pin_memory(make_copy=True)'s result")
+    assert_pinned(area_api, out, backend_pins and t.numel() > 0, "pin_memory result of pinned memory")
+
+
 def _is_view_or_window(t: torch.Tensor) -> bool:
     """Observed here from torch alone: t is a view of another tensor, or does not span its storage from 0."""
     return (t._base is not None or t.storage_offset() != 0
@@ -174,15 +196,29 @@ def test_extent_past_the_allocation_is_not_pinned(impl, area_api, pin_backend):
     assert_pinned(area_api, page[4095:], True, "last byte of the pinned page")
 
 
+def _data_pointer_guarded(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with reading its data pointer made an error (torch's own flag for tensors without data): torch only
+    warns, once per process, when a fake tensor's pointer is read, so a warning cannot be relied on to show that
+    the pointer was touched."""
+    torch._C._set_throw_on_mutable_data_ptr(t)
+    return t
+
+
 def test_is_pinned_on_data_less_and_device_tensors(area_api, accelerator):
-    """is_pinned returns False for meta, fake and non-CPU tensors without touching their data."""
+    """is_pinned returns False for meta, fake and non-CPU tensors without touching their data: reading the data
+    pointer of a meta or fake tensor (and of a view of one) raises here, and any warning is an error."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    assert area_api.is_pinned(torch.empty(8, 8, device="meta")) is False
     with FakeTensorMode() as mode:
         fake_cpu = torch.empty(8, 8)
     assert mode is not None
-    assert area_api.is_pinned(fake_cpu) is False
+    data_less = {"meta": _data_pointer_guarded(torch.empty(8, 8, device="meta")),
+                 "fake cpu": _data_pointer_guarded(fake_cpu)}
+    data_less.update({f"a view of {name}": t[2:, 1:] for name, t in list(data_less.items())})
+    for name, t in data_less.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert area_api.is_pinned(t) is False, f"is_pinned of a {name} tensor"
     if accelerator.device_type != "cpu":
         assert area_api.is_pinned(torch.empty(4, device=accelerator.device())) is False
     with pytest.raises(ConfigurationError) as info:
