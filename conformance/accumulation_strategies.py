@@ -159,3 +159,35 @@ def delayed_update_scenarios(draw: st.DrawFn, world_sizes: tuple[int, ...] = (1,
         seed=draw(st.integers(0, 2**16)),
         name="drawn-delayed",
     )
+
+
+#: R28's shares the suite pins: all on the host, half, all on the device, and the measured choice.
+SPLIT_SHARES = (0.0, 0.5, 1.0, "auto")
+
+
+@st.composite
+def split_update_scenarios(draw: st.DrawFn, world_sizes: tuple[int, ...] = (1, 2),
+                           delayed: tuple[bool, ...] = (False,)) -> Scenario:
+    """Valid ``gpu_share`` scenarios (R28): R19's domain for a share (stages 2/3, ``cpu`` optimizer offload,
+    Adam/AdamW), a share from :data:`SPLIT_SHARES`, the delayed update (R27) drawn from ``delayed`` (with
+    ``ApplyDelayedUpdate`` calls inserted when on), the rest drawn as in :func:`scenarios`."""
+    base = draw(accumulation_configs(stages=(2, 3)))
+    with_delay = draw(st.sampled_from(delayed))
+    config = base.replace(
+        optimizer={**base.to_dict()["optimizer"], "type": draw(st.sampled_from(("adam", "adamw"))), "momentum": 0.0},
+        offload_optimizer="cpu",
+        delayed_parameter_update=with_delay,
+        gpu_share=draw(st.sampled_from(SPLIT_SHARES)),
+    )
+    calls = list(draw(call_sequences(config, max_steps=4)))
+    if with_delay:
+        for _ in range(draw(st.integers(0, 1))):
+            calls.insert(draw(st.integers(0, len(calls))), ApplyDelayedUpdate())
+    return Scenario(
+        config=config,
+        world_size=draw(st.sampled_from(world_sizes)),
+        calls=tuple(calls),
+        model=draw(model_specs()),
+        seed=draw(st.integers(0, 2**16)),
+        name="drawn-split",
+    )

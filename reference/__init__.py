@@ -52,6 +52,8 @@ IMPLEMENTATION = Implementation(
         concurrent_registry_reads=False,
         # The oracle of R27 (docs/accumulation.md): the delayed update, swapped in at the next boundary.
         accumulation_delayed_parameter_update=True,
+        # The oracle of R28: the optimizer step of each partition cut between the device and the host.
+        accumulation_split_update=True,
         # Pure Python over torch and the shared native pinning core: the crash-isolation self-test
         # (conformance.selftest) shows a native abort is caught in a child; the suite runs these tests in-process
         # for speed, and the lifetime probes marked ``isolated`` still run in a child.

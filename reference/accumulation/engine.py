@@ -17,6 +17,7 @@ Each rank has its own replica of the model (``engine.module(rank)``). A training
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -24,8 +25,9 @@ import torch
 from torch import nn
 
 from reference.accumulation.collectives import average_across_ranks
-from reference.accumulation.optimizers import OptimizerState, init_state, optimizer_step
+from reference.accumulation.optimizers import OptimizerState, init_state
 from reference.accumulation.partition import FlatLayout, build_layout, flatten, gather, shard, unflatten
+from reference.accumulation.split import SplitUpdate
 from reference.accumulation.swap import OptimizerStateSwap
 from reference.contract.accumulation_config import AccumulationConfig
 from reference.contract.accumulation_norm import clip_coefficient, fold_left, norm_from_total, rank_square_sum
@@ -109,6 +111,8 @@ class AccumulationEngine(ScheduledEngine):
             masters = [shard(self.layout, master_full, r).clone().to(self.master_device) for r in range(world_size)]
         self._masters: list[torch.Tensor] = masters
         self._opt_states: list[OptimizerState] = [init_state(cfg.optimizer, m) for m in masters]
+        # R28: each rank's partition cut between the device and the host (gpu_share 0: all on the host, R17).
+        self._split = SplitUpdate(cfg, self.layout.partition_size, self.device, self.master_device, world_size)
         # R17 (nvme): between steps each rank's optimizer state lives in files, not in memory.
         self._swap: OptimizerStateSwap | None = None
         if cfg.offload_optimizer == "nvme":
@@ -178,6 +182,7 @@ class AccumulationEngine(ScheduledEngine):
                 raise ConfigurationError(f"losses[{r}] must be a one-element tensor that requires grad")
         grads: list[torch.Tensor] = []
         self._in_backward = True
+        started = time.perf_counter()
         try:
             for loss in losses:
                 # R5: the same division a user writes as ``loss / gas``, in the loss dtype.
@@ -191,6 +196,7 @@ class AccumulationEngine(ScheduledEngine):
                     p.grad = None
                 if self.stage == 3:
                     self._release(r, self.parameter_names)
+        self._split.observe_backward(time.perf_counter() - started)
         self._accumulate(grads)
         self._schedule.backward_done()
 
@@ -234,6 +240,13 @@ class AccumulationEngine(ScheduledEngine):
     def optimizer_states(self) -> list[OptimizerState]:
         """:meth:`optimizer_state` of every rank, in rank order."""
         return [self.optimizer_state(r) for r in range(self.world_size)]
+
+    def split_report(self) -> dict | None:
+        """R28: the cut of every rank's partition (``reference.contract.accumulation_split.SplitDecision`` as a
+        mapping: the share, elements and device bytes, and for ``gpu_share: "auto"`` the measurement and budget
+        it came from); None while "auto" has not decided yet (before the first boundary)."""
+        decision = self._split.decision
+        return None if decision is None else decision.as_dict()
 
     @property
     def swap_directory(self) -> str | None:
@@ -319,11 +332,11 @@ class AccumulationEngine(ScheduledEngine):
         # what the previous boundary's update produced; this boundary's update reaches the parameters at the
         # next boundary (or at apply_delayed_update()).
         installed = [m.to(cfg.model_dtype, copy=True) for m in self._masters] if cfg.delayed_parameter_update else None
-        # 4. Optimizer on the fp32 master of each rank (R16).
+        # 4. Optimizer on the fp32 master of each rank (R16), its leading share on the device (R28).
         for r in range(world):
             if self._swap is not None:
                 self._swap.swap_in(r, self._opt_states[r])
-            optimizer_step(cfg.optimizer, self._masters[r], grads32[r], self._opt_states[r])
+            self._split.step(self._masters[r], grads32[r], self._opt_states[r])
             if self._swap is not None:
                 self._swap.swap_out(r, self._opt_states[r])
         # 5. Cast back to the model dtype and all-gather (R12).

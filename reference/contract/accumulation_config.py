@@ -32,6 +32,8 @@ OFFLOAD_DEVICES: tuple[str, ...] = ("none", "cpu")
 #: and swaps the optimizer state to files under ``nvme_path`` between steps (R17).
 OFFLOAD_OPTIMIZER_DEVICES: tuple[str, ...] = ("none", "cpu", "nvme")
 ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
+#: The ``gpu_share`` (R28) that asks the engine to choose the share from a measurement.
+GPU_SHARE_AUTO = "auto"
 
 
 def _require_bool(name: str, value: object) -> None:
@@ -138,6 +140,11 @@ class AccumulationConfig:
     train_batch_size: int | None = None
     #: R27: the weights the model computes with lag the fp32 master by one boundary (opt-in; DeepSpeed's DPU).
     delayed_parameter_update: bool = False
+    #: R28: the share of each rank's partition whose fp32 master and optimizer state stay on the device and are
+    #: updated there (the rest on the host), a number in [0, 1] or "auto" (chosen from a measurement).
+    gpu_share: float | str = 0.0
+    #: R28: the device bytes "auto" may give the split (None: half the device memory free when it chooses).
+    gpu_memory_budget: int | None = None
 
     def __post_init__(self) -> None:
         if type(self.zero_stage) is not int or self.zero_stage not in ZERO_STAGES:
@@ -169,6 +176,7 @@ class AccumulationConfig:
         if self.train_batch_size is not None:
             _require_int("train_batch_size", self.train_batch_size, 1)
         _require_bool("delayed_parameter_update", self.delayed_parameter_update)
+        self._check_split()
         self._check_combinations()
 
     def check_world_size(self, world_size: int) -> None:
@@ -247,17 +255,56 @@ class AccumulationConfig:
                     f"managed_gradient_accumulation=True"
                 )
 
+    def _check_split(self) -> None:
+        """R19/R28: ``gpu_share`` is "auto" or a number in [0, 1] (ints 0 and 1 taken as floats); anything but 0
+        needs the streamed host update it splits (``offload_optimizer: cpu``, stage 2 or 3, Adam/AdamW, as R27);
+        ``gpu_memory_budget`` is None or bytes (an int >= 0) and is read by "auto" only."""
+        share = self.gpu_share
+        if share != GPU_SHARE_AUTO:
+            if not (isinstance(share, (int, float)) and type(share) is not bool and math.isfinite(share)
+                    and 0.0 <= share <= 1.0):
+                raise ConfigurationError(
+                    f"gpu_share={share!r} must be {GPU_SHARE_AUTO!r} or a number in [0, 1]; allowed values: "
+                    f"{GPU_SHARE_AUTO!r}, 0.0 (all on the host, the default) ... 1.0 (all on the device)"
+                )
+            object.__setattr__(self, "gpu_share", float(share))
+        budget = self.gpu_memory_budget
+        if budget is not None and (type(budget) is not int or budget < 0):
+            raise ConfigurationError(
+                f"gpu_memory_budget={budget!r} must be None or an int >= 0 (bytes); allowed values: None (half the "
+                f"device memory free when 'auto' chooses), 0, 1, 2, ..."
+            )
+        if budget is not None and self.gpu_share != GPU_SHARE_AUTO:
+            raise ConfigurationError(
+                f"gpu_memory_budget={budget} is read by gpu_share={GPU_SHARE_AUTO!r} only (got gpu_share="
+                f"{self.gpu_share!r}); allowed: gpu_share={GPU_SHARE_AUTO!r}, or leave gpu_memory_budget out"
+            )
+        if self.gpu_share != 0.0:
+            wrong = self._outside_host_update("gpu_share")
+            if wrong:
+                raise ConfigurationError(
+                    f"gpu_share={self.gpu_share!r} splits the streamed host update, which needs "
+                    f"offload_optimizer='cpu', zero_stage 2 or 3 and an Adam optimizer; got {', '.join(wrong)}; "
+                    f"allowed: change those, or gpu_share=0.0"
+                )
+
+    def _outside_host_update(self, key: str) -> list[str]:
+        """The settings that put a config outside the streamed host update (R27, R28), each with its allowed
+        values."""
+        wrong = []
+        if self.offload_optimizer != "cpu":
+            wrong.append(f"offload_optimizer={self.offload_optimizer!r} (allowed with {key}: 'cpu')")
+        if self.zero_stage not in (2, 3):
+            wrong.append(f"zero_stage={self.zero_stage} (allowed with {key}: 2, 3)")
+        if self.optimizer.type not in ("adam", "adamw"):
+            wrong.append(f"optimizer.type={self.optimizer.type!r} (allowed with {key}: 'adam', 'adamw')")
+        return wrong
+
     def _check_delayed_update(self) -> None:
         """R19/R27: the one-step-delayed update exists to hide the host optimizer step behind the next step's
         forward and backward, so it is defined where that step streams per bucket: the masters and the Adam
         state on the host (``offload_optimizer: cpu``), gradients partitioned (stages 2/3), Adam or AdamW."""
-        wrong = []
-        if self.offload_optimizer != "cpu":
-            wrong.append(f"offload_optimizer={self.offload_optimizer!r} (allowed: 'cpu')")
-        if self.zero_stage not in (2, 3):
-            wrong.append(f"zero_stage={self.zero_stage} (allowed: 2, 3)")
-        if self.optimizer.type not in ("adam", "adamw"):
-            wrong.append(f"optimizer.type={self.optimizer.type!r} (allowed: 'adam', 'adamw')")
+        wrong = self._outside_host_update("delayed_parameter_update")
         if wrong:
             raise ConfigurationError(
                 f"delayed_parameter_update=True requires offload_optimizer='cpu', zero_stage 2 or 3 and an Adam "
@@ -341,8 +388,11 @@ DEEPSPEED_ZERO_KEYS: tuple[str, ...] = (
     "allgather_partitions",
 )
 DEEPSPEED_OFFLOAD_KEYS: tuple[str, ...] = ("device", "nvme_path", "pin_memory")
-#: ``offload_optimizer`` also takes this project's ``delayed_parameter_update`` (R27; DeepSpeed has no key for it).
-DEEPSPEED_OFFLOAD_OPTIMIZER_KEYS: tuple[str, ...] = (*DEEPSPEED_OFFLOAD_KEYS, "delayed_parameter_update")
+#: ``offload_optimizer`` also takes this project's ``delayed_parameter_update`` (R27; DeepSpeed has no key for it)
+#: and the split update's ``gpu_share`` and ``gpu_memory_budget`` (R28; DeepSpeed's nearest is a hand-set ratio).
+DEEPSPEED_OFFLOAD_OPTIMIZER_KEYS: tuple[str, ...] = (
+    *DEEPSPEED_OFFLOAD_KEYS, "delayed_parameter_update", "gpu_share", "gpu_memory_budget",
+)
 DEEPSPEED_OPTIMIZER_PARAMS: tuple[str, ...] = ("lr", "betas", "eps", "weight_decay", "momentum", "adam_w_mode")
 
 
@@ -423,8 +473,9 @@ def from_deepspeed(values: Mapping[str, Any], world_size: int | None = None) -> 
                         f"(offloaded buffers are always pinned here)"
                     )
             out[key] = off.get("device", "none")
-            if "delayed_parameter_update" in off:
-                out["delayed_parameter_update"] = off["delayed_parameter_update"]
+            for own in ("delayed_parameter_update", "gpu_share", "gpu_memory_budget"):
+                if own in off:
+                    out[own] = off[own]
             if "nvme_path" in off:
                 if key == "offload_param":
                     raise ConfigurationError(

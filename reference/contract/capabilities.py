@@ -50,6 +50,9 @@ class Capabilities:
     - ``accumulation_delayed_parameter_update``: the accumulation area implements the opt-in one-step-delayed
       parameter update (docs/accumulation.md R27, config key ``delayed_parameter_update``); the suite runs its
       scenarios against the reference. Without it those scenarios are skipped.
+    - ``accumulation_split_update``: the accumulation area implements R28's split update (config keys
+      ``gpu_share`` and ``gpu_memory_budget``; a distributed engine's ``split_report()``); without it the R28 tests
+      are skipped.
     - ``range_address_limit``: the exclusive upper bound on the addresses, sizes and owner tokens the ranges
       area's ``RangeRegistry`` stores (e.g. ``2**64`` for a registry of 64-bit words); values from it up must be a
       ``ConfigurationError``. None: unbounded, like the reference's.
@@ -68,6 +71,7 @@ class Capabilities:
     accumulation_rank_ordered_reduction: bool = False
     accumulation_optimizer_ulps: int | None = None
     accumulation_delayed_parameter_update: bool = False
+    accumulation_split_update: bool = False
     range_address_limit: int | None = None
     offload_streams: bool = False
     io_streams: bool = False
@@ -83,7 +87,8 @@ class Capabilities:
         if variants and not all(isinstance(v, tuple) for v in variants):
             object.__setattr__(self, "pin_env_variants", _frozen_env(variants))
         for name in ("concurrent_registry_reads", "distributed_engine", "accumulation_rank_ordered_reduction",
-                     "accumulation_delayed_parameter_update", "offload_streams", "io_streams", "crash_isolation"):
+                     "accumulation_delayed_parameter_update", "accumulation_split_update", "offload_streams",
+                     "io_streams", "crash_isolation"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}={getattr(self, name)!r} must be a bool")
         ulps = self.accumulation_optimizer_ulps

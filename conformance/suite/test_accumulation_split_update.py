@@ -1,0 +1,376 @@
+"""The split update (docs/accumulation.md R28, config ``gpu_share`` / ``gpu_memory_budget``).
+
+Every test here needs the implementation to declare ``accumulation_split_update``; one that does not is skipped
+with that reason. The defining property is that a split changes where the optimizer step runs, never what it
+computes: every trace at share 0.5, 1 or "auto" is the all-host (share 0) trace of the same scenario, bitwise on
+the cpu accelerator -- for the reference too, so the oracle is checked, not only trusted. The rule's two formulas
+(where a share cuts a partition, what "auto" chooses from a measurement) are checked as properties of the
+contract module every implementation calls; the engine tests (``distributed_engine`` as well) check that the
+engine's reported "auto" choice is that formula's for its reported measurement, and that checkpoints move
+between shares.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conformance.accumulation_assertions import (
+    arithmetic_tolerance,
+    assert_traces_match,
+    cross_implementation_tolerance,
+)
+from conformance.accumulation_engines import IN_RANK_PROCESSES, REQUIRES_ENGINE, engine_api
+from conformance.accumulation_strategies import SPLIT_SHARES, split_update_scenarios
+from reference.accumulation import AccumulationConfig, ModelSpec, Scenario, compute_loss, scenario_calls
+from reference.contract.accumulation_partition import FLAT_ALIGNMENT
+from reference.contract.accumulation_split import (
+    SplitMeasurement,
+    choose_split,
+    device_bytes_per_element,
+    split_point,
+)
+from reference.contract.errors import ConfigurationError
+
+REQUIRES_SPLIT = pytest.mark.requires("accumulation_split_update")
+pytestmark = pytest.mark.conformance_area("accumulation")
+
+VALID = {"zero_stage": 2, "offload_optimizer": "cpu", "optimizer": {"type": "adamw"}, "gpu_share": 0.5}
+
+
+# ---- the config (R19) ----------------------------------------------------------------------------------------
+
+
+@REQUIRES_SPLIT
+def test_R28_R19_split_keys_flat_and_nested(area_api):
+    """R28/R19: ``gpu_share`` defaults to 0.0 and ``gpu_memory_budget`` to None; both are accepted flat and, in
+    DeepSpeed's nested shape, inside ``zero_optimization.offload_optimizer``; the ints 0 and 1 are shares."""
+    cfg_cls = area_api.AccumulationConfig
+    default = cfg_cls.from_dict({})
+    assert (default.gpu_share, default.gpu_memory_budget) == (0.0, None)
+    assert cfg_cls.from_dict(VALID).gpu_share == 0.5
+    assert cfg_cls.from_dict({**VALID, "gpu_share": 1}).gpu_share == 1.0
+    nested = cfg_cls.from_dict({
+        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "gpu_share": "auto",
+                                                                "gpu_memory_budget": 1 << 20}},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+    })
+    assert (nested.gpu_share, nested.gpu_memory_budget, nested.zero_stage) == ("auto", 1 << 20, 3)
+    with pytest.raises(ConfigurationError, match="gpu_share"):
+        cfg_cls.from_dict({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "gpu_share": 0.5}}})
+
+
+@REQUIRES_SPLIT
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ({"gpu_share": 1.5}, "gpu_share"), ({"gpu_share": -0.1}, "gpu_share"), ({"gpu_share": True}, "gpu_share"),
+        ({"gpu_share": "half"}, "gpu_share"), ({"gpu_share": float("nan")}, "gpu_share"),
+        ({"gpu_share": None}, "gpu_share"),
+        ({"gpu_share": "auto", "gpu_memory_budget": -1}, "gpu_memory_budget"),
+        ({"gpu_share": "auto", "gpu_memory_budget": 1.5}, "gpu_memory_budget"),
+        ({"gpu_share": "auto", "gpu_memory_budget": True}, "gpu_memory_budget"),
+        ({"gpu_share": 0.5, "gpu_memory_budget": 1024}, "gpu_memory_budget"),
+    ],
+)
+def test_R28_R19_bad_split_values_are_rejected(area_api, change, key):
+    """R19/R28: a share outside "auto" / [0, 1], a budget that is not None or bytes, or a budget given with a
+    numeric share (only "auto" reads it) is a ConfigurationError naming the key and the allowed values."""
+    with pytest.raises(ConfigurationError, match=key) as info:
+        area_api.AccumulationConfig.from_dict({**VALID, **change})
+    assert "allowed" in str(info.value)
+
+
+@REQUIRES_SPLIT
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"offload_optimizer": "none"}, "offload_optimizer='none'"),
+        ({"zero_stage": 1}, "zero_stage=1"),
+        ({"optimizer": {"type": "sgd"}}, "optimizer.type='sgd'"),
+    ],
+)
+@pytest.mark.parametrize("share", [0.5, "auto"])
+def test_R28_R19_split_outside_its_domain_is_rejected(area_api, change, named, share):
+    """R19/R28: a share other than 0 needs ``offload_optimizer: cpu``, stage 2 or 3 and Adam/AdamW; anything
+    else names the key, the offending setting and the allowed values. At share 0 the same config is fine."""
+    with pytest.raises(ConfigurationError, match="gpu_share") as info:
+        area_api.AccumulationConfig.from_dict({**VALID, **change, "gpu_share": share})
+    assert named in str(info.value) and "allowed" in str(info.value)
+    area_api.AccumulationConfig.from_dict({**VALID, **change, "gpu_share": 0.0})
+
+
+# ---- the rule's formulas (the contract every implementation calls) -------------------------------------------
+
+partitions = st.integers(0, 1 << 20).map(lambda n: n * FLAT_ALIGNMENT)
+
+
+@given(share=st.floats(0.0, 1.0), other=st.floats(0.0, 1.0), P=partitions)
+def test_R28_split_point_cuts_aligned_leading_elements(share, other, P):
+    """R28: ``split_point(s, P)`` is ``s * P`` rounded down to the alignment (exactly), 0 at 0 and P at 1, and
+    never decreases as the share grows."""
+    d = split_point(share, P)
+    assert 0 <= d <= P and d % FLAT_ALIGNMENT == 0
+    assert (split_point(0.0, P), split_point(1.0, P)) == (0, P)
+    if share < 1.0:
+        assert d <= Fraction(share) * P < d + FLAT_ALIGNMENT
+    lo, hi = sorted((share, other))
+    assert split_point(lo, P) <= split_point(hi, P)
+
+
+measurements = st.builds(
+    SplitMeasurement,
+    host_s_per_element=st.floats(1e-10, 1e-6),
+    device_s_per_element=st.floats(1e-12, 1e-7),
+    hide_s=st.floats(0.0, 1.0),
+    sample_elements=st.integers(1, 1 << 16),
+)
+
+
+@given(P=partitions, m=measurements, budget=st.none() | st.integers(0, 1 << 26),
+       kind=st.sampled_from(("adam", "adamw")))
+def test_R28_auto_takes_the_smallest_hiding_cut_within_the_budget(P, m, budget, kind):
+    """R28: "auto" takes the smallest aligned cut d with ``host * (P - d) <= device * d + hide``, capped by the
+    budget (``device_bytes_per_element`` bytes per element) and P; the decision reports its measurement, budget
+    and predictions."""
+    from reference.contract.accumulation_config import OptimizerConfig
+
+    opt = OptimizerConfig(type=kind)
+    per = device_bytes_per_element(opt)
+    dec = choose_split(P, opt, budget, m)
+    d = dec.device_elements
+    assert 0 <= d <= P and d % FLAT_ALIGNMENT == 0 and dec.device_bytes == d * per
+    assert dec.gpu_share == (d / P if P else 0.0) and dec.auto and dec.measurement == m
+    assert dec.budget_bytes == budget
+    h, g = m.host_s_per_element, m.device_s_per_element
+
+    slack = 1e-9 * (h * P + m.hide_s)  # float rounding of the formula, either way
+
+    def hides(n: int, margin: float) -> bool:
+        return h * (P - n) <= g * n + m.hide_s + margin
+
+    cap = P if budget is None else min(P, budget // per // FLAT_ALIGNMENT * FLAT_ALIGNMENT)
+    assert d <= cap, f"cut {d} over the budget's {cap} elements"
+    if hides(cap, -slack):
+        assert hides(d, slack), f"cut {d} does not hide the host side though {cap} would"
+        assert d == 0 or not hides(d - FLAT_ALIGNMENT, -slack), f"cut {d} is not the smallest that hides"
+    else:
+        assert d == cap, f"the budget binds: the cut must be its {cap} elements, got {d}"
+    assert math.isclose(dec.predicted_host_s, h * (P - d)) and math.isclose(dec.predicted_device_s, g * d)
+
+
+# ---- traces ------------------------------------------------------------------------------------------------
+
+
+def _all_host(scenario: Scenario) -> Scenario:
+    return Scenario(scenario.config.replace(gpu_share=0.0), scenario.world_size, scenario.calls,
+                    model=scenario.model, seed=scenario.seed, name=scenario.name + "-all-host")
+
+
+def _same_arithmetic(accelerator) -> bool:
+    return getattr(accelerator, "name", "cpu") == "cpu"
+
+
+@REQUIRES_SPLIT
+@given(data=st.data())
+def test_R28_R25_drawn_split_scenario_is_the_all_host_update(area_api, reference_api, impl, accelerator, data):
+    """R28/R25: stages 2/3, W 1-2, managed or not, gas, any dtypes, clipping, Adam/AdamW, shares 0, 0.5, 1 and
+    "auto", the delayed update where the implementation has it: the trace equals the reference's, and the
+    reference's equals the all-host (share 0) trace of the same scenario -- bitwise on cpu."""
+    delayed = (False, True) if impl.capabilities.accumulation_delayed_parameter_update else (False,)
+    scenario = data.draw(split_update_scenarios(delayed=delayed))
+    expected = reference_api.run_scenario(scenario)
+    all_host = reference_api.run_scenario(_all_host(scenario))
+    exact = None if _same_arithmetic(accelerator) else arithmetic_tolerance(scenario)
+    assert_traces_match(expected, all_host, exact)
+    actual = area_api.run_scenario(scenario)
+    assert_traces_match(actual, expected, cross_implementation_tolerance(scenario, impl, accelerator))
+
+
+@REQUIRES_SPLIT
+@pytest.mark.parametrize("share", SPLIT_SHARES)
+@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("delayed", [False, True], ids=["sync", "delayed"])
+def test_R28_pinned_shares_equal_the_all_host_update(area_api, reference_api, impl, accelerator, share, stage,
+                                                     delayed):
+    """R28, pinned by a seed: W = 2, bf16 with fp32 accumulation, gas 2, clipping on, AdamW, 3 boundaries, each
+    share at stages 2 and 3, with and without the delayed update: the implementation's trace is the all-host
+    trace (bitwise on cpu, R25's tolerance on a device)."""
+    if delayed and not impl.capabilities.accumulation_delayed_parameter_update:
+        pytest.skip(f"{impl.name} does not declare accumulation_delayed_parameter_update (R27)")
+    config = AccumulationConfig(
+        zero_stage=stage, dtype="bf16", grad_accum_dtype="fp32", gradient_accumulation_steps=2,
+        gradient_clipping=0.05, optimizer={"type": "adamw", "lr": 1e-2, "weight_decay": 0.01},
+        offload_optimizer="cpu", offload_param="cpu" if stage == 3 else "none", delayed_parameter_update=delayed,
+        gpu_share=share,
+    )
+    scenario = Scenario(config, 2, scenario_calls("BSBSBSBSBSBS"), seed=28, name=f"split-{share}")
+    all_host = reference_api.run_scenario(_all_host(scenario))
+    actual = area_api.run_scenario(scenario)
+    tolerance = None if _same_arithmetic(accelerator) else arithmetic_tolerance(scenario)
+    assert_traces_match(actual, all_host, tolerance)
+
+
+def test_R28_reference_auto_reports_the_rules_choice(reference_api):
+    """R28 on the oracle: "auto" has not chosen before the first boundary (``split_report()`` None); after it,
+    the report is ``choose_split`` of its own measurement and budget; a zero budget keeps everything on the
+    host."""
+    for budget, check_zero in ((None, False), (0, True)):
+        cfg = AccumulationConfig(zero_stage=2, offload_optimizer="cpu", gradient_accumulation_steps=1,
+                                 gpu_share="auto", gpu_memory_budget=budget)
+        engine = reference_api.AccumulationEngine(lambda: ModelSpec().build(3), cfg, 2)
+        try:
+            assert engine.split_report() is None, "R28: auto reported a choice before the first boundary"
+            _reference_boundary(engine)
+            report = engine.split_report()
+            assert report is not None and report["auto"], report
+            expected = choose_split(engine.layout.partition_size, cfg.optimizer, report["budget_bytes"],
+                                    SplitMeasurement(**report["measurement"]))
+            assert report == expected.as_dict()
+            if check_zero:
+                assert report["device_elements"] == 0 and report["budget_bytes"] == 0
+        finally:
+            engine.destroy()
+
+
+def _reference_boundary(engine) -> None:
+    spec = ModelSpec()
+    gen = torch.Generator().manual_seed(0)
+    losses = []
+    for r in range(engine.world_size):
+        x, y = torch.randn(2, spec.in_features, generator=gen), torch.randn(2, spec.out_features, generator=gen)
+        losses.append(compute_loss(engine.module(r), x, y, engine.config.model_dtype))
+    engine.backward(losses)
+    assert engine.step().boundary
+
+
+# ---- the engine: the "auto" report, checkpoints across shares ----------------------------------------------
+
+WIDE = ModelSpec(in_features=24, hidden=96, out_features=32)
+
+
+def _config(stage: int, share, **extra) -> dict:
+    return {
+        "zero_stage": stage, "dtype": "bf16", "grad_accum_dtype": "fp32", "gradient_accumulation_steps": 2,
+        "gradient_clipping": 0.5, "optimizer": {"type": "adamw", "lr": 1e-2, "weight_decay": 0.01},
+        "offload_optimizer": "cpu", "offload_param": "cpu" if stage == 3 else "none", "gpu_share": share, **extra,
+    }
+
+
+def _loop(group, engine_cls, config: dict, boundaries: int, load=None, save=None) -> dict:
+    """One rank: ``boundaries`` boundaries of a loop that reads nothing between steps (optionally resumed from and
+    saved to a checkpoint); the losses, the weights, the master, the optimizer state and the split report
+    before and after the first boundary."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank(group)
+    engine = engine_cls(WIDE.build(5), config, process_group=group, bucket_elements=16)
+    try:
+        if load is not None:
+            engine.load_checkpoint(*load)
+        cfg = engine.config
+        reports = [engine.split_report()]
+        losses = []
+        start = engine.global_steps
+        for k in range(start, start + boundaries):
+            for j in range(cfg.gradient_accumulation_steps):
+                gen = torch.Generator().manual_seed(1000 * k + 10 * j + rank)
+                x = torch.randn(cfg.train_micro_batch_size_per_gpu, WIDE.in_features, generator=gen)
+                y = torch.randn(cfg.train_micro_batch_size_per_gpu, WIDE.out_features, generator=gen)
+                loss = compute_loss(engine.module, x, y, cfg.model_dtype)
+                engine.backward(loss)
+                engine.step()
+                losses.append(loss.detach().clone())
+            if k == start:
+                reports.append(engine.split_report())
+        if save is not None:
+            engine.save_checkpoint(*save)
+        return {"losses": losses, "weights": engine.state_dict(), "master": engine.master_partition(),
+                "state": engine.optimizer_state().buffers, "reports": reports,
+                "partition": engine.master_partition().numel()}
+    finally:
+        engine.destroy()
+
+
+def _assert_same(got: dict, want: dict, what: str, keys=("losses", "weights", "master", "state")) -> None:
+    for key in keys:
+        a, b = got[key], want[key]
+        if isinstance(a, dict):
+            assert set(a) == set(b), f"{what}: {key} names differ"
+            for name in b:
+                assert torch.equal(a[name], b[name]), f"{what}: {key}[{name!r}] differs"
+        elif isinstance(a, list):
+            assert len(a) == len(b), f"{what}: {len(a)} {key}, expected {len(b)}"
+            for i, (x, y) in enumerate(zip(a, b, strict=True)):
+                assert torch.equal(x, y), f"{what}: {key}[{i}] {x} != {y}"
+        else:
+            assert torch.equal(a, b), f"{what}: {key} differs"
+
+
+@REQUIRES_SPLIT
+@REQUIRES_ENGINE
+@IN_RANK_PROCESSES
+@pytest.mark.parametrize("budget", [None, 0, 4096])
+def test_R28_engine_auto_reports_the_rules_choice(impl, budget):
+    """R28: on every rank, "auto" has not chosen before the first boundary and afterwards reports
+    ``choose_split(P, optimizer, budget, measurement)`` of its own reported measurement and budget (the one
+    formula), the same share on every rank, within a given budget (a zero budget: nothing on the device)."""
+    api = engine_api(impl)
+    extra = {} if budget is None else {"gpu_memory_budget": budget}
+    cfg = AccumulationConfig.from_dict(_config(2, "auto", **extra))
+    ranks = api.run_on_ranks(_loop, 2, api.ZeroEngine, _config(2, "auto", **extra), 1)
+    shares = set()
+    for rank, out in enumerate(ranks):
+        before, after = out["reports"]
+        assert before is None, f"rank {rank}: auto reported a choice before the first boundary: {before}"
+        assert after is not None and after["auto"], f"rank {rank}: no auto decision after a boundary: {after}"
+        expected = choose_split(out["partition"], cfg.optimizer, after["budget_bytes"],
+                                SplitMeasurement(**after["measurement"]))
+        assert after == expected.as_dict(), f"rank {rank}: the report is not the rule's choice"
+        if budget is not None:
+            assert after["budget_bytes"] == budget and after["device_bytes"] <= budget
+        shares.add(after["gpu_share"])
+    assert len(shares) == 1, f"ranks cut differently: {shares}"
+
+
+@REQUIRES_SPLIT
+@REQUIRES_ENGINE
+@IN_RANK_PROCESSES
+@pytest.mark.parametrize(("stage", "world"), [(2, 2), (3, 1)])
+def test_R28_checkpoint_saved_at_one_share_loads_at_any_other(impl, tmp_path, stage, world):
+    """R28 + checkpoints: 2 boundaries at share 0.5, saved; loaded at shares 0, 1, "auto" and without offload,
+    2 more boundaries each equal 4 uninterrupted all-host boundaries bitwise (losses, weights, master, optimizer
+    state): a checkpoint holds the whole partition, whatever the share."""
+    api = engine_api(impl)
+    ck = (str(tmp_path), "ck")
+    full = api.run_on_ranks(_loop, world, api.ZeroEngine, _config(stage, 0.0), 4)[0]
+    first = api.run_on_ranks(_loop, world, api.ZeroEngine, _config(stage, 0.5), 2, None, ck)[0]
+    none = {**_config(stage, 0.0), "offload_optimizer": "none", "offload_param": "none"}
+    for label, cfg in (("0", _config(stage, 0.0)), ("1", _config(stage, 1.0)), ("auto", _config(stage, "auto")),
+                       ("no offload", none)):
+        resumed = api.run_on_ranks(_loop, world, api.ZeroEngine, cfg, 2, ck)[0]
+        _assert_same({"losses": first["losses"] + resumed["losses"]}, full, f"resumed at {label}", keys=("losses",))
+        _assert_same(resumed, full, f"stage {stage} W={world} resumed at {label}", keys=("weights", "master", "state"))
+
+
+@REQUIRES_SPLIT
+@REQUIRES_ENGINE
+@IN_RANK_PROCESSES
+@pytest.mark.parametrize("share", [0.5, 1.0, "auto"])
+@pytest.mark.parametrize(("stage", "world", "delayed"), [(2, 2, False), (3, 1, False), (2, 1, True)])
+def test_R28_training_loop_equals_the_all_host_loop(impl, share, stage, world, delayed):
+    """R28 in a training loop that reads nothing between steps: losses, weights, master and optimizer state
+    after 3 boundaries at each share equal the all-host loop's bitwise (stage 2 at W = 2, stage 3, and with the
+    delayed update)."""
+    if delayed and not impl.capabilities.accumulation_delayed_parameter_update:
+        pytest.skip(f"{impl.name} does not declare accumulation_delayed_parameter_update (R27)")
+    api = engine_api(impl)
+    extra = {"delayed_parameter_update": True} if delayed else {}
+    want = api.run_on_ranks(_loop, world, api.ZeroEngine, _config(stage, 0.0, **extra), 3)[0]
+    got = api.run_on_ranks(_loop, world, api.ZeroEngine, _config(stage, share, **extra), 3)[0]
+    _assert_same(got, want, f"share {share} stage {stage} W={world} delayed={delayed}")

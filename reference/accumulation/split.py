@@ -1,0 +1,105 @@
+"""R28 in the reference: the optimizer step of a rank's partition cut between the device and the host.
+
+The reference models arithmetic, not residency. Its masters stay where R17 puts them; the device side of the cut
+is computed by copying that slice of master, gradient and optimizer state to the engine's device, taking one R16
+step there and copying the result back, and the host side is the ordinary R16 step on the rest. Both sides take
+the same step count ``t``, the same hyper-parameters and the same (already clipped) gradient. So on the cpu
+accelerator the two sides run the same kernels and the split is bitwise the all-host update, which is the point
+of the rule; on a device accelerator the device side is the device's arithmetic, within R25's tolerance.
+
+``gpu_share: "auto"`` is decided at the first boundary, before its update (nothing has been updated yet, so
+nothing moves): the measurement is the reference's own -- the R16 step timed on a sample on each side, and as the
+work that can hide the host side, the time its backward calls took per rank since the engine was built -- and the
+cut is :func:`reference.contract.accumulation_split.choose_split`'s.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from reference.accumulation.optimizers import init_state, optimizer_step
+from reference.contract.accumulation_config import GPU_SHARE_AUTO, AccumulationConfig
+from reference.contract.accumulation_split import (
+    SplitDecision,
+    SplitMeasurement,
+    choose_split,
+    default_budget,
+    fixed_split,
+)
+from reference.contract.accumulation_step import OptimizerState
+
+#: Elements the "auto" measurement steps on each side (or the whole partition when smaller).
+SAMPLE_ELEMENTS = 1 << 14
+
+_log = logging.getLogger("reference.accumulation")
+
+
+class SplitUpdate:
+    """One engine's R28 cut (the same for every rank: partitions have one size, R8) and the split R16 step."""
+
+    def __init__(self, config: AccumulationConfig, partition_elements: int, device: torch.device,
+                 host: torch.device, world_size: int) -> None:
+        self._config = config
+        self._P = partition_elements
+        self._device, self._host = device, host
+        self._world = world_size
+        self._backward_s = 0.0
+        auto = config.gpu_share == GPU_SHARE_AUTO
+        #: None until "auto" has decided (at the first boundary)
+        self.decision: SplitDecision | None = (
+            None if auto else fixed_split(config.gpu_share, partition_elements, config.optimizer)
+        )
+
+    def observe_backward(self, seconds: float) -> None:
+        """The duration of one ``backward()`` (all ranks): what "auto" counts as work that hides the host side."""
+        self._backward_s += seconds
+
+    def decide(self) -> None:
+        """Make the "auto" choice if it is still open (called at a boundary, before the update)."""
+        if self.decision is not None:
+            return
+        n = min(self._P, SAMPLE_ELEMENTS)
+        measurement = SplitMeasurement(
+            host_s_per_element=self._time_step(n, self._host) / n,
+            device_s_per_element=self._time_step(n, self._device) / n,
+            hide_s=self._backward_s / self._world, sample_elements=n,
+        )
+        free = torch.cuda.mem_get_info(self._device)[0] if self._device.type == "cuda" else None
+        budget = self._config.gpu_memory_budget
+        budget = default_budget(free) if budget is None else budget
+        self.decision = choose_split(self._P, self._config.optimizer, budget, measurement)
+        _log.info("R28 gpu_share=auto chose %s", self.decision.as_dict())
+
+    def _time_step(self, n: int, where: torch.device) -> float:
+        master = torch.zeros(n, dtype=torch.float32, device=where)
+        grad = torch.ones(n, dtype=torch.float32, device=where)
+        state = init_state(self._config.optimizer, master)
+        sync = torch.cuda.synchronize if where.type == "cuda" else (lambda: None)
+        sync()
+        t0 = time.perf_counter()
+        optimizer_step(self._config.optimizer, master, grad, state)
+        sync()
+        return time.perf_counter() - t0
+
+    def step(self, master: torch.Tensor, grad: torch.Tensor, state: OptimizerState) -> None:
+        """R16 on ``master`` (one rank's partition) with its leading ``device_elements`` stepped on the device
+        and the rest on the host, both with the step count ``state.step + 1``; advances ``state`` once."""
+        self.decide()
+        d = self.decision.device_elements
+        if d == 0:
+            optimizer_step(self._config.optimizer, master, grad, state)
+            return
+        t = state.step
+        for lo, hi, where in ((0, d, self._device), (d, self._P, self._host)):
+            if lo == hi:
+                continue
+            side = OptimizerState(t, {k: v[lo:hi].to(where, copy=True) for k, v in state.buffers.items()})
+            m = master[lo:hi].to(where, copy=True)
+            optimizer_step(self._config.optimizer, m, grad[lo:hi].to(where, copy=True), side)
+            master[lo:hi].copy_(m)
+            for k, v in side.buffers.items():
+                state.buffers[k][lo:hi].copy_(v)
+        state.step = t + 1

@@ -1,0 +1,127 @@
+"""The split update (docs/accumulation.md R28): where a rank's partition is cut between the device and the host,
+and how ``gpu_share: "auto"`` chooses the cut from a measurement -- the area's contract.
+
+With ``offload_optimizer: cpu`` the whole optimizer step runs on the host, at the host's memory bandwidth (about 30
+bytes of traffic per parameter per step), and only the next forward can hide it (R15 needs the global norm first).
+The split keeps the fp32 master and optimizer state of the *leading* ``split_point(share, P)`` elements of each
+rank's partition on the device and updates them there; the rest is updated on the host as before. The leading
+elements are the first parameters in ``named_parameters()`` order -- the ones the next forward needs first -- so
+the forward can start on device-updated weights while the host finishes the tail.
+
+"auto" picks the smallest cut whose host part is hidden: the host updates ``P - d`` elements at ``host`` seconds
+per element while the device updates ``d`` at ``device`` seconds per element and then does ``hide`` seconds of
+work that does not need the host's result, so the host part is hidden when
+
+    host * (P - d) <= device * d + hide,   i.e.   d >= (host * P - hide) / (host + device),
+
+rounded up to :data:`FLAT_ALIGNMENT`, never past the budget (``budget // bytes_per_element`` elements, rounded
+down) nor past P. The smallest such cut keeps the most device memory free (the reason for offloading); a budget
+too small to hide the host part gives the largest cut it allows. Every implementation computes its cut with
+these functions, so the cut and the choice are the same formula everywhere; what it measures (and how) is its own
+and reported with the decision.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from fractions import Fraction
+
+from reference.contract.accumulation_config import GPU_SHARE_AUTO, OptimizerConfig
+from reference.contract.accumulation_partition import FLAT_ALIGNMENT
+from reference.contract.accumulation_step import state_buffer_names
+
+__all__ = [
+    "GPU_SHARE_AUTO", "SplitDecision", "SplitMeasurement", "choose_split", "default_budget",
+    "device_bytes_per_element", "fixed_split", "split_point",
+]
+
+
+def split_point(share: float, partition_elements: int) -> int:
+    """How many leading elements of a partition of ``partition_elements`` a ``share`` in [0, 1] puts on the
+    device: ``share * P`` rounded down to a multiple of :data:`FLAT_ALIGNMENT` (computed exactly), so 0 gives 0
+    and 1 gives P (P is a multiple of the alignment, R8)."""
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"share={share!r} must be in [0, 1]")
+    if share == 1.0:
+        return partition_elements
+    return int(Fraction(share) * partition_elements) // FLAT_ALIGNMENT * FLAT_ALIGNMENT
+
+
+def device_bytes_per_element(optimizer: OptimizerConfig) -> int:
+    """Device bytes one element on the device side costs: its fp32 master and fp32 optimizer state buffers."""
+    return 4 * (1 + len(state_buffer_names(optimizer)))
+
+
+def default_budget(free_device_bytes: int | None) -> int | None:
+    """The budget of "auto" when ``gpu_memory_budget`` is unset: half the device memory free when the choice is
+    made (the other half stays for activations and the allocator's slack); None (unbounded) where the device
+    reports no free memory (the cpu accelerator)."""
+    return None if free_device_bytes is None else free_device_bytes // 2
+
+
+@dataclass(frozen=True)
+class SplitMeasurement:
+    """What "auto" measured (seconds): the host and device optimizer step per element (timed on a sample of
+    ``sample_elements``) and ``hide``, the device work per boundary the host part can run beside. For several
+    ranks, the slowest host, the slowest device and the least ``hide`` of any rank (so every rank hides)."""
+
+    host_s_per_element: float
+    device_s_per_element: float
+    hide_s: float
+    sample_elements: int
+
+    def __post_init__(self) -> None:
+        for name in ("host_s_per_element", "device_s_per_element", "hide_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name}={value!r} must be a finite number >= 0")
+
+
+@dataclass(frozen=True)
+class SplitDecision:
+    """A rank's cut: ``device_elements`` leading elements of its ``partition_elements`` on the device
+    (``gpu_share`` = their fraction), costing ``device_bytes``; for "auto" also the ``budget_bytes`` it respected
+    (None: unbounded), the ``measurement`` it came from and the host and device times that measurement predicts."""
+
+    gpu_share: float
+    device_elements: int
+    partition_elements: int
+    device_bytes: int
+    auto: bool
+    budget_bytes: int | None = None
+    measurement: SplitMeasurement | None = None
+    predicted_host_s: float | None = None
+    predicted_device_s: float | None = None
+
+    def as_dict(self) -> dict:
+        """A plain mapping (what ``split_report()`` returns and the log line prints)."""
+        out = asdict(self)
+        out["measurement"] = None if self.measurement is None else asdict(self.measurement)
+        return out
+
+
+def fixed_split(share: float, partition_elements: int, optimizer: OptimizerConfig) -> SplitDecision:
+    """The cut of a numeric ``gpu_share``."""
+    d = split_point(share, partition_elements)
+    return SplitDecision(
+        gpu_share=d / partition_elements if partition_elements else 0.0, device_elements=d,
+        partition_elements=partition_elements, device_bytes=d * device_bytes_per_element(optimizer), auto=False,
+    )
+
+
+def choose_split(partition_elements: int, optimizer: OptimizerConfig, budget_bytes: int | None,
+                 measurement: SplitMeasurement) -> SplitDecision:
+    """The cut "auto" makes (module docstring): the smallest aligned cut that hides the host part, within the
+    budget and the partition."""
+    P = partition_elements
+    per = device_bytes_per_element(optimizer)
+    h, g = measurement.host_s_per_element, measurement.device_s_per_element
+    need = (h * P - measurement.hide_s) / (h + g) if h + g > 0 else 0.0
+    d = min(P, math.ceil(max(0.0, need) / FLAT_ALIGNMENT) * FLAT_ALIGNMENT)
+    if budget_bytes is not None:
+        d = min(d, budget_bytes // per // FLAT_ALIGNMENT * FLAT_ALIGNMENT)
+    return SplitDecision(
+        gpu_share=d / P if P else 0.0, device_elements=d, partition_elements=P, device_bytes=d * per, auto=True,
+        budget_bytes=budget_bytes, measurement=measurement, predicted_host_s=h * (P - d), predicted_device_s=g * d,
+    )
