@@ -4,6 +4,7 @@ reason, in the run and in the report."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -202,6 +203,9 @@ def test_contract_types_are_where_extending_md_and_the_changelog_say():
         "contract types not where docs/extending.md's table says (name: (table, code)): "
         f"{moved}; update the table and add a docs/changelog.md entry naming the new place"
     )
+    unexported = [f"{cls.__module__}.{n}" for n, cls in sorted(contract_types().items())
+                  if n not in getattr(importlib.import_module(cls.__module__), "__all__", ())]
+    assert not unexported, f"contract types missing from their module's __all__: {unexported}"
     stale = sorted(set(documented) - set(actual))
     assert not stale, f"docs/extending.md lists names that are no contract type (any more): {stale}"
     changelog = (source_root() / "docs" / "changelog.md").read_text()

@@ -533,3 +533,22 @@ def from_deepspeed(values: Mapping[str, Any], world_size: int | None = None) -> 
     if gas is not None:
         out["gradient_accumulation_steps"] = gas
     return AccumulationConfig(**out)
+
+__all__ = [
+    "CONFIG_KEYS",
+    "DEEPSPEED_KEYS",
+    "DEEPSPEED_OFFLOAD_KEYS",
+    "DEEPSPEED_OFFLOAD_OPTIMIZER_KEYS",
+    "DEEPSPEED_ONLY_KEYS",
+    "DEEPSPEED_OPTIMIZER_PARAMS",
+    "DEEPSPEED_ZERO_KEYS",
+    "DTYPES",
+    "OFFLOAD_DEVICES",
+    "OFFLOAD_OPTIMIZER_DEVICES",
+    "OPTIMIZERS",
+    "ZERO_STAGES",
+    "AccumulationConfig",
+    "OptimizerConfig",
+    "from_deepspeed",
+    "is_deepspeed_shaped",
+]

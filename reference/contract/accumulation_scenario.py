@@ -378,3 +378,28 @@ def scenario_calls(pattern: Sequence[str | Call]) -> tuple[Call, ...]:
         else:
             out.append(token)
     return tuple(out)
+
+__all__ = [
+    "AccumulationMLP",
+    "AffineMap",
+    "ApplyDelayedUpdate",
+    "Backward",
+    "BackwardRecord",
+    "Call",
+    "ControlRecord",
+    "Counters",
+    "EnterNoSync",
+    "ExitNoSync",
+    "ModelSpec",
+    "Record",
+    "Scenario",
+    "ScenarioRunner",
+    "SetBoundary",
+    "Step",
+    "StepRecord",
+    "Trace",
+    "compute_loss",
+    "merge_rank_traces",
+    "micro_batch",
+    "scenario_calls",
+]

@@ -53,3 +53,13 @@ def allowed_values_error(name: str, value: object, allowed: Iterable[object]) ->
     """
     choices = ", ".join(repr(a) if not isinstance(a, str) else a for a in allowed)
     return ConfigurationError(f"{name}={value!r} is not allowed; allowed values: {choices}")
+
+__all__ = [
+    "CheckpointError",
+    "ConfigurationError",
+    "HostOffloadError",
+    "PinnedMemoryLockError",
+    "UnknownPluginError",
+    "UnsupportedOperationError",
+    "allowed_values_error",
+]

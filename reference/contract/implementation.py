@@ -99,3 +99,8 @@ class Implementation:
         except KeyError:
             raise LookupError(f"implementation {self.name!r} does not provide area {area!r}") from None
         return importlib.import_module(path)
+
+__all__ = [
+    "AREAS",
+    "Implementation",
+]

@@ -74,3 +74,16 @@ class SwapConfig:
         _check_block_size(self.block_size)
         _check_int_range("num_threads", self.num_threads, *NUM_THREADS_RANGE)
         _check_bool("use_o_direct", self.use_o_direct)
+
+__all__ = [
+    "BLOCK_SIZE_RANGE",
+    "DEFAULT_BLOCK_SIZE",
+    "DEFAULT_NUM_THREADS",
+    "DEFAULT_QUEUE_DEPTH",
+    "DIRECT_ALIGNMENT",
+    "KIB",
+    "MIB",
+    "NUM_THREADS_RANGE",
+    "QUEUE_DEPTH_RANGE",
+    "SwapConfig",
+]

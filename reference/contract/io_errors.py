@@ -89,3 +89,19 @@ def with_cause(error: SwapError, cause: BaseException) -> SwapError:
     """Attach ``cause`` as the error's ``__cause__`` (the original traceback stays visible)."""
     error.__cause__ = cause
     return error
+
+__all__ = [
+    "DtypeMismatchError",
+    "HandleClosedError",
+    "IncompleteRecordError",
+    "RecordError",
+    "RecordFormatError",
+    "ShortFileError",
+    "SizeMismatchError",
+    "SwapError",
+    "SwapFileNotFoundError",
+    "SwapIOError",
+    "SwapNoSpaceError",
+    "swap_io_error",
+    "with_cause",
+]

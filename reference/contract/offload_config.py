@@ -107,3 +107,12 @@ class OffloadConfig:
             )
         base = base if base is not None else cls()
         return dataclasses.replace(base, **knobs) if knobs else base
+
+__all__ = [
+    "MAX_BYTES",
+    "MAX_COUNT",
+    "MODES",
+    "MODE_ALL",
+    "MODE_CHECKPOINT_INPUTS",
+    "OffloadConfig",
+]

@@ -107,3 +107,10 @@ def is_patched() -> bool:
     """True while the patch is installed."""
     with _lock:
         return _refcount > 0
+
+__all__ = [
+    "MissingDependencyError",
+    "acquire",
+    "is_patched",
+    "release",
+]

@@ -143,3 +143,8 @@ class StatsRecorder:
         ints = {k: int(values[k]) for k in self._COUNTERS}
         floats = {k: float(values[k]) for k in self._TIMERS}
         return OffloadStats(skipped_by_reason=reasons, **ints, **floats)
+
+__all__ = [
+    "OffloadStats",
+    "StatsRecorder",
+]

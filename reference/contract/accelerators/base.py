@@ -148,3 +148,9 @@ class SynchronousEvent:
 def null_stream_context(stream: Any) -> Iterator[Any]:
     """Stream context stand-in for devices without streams."""
     yield stream
+
+__all__ = [
+    "Accelerator",
+    "SynchronousEvent",
+    "null_stream_context",
+]
