@@ -9,7 +9,7 @@ package is found) and checks that the right test flags each one while the run st
 - ``selftest-leak``: a failed ``pin_empty`` call leaves locked memory behind that ``pinned_stats()`` does not
   count: the harness's own observation (VmLck) must catch it.
 - ``selftest-linear``: a range registry whose lookups scan every range: the cost-growth property must fail it.
-- ``selftest-foreign-engine``: a distributed engine that is not ours (it forgets to release its pinned buffers
+- ``selftest-foreign-engine``: a distributed engine that is not ours (it keeps pinned copies of its buffers
   on ``destroy()``): the engine tests must drive this engine, not ours, and flag it.
 - ``selftest-stranger``: a third party's pinning with only the public calls (no range registry), forwarding to
   another library and keeping its own table: it asserts (SIGABRT) on an empty ``pin_empty``, frees a large
