@@ -139,7 +139,8 @@ def print_discovered(config: pytest.Config) -> None:
     print("implementations (hostoffload.implementations):")
     for impl in discovery.discover_implementations().values():
         areas = ", ".join(f"{a}{'' if impl.provides(a) else ' (declared, missing)'}" for a in impl.areas)
-        print(f"  {impl.name} {impl.version}: areas {areas}; capabilities {impl.capabilities.summary()}")
+        unsupported = "".join(f"; {call} unsupported ({why})" for call, why in impl.unsupported.items())
+        print(f"  {impl.name} {impl.version}: areas {areas}; capabilities {impl.capabilities.summary()}{unsupported}")
     print("accelerators (hostoffload.accelerators):")
     from reference.contract.accelerators import discover_accelerators
 

@@ -144,17 +144,25 @@ def test_unsupported_declarations_are_checked(unsupported, message):
     assert message in str(info.value)
 
 
-def test_an_unsupported_call_is_skipped_with_its_reason_in_the_run_and_the_report(tmp_path):
-    """``selftest-partial`` lacks ``pin_empty_like`` and declares it unsupported: the interface test passes,
-    every test marked as exercising the call (by ``requires(calls=...)`` or a ``call`` parameter) is skipped with
-    the declared reason, the other cases of the same tests run, and the report lists the reason."""
+def _partial_plugin_env(tmp_path: Path) -> dict[str, str]:
+    """PYTHONPATH with a throw-away distribution registering ``selftest-partial`` (as an installed package)."""
     site = tmp_path / "site"
     info = site / "hostoffload_selftest_partial-0.0.0.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: hostoffload-selftest-partial\nVersion: 0.0.0\n")
     (info / "entry_points.txt").write_text(
         f"[hostoffload.implementations]\nselftest-partial = {partial_pinning.__name__}:PARTIAL\n")
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+
+
+def test_an_unsupported_call_is_skipped_with_its_reason_in_the_run_and_the_report(tmp_path):
+    """``selftest-partial`` lacks ``pin_empty_like`` and declares it unsupported: the interface test passes,
+    every test marked as exercising the call (by ``requires(calls=...)`` or a ``call`` parameter) is skipped with
+    the declared reason, the other cases of the same tests run, and the report lists the reason;
+    ``--conformance-list`` shows the declaration."""
+    env = _partial_plugin_env(tmp_path)
+    listing = run_pytest("--conformance-list", "--conformance-impl", "selftest-partial", env=env, cwd=tmp_path)
+    assert f"pinning.pin_empty_like unsupported ({partial_pinning.REASON})" in listing.stdout, listing.stdout
     report = tmp_path / "report"
     proc = run_pytest(
         "--pyargs", "conformance.suite.test_pinning_api", "conformance.suite.test_area_interfaces",
