@@ -1,8 +1,10 @@
 """Crash isolation: tests that drive an implementation's native code run in a child process.
 
 A native ``abort()``, a segfault or an ``exit()`` inside the implementation under test must cost one failed test,
-never the run: the other tests still run and the report is still written. The child's setup/call/teardown reports
-are sent back and replayed here as if the test had run in this process. Two ways to get the child:
+never the run: the other tests still run and the report is still written. The child runs the test's whole pytest
+protocol; its setup/call/teardown reports and warnings are sent back and replayed here as pytest made them
+(:mod:`conformance.isolation_reports`), and this process then tears its own fixtures down to what the next test
+needs, as after an in-process test. Three ways to get the child:
 
 - ``fork()`` (Linux, the fast path, milliseconds): used while this process has not initialised CUDA (so the child
   initialises CUDA itself, and only there) and runs a single thread (a lock held by another thread at the fork

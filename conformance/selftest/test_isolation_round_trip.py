@@ -1,5 +1,5 @@
 """Crash isolation is invisible to pytest: a run whose tests go to child processes reports exactly what the same
-run in one process reports -- the junit XML, the ``-ra`` summary, the outcome line and the conformance report --
+run in one process reports -- the junit XML, the ``-rA`` summary, the outcome line and the conformance report --
 and the parent's fixtures of module and session scope are set up and torn down as often as in-process, whatever
 the mix of isolated and in-process tests.
 
@@ -154,7 +154,7 @@ def runs(tmp_path_factory) -> dict[str, dict]:
         if mode == "forked":
             env |= {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
         proc = run_pytest(
-            ".", "-ra", "--junitxml", str(root / "out.xml"), "--conformance-report", str(root / "report"),
+            ".", "-rA", "--junitxml", str(root / "out.xml"), "--conformance-report", str(root / "report"),
             "--conformance-impl", "reference", "--conformance-accelerator", "cpu", "--conformance-profile", "ci",
             *isolation, env=_with_source_path(env), cwd=root, timeout=300,
         )
@@ -200,7 +200,7 @@ def _suite_counts(xml: ET.Element) -> dict[str, str | None]:
 
 
 def _summary(stdout: str) -> list[str]:
-    """The ``-ra`` lines ("short test summary info") and the final outcome line, without the duration."""
+    """The ``-rA`` lines ("short test summary info") and the final outcome line, without the duration."""
     lines = stdout.splitlines()
     start = next(i for i, line in enumerate(lines) if "short test summary info" in line)
     section = [line for line in lines[start + 1 :] if re.match(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) ", line)]
