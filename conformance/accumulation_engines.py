@@ -25,6 +25,10 @@ from reference.contract.implementation import Implementation
 
 #: The marker every engine test module carries: the feature and the areas the engine tests need.
 REQUIRES_ENGINE = pytest.mark.requires("distributed_engine", areas=("accumulation", "pinning"))
+#: The marker of the checkpoint tests: the engine's save_checkpoint / load_checkpoint (docs/zero.md).
+REQUIRES_CHECKPOINT = pytest.mark.requires(
+    "distributed_engine", "accumulation_checkpoint", areas=("accumulation", "pinning")
+)
 #: The engine's code runs in the rank processes of the harness's pool, so a crash there is already one failed
 #: test: crash isolation would only add a pool start per test.
 IN_RANK_PROCESSES = pytest.mark.runs_in_subprocesses

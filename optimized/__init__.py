@@ -59,6 +59,8 @@ IMPLEMENTATION = Implementation(
         accumulation_rank_ordered_reduction=True,
         # delayed_parameter_update (R27): the CPU Adam of a boundary overlaps the whole next step.
         accumulation_delayed_parameter_update=True,
+        # ZeroEngine.save_checkpoint / load_checkpoint (optimized/accumulation/checkpoint.py, checkpoint_files.py).
+        accumulation_checkpoint=True,
         # Tuning environments the native pinning path must be correct under: the CUDA pinning tests repeat their
         # registration and DMA checks with each (registration overlapped with population, and sequential).
         pin_env_variants=(

@@ -23,7 +23,7 @@ from conformance.accumulation_assertions import (
     assert_traces_match,
     cross_implementation_tolerance,
 )
-from conformance.accumulation_engines import IN_RANK_PROCESSES, REQUIRES_ENGINE, engine_api
+from conformance.accumulation_engines import IN_RANK_PROCESSES, REQUIRES_CHECKPOINT, REQUIRES_ENGINE, engine_api
 from conformance.accumulation_strategies import delayed_update_scenarios
 from reference.accumulation import AccumulationConfig, ModelSpec, Scenario, compute_loss, scenario_calls
 from reference.contract.errors import ConfigurationError
@@ -289,7 +289,7 @@ def test_R27_next_step_accumulates_apart_from_the_update_in_flight(impl):
     _assert_same(got, _reference_loop(cfg, 1, 8, 0, RacerSpec()), "a large parameter first, gas 1")
 
 
-@REQUIRES_ENGINE
+@REQUIRES_CHECKPOINT
 @IN_RANK_PROCESSES
 @pytest.mark.parametrize(("stage", "dtype", "world"), [(2, "bf16", 2), (3, "fp32", 1)])
 def test_R27_resume_from_checkpoint_equals_uninterrupted_delayed_run(impl, tmp_path, stage, dtype, world):

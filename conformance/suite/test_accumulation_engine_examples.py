@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.accumulation_engines import REQUIRES_ENGINE, engine_api
+from conformance.accumulation_engines import REQUIRES_CHECKPOINT, REQUIRES_ENGINE, engine_api
 
 pytestmark = [pytest.mark.conformance_area("accumulation"), REQUIRES_ENGINE, pytest.mark.runs_in_subprocesses]
 
@@ -49,6 +49,7 @@ def _usage_blocks() -> str:
     return "\n".join(blocks)
 
 
+@REQUIRES_CHECKPOINT
 def test_R1_zero_md_usage_example_runs_as_written(impl, tmp_path):
     """The python blocks of docs/zero.md's "Using it" (DeepSpeed-shaped config, bf16 inputs cast as shown,
     scheduler, save_checkpoint, consolidated state_dict, load_checkpoint into a fresh engine, the flat config)
@@ -63,6 +64,7 @@ def test_R1_zero_md_usage_example_runs_as_written(impl, tmp_path):
     assert _run([sys.executable, str(path)], env).splitlines()[-2:] == ["global_step2", "doc ok"]
 
 
+@REQUIRES_CHECKPOINT
 def test_R1_deepspeed_style_script_saves_on_two_ranks_and_resumes_on_one(impl, tmp_path):
     """examples/train_zero_resume.py (DeepSpeed config dict, LambdaLR, periodic save_checkpoint, resume)
     trains 2 boundaries on 2 gloo ranks (torchrun's environment) saving each, then resumes from ``latest`` on

@@ -1,6 +1,6 @@
 """Checkpoints of a multi-process accumulation engine: a resumed run is the uninterrupted run, bitwise.
 
-For every implementation whose accumulation module declares ``DISTRIBUTED_ENGINE`` (docs/zero.md,
+For every implementation that declares ``distributed_engine`` and ``accumulation_checkpoint`` (docs/zero.md,
 "Checkpoints"): train N boundary steps, ``save_checkpoint``, build a *fresh* engine (a new model from the same
 seed, a different RNG state), ``load_checkpoint``, train M more. Each boundary records the loss, norm, clip
 coefficient, learning rate (an LR scheduler is attached), counters, the consolidated ``state_dict()`` and a
@@ -23,11 +23,11 @@ import os
 import pytest
 import torch
 
-from conformance.accumulation_engines import REQUIRES_ENGINE, engine_api
+from conformance.accumulation_engines import REQUIRES_CHECKPOINT, engine_api
 from reference.accumulation import ModelSpec, compute_loss
 from reference.contract.errors import CheckpointError, ConfigurationError, UnsupportedOperationError
 
-pytestmark = [pytest.mark.conformance_area("accumulation"), REQUIRES_ENGINE, pytest.mark.runs_in_subprocesses]
+pytestmark = [pytest.mark.conformance_area("accumulation"), REQUIRES_CHECKPOINT, pytest.mark.runs_in_subprocesses]
 
 SEED = 11
 

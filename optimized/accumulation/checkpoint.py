@@ -14,187 +14,92 @@ world size and stage, so any rank of any later run can assemble its own range fr
 (resharding is interval intersection), and a save is staged in a hidden directory that becomes the tag's
 directory with a single ``rename`` once every rank's file and the manifest are on disk.
 
-Layout of ``<dir>/<tag>/``: ``rank<r>.pt`` (``torch.save`` of this rank's tensors and state, loadable with
-``weights_only=True``) and ``manifest.json`` (format marker, world size, parameter names and shapes, which
-pieces each rank file holds, counters). ``<dir>/latest`` names the newest tag (DeepSpeed's convention).
+The files, the order they are written in and what a load verifies (checksums, the manifest against the rank
+files) are :mod:`.checkpoint_files`; this module decides what an engine puts into them and takes out. A
+``client_state`` is checked before anything touches the disk (:func:`check_client_state`), so a save never
+writes a checkpoint that a ``weights_only`` load cannot read back.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+from torch import nn
 
+from optimized.accumulation.checkpoint_files import (
+    FORMAT,
+    VERSION,
+    check_tag,
+    commit,
+    prepare,
+    read_manifest,
+    read_rank_file,
+    resolve_tag,
+    write_rank_file,
+)
 from reference.contract.errors import CheckpointError, ConfigurationError
 
 __all__ = [
-    "FORMAT",
-    "LATEST",
-    "MANIFEST",
-    "VERSION",
     "agree",
     "assemble",
-    "commit",
+    "check_client_state",
     "frozen_range",
     "install_state",
     "load",
     "master_range",
-    "read_manifest",
-    "read_rank_file",
-    "resolve_tag",
+    "pieces_of_range",
     "save",
-    "staging_directory",
-    "write_rank_file",
 ]
 
-FORMAT = "hostoffload.zero_checkpoint"
-VERSION = 1
-MANIFEST = "manifest.json"
-LATEST = "latest"
-
-#: A piece of a flat range in parameter coordinates: (parameter name, first element in the parameter, element
-#: count). The same piece list describes where it sits in any rank's buffer through ``local_start``.
-Piece = tuple[str, int, int]
+#: Leaf values a client_state may hold: each round-trips through ``torch.load(weights_only=True)`` on every
+#: supported torch (checked by the suite's client-state property). Containers: list, tuple, dict (and
+#: OrderedDict) of these, with keys of the same kinds.
+_LEAVES = (type(None), bool, int, float, str, bytes, torch.dtype, torch.device, torch.Size)
+_TENSORS = (torch.Tensor, nn.Parameter)
+_CONTAINERS = (list, tuple, dict, OrderedDict)
 
 
-def _check_tag(tag: str) -> str:
-    if not isinstance(tag, str) or not tag or tag in (".", "..") or os.sep in tag or tag.startswith("."):
+def check_client_state(client_state: Any) -> dict[str, Any]:
+    """``client_state`` as the dict a save stores, or a :class:`ConfigurationError` naming the first value a
+    ``weights_only`` load could not read back (``client_state['best']`` and its type) -- raised before anything
+    touches the disk. numpy values, ``argparse.Namespace``, lambdas and open files are refused with a hint."""
+    if client_state is None:
+        return {}
+    if not isinstance(client_state, Mapping):
         raise ConfigurationError(
-            f"tag={tag!r} must be a non-empty str without path separators that does not start with '.'"
+            f"client_state={type(client_state).__name__} must be a mapping (a dict of plain values) or None"
         )
-    return tag
+    _check_value(dict(client_state), "client_state", depth=0)
+    return dict(client_state)
 
 
-def staging_directory(directory: str, tag: str) -> str:
-    """Where a save of ``tag`` is written before it is committed (hidden: never mistaken for a checkpoint)."""
-    return os.path.join(directory, f".{_check_tag(tag)}.partial")
-
-
-def _fsync_path(path: str, directory: bool = False) -> None:
-    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomically(path: str, write: Any) -> None:
-    tmp = path + ".tmp"
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def write_rank_file(staging: str, rank: int, payload: dict[str, Any]) -> int:
-    """Write ``rank<r>.pt`` into the staging directory; returns its size in bytes."""
-    path = os.path.join(staging, f"rank{rank}.pt")
-    _write_atomically(path, lambda f: torch.save(payload, f))
-    return os.path.getsize(path)
-
-
-def commit(directory: str, tag: str, manifest: dict[str, Any], *, save_latest: bool) -> str:
-    """Rank 0, after every rank wrote its file: write the manifest, then make the staging directory the tag's
-    directory in one rename (replacing an older checkpoint of the same tag), then update ``latest``."""
-    staging = staging_directory(directory, tag)
-    final = os.path.join(directory, tag)
-    _write_atomically(os.path.join(staging, MANIFEST), lambda f: f.write(json.dumps(manifest, indent=1).encode()))
-    _fsync_path(staging, directory=True)
-    old = None
-    if os.path.lexists(final):
-        old = os.path.join(directory, f".{tag}.old")
-        if os.path.lexists(old):
-            shutil.rmtree(old)
-        os.rename(final, old)
-    os.rename(staging, final)
-    _fsync_path(directory, directory=True)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-    if save_latest:
-        _write_atomically(os.path.join(directory, LATEST), lambda f: f.write(tag.encode()))
-    return final
-
-
-def resolve_tag(directory: str, tag: str | None) -> str:
-    """``tag``, or the one ``<dir>/latest`` names."""
-    if not isinstance(directory, (str, os.PathLike)):
-        raise ConfigurationError(f"load_dir={directory!r} must be a str or PathLike naming a directory")
-    if tag is not None:
-        return _check_tag(tag)
-    latest = os.path.join(directory, LATEST)
-    if not os.path.isfile(latest):
-        raise CheckpointError(
-            f"no checkpoint to load in {os.fspath(directory)!r}: tag=None reads the file 'latest', which does not "
-            f"exist (tags there: {_tags(directory)}); allowed: pass tag=, or a directory save_checkpoint() wrote"
-        )
-    with open(latest, encoding="utf-8") as f:
-        return _check_tag(f.read().strip())
-
-
-def _tags(directory: str) -> list[str]:
-    try:
-        return sorted(
-            e for e in os.listdir(directory) if os.path.isfile(os.path.join(directory, e, MANIFEST))
-        )
-    except OSError:
-        return []
-
-
-def read_manifest(directory: str, tag: str) -> tuple[str, dict[str, Any]]:
-    """The checkpoint's path and manifest; :class:`CheckpointError` when it is missing, partial or foreign."""
-    path = os.path.join(os.fspath(directory), tag)
-    where = f"checkpoint {tag!r} in {os.fspath(directory)!r}"
-    if not os.path.isdir(path):
-        partial = os.path.isdir(staging_directory(os.fspath(directory), tag))
-        raise CheckpointError(
-            f"{where} does not exist"
-            + (" (only an unfinished save of it was found: the save did not complete)" if partial else "")
-            + f"; tags there: {_tags(os.fspath(directory))}"
-        )
-    mpath = os.path.join(path, MANIFEST)
-    if not os.path.isfile(mpath):
-        raise CheckpointError(
-            f"{where} has no {MANIFEST}: it is partial (a save that did not complete) or not a hostoffload "
-            f"ZeroEngine checkpoint"
-        )
-    try:
-        with open(mpath, encoding="utf-8") as f:
-            manifest = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{where}: {MANIFEST} cannot be read ({exc}); the checkpoint is damaged") from exc
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise CheckpointError(
-            f"{where} is not a hostoffload ZeroEngine checkpoint (format {manifest.get('format')!r} in "
-            f"{MANIFEST}, expected {FORMAT!r})" if isinstance(manifest, dict) else f"{where}: malformed {MANIFEST}"
-        )
-    if manifest.get("version") != VERSION:
-        raise CheckpointError(f"{where} has format version {manifest.get('version')!r}; this engine reads {VERSION}")
-    for r, entry in enumerate(manifest["ranks"]):
-        fpath = os.path.join(path, entry["file"])
-        if not os.path.isfile(fpath) or os.path.getsize(fpath) != entry["bytes"]:
-            raise CheckpointError(
-                f"{where} is partial: {entry['file']} (rank {r} of {manifest['world_size']}) is missing or has "
-                f"a different size than the manifest records"
-            )
-    return path, manifest
-
-
-def read_rank_file(path: str, entry: dict[str, Any]) -> dict[str, Any]:
-    fpath = os.path.join(path, entry["file"])
-    try:
-        return torch.load(fpath, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as exc:
-        raise CheckpointError(f"checkpoint file {fpath!r} cannot be loaded ({type(exc).__name__}: {exc})") from exc
+def _check_value(value: Any, where: str, depth: int) -> None:
+    kind = type(value)
+    if kind in _LEAVES or kind in _TENSORS:
+        return
+    if depth > 64:
+        raise ConfigurationError(f"{where} is nested more than 64 containers deep; allowed: plain data")
+    if kind in _CONTAINERS:
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for k, v in items:
+            if isinstance(value, dict):
+                _check_value(k, f"{where} key {k!r}", depth + 1)
+            _check_value(v, f"{where}[{k!r}]", depth + 1)
+        return
+    hint = ""
+    if kind.__module__ == "numpy":
+        hint = " (a numpy value: convert it with float(x), int(x), x.tolist() or torch.from_numpy(x))"
+    elif kind.__name__ == "Namespace":
+        hint = " (an argparse.Namespace: store vars(args))"
+    raise ConfigurationError(
+        f"{where} is a {kind.__module__}.{kind.__qualname__}{hint}, which a checkpoint cannot store so that it loads "
+        f"back with weights_only=True; allowed: tensors, None, bool, int, float, str, bytes, torch.dtype, "
+        f"torch.device, and lists, tuples and dicts of these. Nothing was written"
+    )
 
 
 def pieces_of_range(segments: Sequence[Any], lo: int, hi: int) -> list[tuple[str, int, int, int]]:
@@ -268,43 +173,47 @@ def frozen_range(engine: Any) -> tuple[int, int]:
 def save(
     engine: Any, save_dir: str | os.PathLike, tag: str | None, client_state: Any, save_latest: bool
 ) -> str:
-    """:meth:`ZeroEngine.save_checkpoint`: agree on the tag, stage, write every rank's file, commit on rank 0."""
+    """:meth:`ZeroEngine.save_checkpoint`: check the arguments (client_state included) and agree on them, prepare
+    the staging directory on rank 0, write every rank's file, commit on rank 0 (:mod:`.checkpoint_files`). Any
+    rank's failure is every rank's :class:`CheckpointError` or :class:`ConfigurationError`."""
     comm = engine._comm
+    if not isinstance(save_dir, (str, os.PathLike)):
+        raise ConfigurationError(f"save_dir={save_dir!r} must be a str or PathLike naming a directory")
+    if type(save_latest) is not bool:
+        raise ConfigurationError(f"save_latest={save_latest!r} must be a bool; allowed values: True, False")
     directory = os.fspath(save_dir)
     tag = f"global_step{engine.global_steps}" if tag is None else tag
-    staging = None
     error = None
     try:
-        staging = staging_directory(directory, tag)
-    except BaseException as exc:
+        check_tag(tag)
+        client = check_client_state(client_state)
+    except ConfigurationError as exc:
         error = exc
     tags = comm.all_gather_objects((directory, tag), "checkpoint tag agreement")
     if error is None and any(t != tags[0] for t in tags):
         error = ConfigurationError(
             f"save_checkpoint: ranks passed different (save_dir, tag): {tags}; allowed: the same on every rank"
         )
+    staging = None
     if error is None and engine.rank == 0:
         try:
-            os.makedirs(directory, exist_ok=True)
-            if os.path.lexists(staging):
-                shutil.rmtree(staging)  # an earlier save of this tag that never committed
-            os.makedirs(staging)
-        except OSError as exc:
-            error = ConfigurationError(f"save_dir={directory!r}: cannot create {staging!r} ({exc})")
+            staging = prepare(directory, tag)
+        except CheckpointError as exc:
+            error = exc
     agree(comm, error, "save_checkpoint")
+    staging = staging or os.path.join(directory, f".{tag}.partial")
+    entry = None
     try:
-        payload, entry, opt_state, state = _write_engine_rank_file(engine, staging, client_state)
-    except Exception as exc:  # reported to every rank, then re-raised here
+        entry, opt_state, state = _write_engine_rank_file(engine, staging, directory, client)
+    except (CheckpointError, ConfigurationError) as exc:  # reported to every rank, then re-raised here
         error = exc
     agree(comm, error, "save_checkpoint (rank files)")
     entries = comm.all_gather_objects(entry, "checkpoint manifest gather")
-    del payload
     manifest = _manifest(engine, tag, opt_state.step, sorted(state), entries)
-    error = None
     if engine.rank == 0:
         try:
             commit(directory, tag, manifest, save_latest=save_latest)
-        except OSError as exc:
+        except CheckpointError as exc:
             error = exc
     agree(comm, error, "save_checkpoint (commit)")
     return os.path.join(directory, tag)
@@ -335,7 +244,7 @@ def _manifest(engine: Any, tag: str, optimizer_step: int, state_names: list[str]
     }
 
 
-def _write_engine_rank_file(engine: Any, staging: str, client_state: Any) -> tuple:
+def _write_engine_rank_file(engine: Any, staging: str, directory: str, client_state: dict[str, Any]) -> tuple:
     """This rank's part of a save: its tensors and state into ``staging/rank<r>.pt``."""
     opt_state = engine.optimizer_state()  # with nvme: read back from its files
     lo, hi = master_range(engine)
@@ -367,16 +276,12 @@ def _write_engine_rank_file(engine: Any, staging: str, client_state: Any) -> tup
         "rng": rng,
         "optimizer": engine.optimizer.state_dict()["param_groups"],
         "lr_scheduler": None if scheduler is None else scheduler.state_dict(),
-        "client_state": dict(client_state or {}),
+        "client_state": client_state,
     }
-    size = write_rank_file(staging, engine.rank, payload)
-    entry = {
-        "file": f"rank{engine.rank}.pt",
-        "bytes": size,
-        "trainable": pieces_of_range(engine.layout.segments, lo, hi),
-        "frozen": pieces_of_range(engine.frozen_layout.segments, flo, fhi),
-    }
-    return payload, entry, opt_state, state
+    entry = write_rank_file(staging, engine.rank, payload, directory)
+    entry["trainable"] = pieces_of_range(engine.layout.segments, lo, hi)
+    entry["frozen"] = pieces_of_range(engine.frozen_layout.segments, flo, fhi)
+    return entry, opt_state, state
 
 
 def load(
@@ -384,6 +289,8 @@ def load(
     load_lr_scheduler_states: bool, load_module_only: bool,
 ) -> tuple[str, dict[str, Any]]:
     """:meth:`ZeroEngine.load_checkpoint`: read and check everything, agree, then install (arguments checked)."""
+    if not isinstance(load_dir, (str, os.PathLike)):
+        raise ConfigurationError(f"load_dir={load_dir!r} must be a str or PathLike naming a directory")
     error = None
     loaded = None
     try:

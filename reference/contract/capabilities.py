@@ -53,6 +53,10 @@ class Capabilities:
     - ``accumulation_split_update``: the accumulation area implements R28's split update (config keys
       ``gpu_share`` and ``gpu_memory_budget``; a distributed engine's ``split_report()``); without it the R28 tests
       are skipped.
+    - ``accumulation_checkpoint``: the distributed engine implements ``save_checkpoint`` / ``load_checkpoint``
+      with the guarantees of docs/zero.md ("Checkpoints: what is guaranteed": atomic saves that leave the
+      previous checkpoint on any failure, checksummed files, clear errors); the suite's resume tests and its
+      checkpoint state machine with fault injection run against every implementation that declares it.
     - ``range_address_limit``: the exclusive upper bound on the addresses, sizes and owner tokens the ranges
       area's ``RangeRegistry`` stores (e.g. ``2**64`` for a registry of 64-bit words); values from it up must be a
       ``ConfigurationError``. None: unbounded, like the reference's.
@@ -72,6 +76,7 @@ class Capabilities:
     accumulation_optimizer_ulps: int | None = None
     accumulation_delayed_parameter_update: bool = False
     accumulation_split_update: bool = False
+    accumulation_checkpoint: bool = False
     range_address_limit: int | None = None
     offload_streams: bool = False
     io_streams: bool = False
@@ -87,8 +92,8 @@ class Capabilities:
         if variants and not all(isinstance(v, tuple) for v in variants):
             object.__setattr__(self, "pin_env_variants", _frozen_env(variants))
         for name in ("concurrent_registry_reads", "distributed_engine", "accumulation_rank_ordered_reduction",
-                     "accumulation_delayed_parameter_update", "accumulation_split_update", "offload_streams",
-                     "io_streams", "crash_isolation"):
+                     "accumulation_delayed_parameter_update", "accumulation_split_update",
+                     "accumulation_checkpoint", "offload_streams", "io_streams", "crash_isolation"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}={getattr(self, name)!r} must be a bool")
         ulps = self.accumulation_optimizer_ulps

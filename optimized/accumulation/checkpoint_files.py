@@ -1,0 +1,375 @@
+"""The durable on-disk format of ZeroEngine checkpoints: what is written, in which order, and what a load verifies.
+
+Layout of ``<dir>/<tag>/``: ``rank<r>.pt`` (``torch.save`` of one rank's tensors and state, loadable with
+``weights_only=True``) and ``manifest.json`` (format marker, world size, parameter names and shapes, which pieces
+each rank file holds, counters, and for every rank file its size and CRC-32 as written; the manifest carries the
+CRC-32 of its own canonical text too). ``<dir>/latest`` names the newest tag (DeepSpeed's convention).
+
+Why each step (docs/zero.md, "Checkpoints: what is guaranteed"):
+
+- A save is staged in the hidden ``.<tag>.partial/``; every file is fsynced, then the staging directory, and
+  ``latest.tmp`` is written before anything visible changes, so every step that can run out of space or fail to
+  write happens while the previous checkpoint is untouched.
+- The commit is renames only: ``<tag>`` -> ``.<tag>.old`` (when the tag exists), ``.<tag>.partial`` -> ``<tag>``,
+  ``latest.tmp`` -> ``latest``, each followed by an fsync of ``<dir>``. A rename that fails is undone in reverse
+  order, so a save that raises leaves the previous checkpoint and ``latest`` as they were. A process killed
+  between the first two renames leaves ``.<tag>.old`` alone: a load of the tag reads it, and the next save puts
+  it back first (:func:`prepare`).
+- Checksums catch what the unpickler would not: bytes flipped inside tensor data load without complaint, and a
+  damaged pickle header makes torch print a page of unrelated advice. A load computes the CRC-32 of every rank
+  file it reads before unpickling it.
+
+Why CRC-32 (``zlib.crc32``): it detects every burst of up to 32 flipped bits and any other damage with
+probability 1 - 2**-32, which is what storage damage needs (this is not a defence against someone forging a
+file); it runs at several GB/s and is computed on a helper thread while the same bytes are being written, so a
+save costs about max(write, checksum) instead of their sum (``benchmarks/bench_checkpoint.py`` measures it).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import shutil
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from reference.contract.errors import CheckpointError, ConfigurationError
+
+__all__ = [
+    "FORMAT",
+    "LATEST",
+    "MANIFEST",
+    "VERSION",
+    "commit",
+    "os_error",
+    "prepare",
+    "read_manifest",
+    "read_rank_file",
+    "resolve_tag",
+    "write_rank_file",
+]
+
+FORMAT = "hostoffload.zero_checkpoint"
+#: 2: per-file sizes and CRC-32 in the manifest, the manifest's own CRC-32 (version 1 had sizes only).
+VERSION = 2
+MANIFEST = "manifest.json"
+LATEST = "latest"
+_RANK_FILE = re.compile(r"rank(\d+)\.pt")
+#: Writes at least this large are checksummed on the helper thread while they are written.
+_OVERLAP_BYTES = 1 << 20
+_CHUNK = 64 << 20
+
+
+def rank_file(rank: int) -> str:
+    return f"rank{rank}.pt"
+
+
+def check_tag(tag: object) -> str:
+    if not isinstance(tag, str) or not tag or tag in (".", "..") or os.sep in tag or tag.startswith("."):
+        raise ConfigurationError(
+            f"tag={tag!r} must be a non-empty str without path separators that does not start with '.'"
+        )
+    return tag
+
+
+def _staging(directory: str, tag: str) -> str:
+    return os.path.join(directory, f".{tag}.partial")
+
+
+def _old(directory: str, tag: str) -> str:
+    return os.path.join(directory, f".{tag}.old")
+
+
+def os_error(exc: OSError, what: str, path: str, directory: str, needed: int | None = None) -> CheckpointError:
+    """A :class:`CheckpointError` naming the checkpoint directory, the path, the errno and its meaning; for a
+    full disk, the bytes this step needed and the bytes free."""
+    code = errno.errorcode.get(exc.errno, str(exc.errno)) if exc.errno is not None else type(exc).__name__
+    text = f"{what}: {code} ({exc.strerror or exc}) at {path!r} in save_dir={directory!r}"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        try:
+            free = shutil.disk_usage(directory).free
+        except OSError:
+            free = None
+        text += f"; this step needs about {needed} bytes" if needed is not None else ""
+        text += f", {free} bytes are free there" if free is not None else ""
+    elif exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        text += "; allowed: a save_dir this process may write"
+    error = CheckpointError(text + "; the previous checkpoint of this tag (if any) is unchanged")
+    error.__cause__ = exc
+    return error
+
+
+def _fsync_directory(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def prepare(directory: str, tag: str) -> str:
+    """Rank 0, before any rank writes: create ``directory``; finish what an earlier process left (a commit killed
+    between its two renames is rolled back to its previous checkpoint; stale ``.*.partial`` directories and
+    ``latest.tmp`` are swept: one job saves into a directory at a time); return a fresh staging directory."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+        for entry in os.listdir(directory):
+            path = os.path.join(directory, entry)
+            if entry.startswith(".") and entry.endswith(".old"):
+                final = os.path.join(directory, entry[1:-4])
+                if os.path.lexists(final):
+                    _remove(path)
+                else:
+                    os.rename(path, final)
+            elif (entry.startswith(".") and entry.endswith(".partial")) or entry == LATEST + ".tmp":
+                _remove(path)
+        staging = _staging(directory, tag)
+        os.makedirs(staging)
+    except OSError as exc:
+        raise os_error(exc, "save_checkpoint cannot prepare its staging directory", exc.filename or directory,
+                       directory) from exc
+    return staging
+
+
+class _ChecksummedFile:
+    """The file object ``torch.save`` writes into: counts the bytes and keeps their CRC-32, computed on a helper
+    thread while the same bytes are written (both release the GIL)."""
+
+    def __init__(self, f: Any, pool: ThreadPoolExecutor) -> None:
+        self._f = f
+        self._pool = pool
+        self.crc = 0
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        for start in range(0, max(len(view), 1), _CHUNK):
+            chunk = view[start : start + _CHUNK]
+            if len(chunk) < _OVERLAP_BYTES:
+                self.crc = zlib.crc32(chunk, self.crc)
+                self._f.write(chunk)
+            else:
+                pending = self._pool.submit(zlib.crc32, chunk, self.crc)
+                try:
+                    self._f.write(chunk)
+                finally:
+                    self.crc = pending.result()
+            self.size += len(chunk)
+        return len(view)
+
+    def flush(self) -> None:
+        self._f.flush()
+
+
+def write_rank_file(staging: str, rank: int, payload: dict[str, Any], directory: str) -> dict[str, Any]:
+    """Write ``rank<r>.pt`` into the staging directory, fsynced; return its manifest entry (file, bytes, crc32).
+    A failure removes the file and raises a :class:`CheckpointError` naming the path and the cause."""
+    path = os.path.join(staging, rank_file(rank))
+    needed = sum(t.nbytes for t in _tensors(payload))
+    try:
+        with ThreadPoolExecutor(1, thread_name_prefix="checkpoint-crc") as pool, open(path, "wb") as f:
+            out = _ChecksummedFile(f, pool)
+            torch.save(payload, out)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        _remove(path)
+        raise os_error(exc, f"save_checkpoint cannot write rank {rank}'s file", path, directory, needed) from exc
+    except Exception as exc:
+        _remove(path)
+        raise CheckpointError(
+            f"save_checkpoint cannot serialise rank {rank}'s state into {path!r} ({type(exc).__name__}: {exc})"
+        ) from exc
+    return {"file": rank_file(rank), "bytes": out.size, "crc32": out.crc}
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in _tensors(v)]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in _tensors(v)]
+    return []
+
+
+def _manifest_crc(manifest: dict[str, Any]) -> int:
+    body = {k: v for k, v in manifest.items() if k != "manifest_crc32"}
+    return zlib.crc32(json.dumps(body, sort_keys=True).encode())
+
+
+def _write_small(path: str, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def commit(directory: str, tag: str, manifest: dict[str, Any], *, save_latest: bool) -> str:
+    """Rank 0, after every rank wrote its file: the manifest and ``latest.tmp`` first, then the renames (module
+    docstring). Raises :class:`CheckpointError`; whatever it raises for, the previous checkpoint is in place."""
+    staging, final, old = _staging(directory, tag), os.path.join(directory, tag), _old(directory, tag)
+    latest, latest_tmp = os.path.join(directory, LATEST), os.path.join(directory, LATEST + ".tmp")
+    manifest = {**manifest, "manifest_crc32": 0}
+    manifest["manifest_crc32"] = _manifest_crc(manifest)
+    done: list[str] = []
+    try:
+        _write_small(os.path.join(staging, MANIFEST), json.dumps(manifest, indent=1).encode())
+        _fsync_directory(staging)
+        if save_latest:
+            _write_small(latest_tmp, tag.encode())
+        if os.path.lexists(final):
+            os.rename(final, old)
+            done.append("old")
+        os.rename(staging, final)
+        done.append("final")
+        _fsync_directory(directory)
+        if save_latest:
+            os.replace(latest_tmp, latest)
+            done.append("latest")
+            _fsync_directory(directory)
+    except OSError as exc:
+        if "latest" not in done:
+            _undo(done, staging, final, old)
+            _remove(latest_tmp)
+            _remove(staging)
+        raise os_error(exc, "save_checkpoint cannot commit", exc.filename or directory, directory) from exc
+    _remove(old)
+    return final
+
+
+def _undo(done: list[str], staging: str, final: str, old: str) -> None:
+    """Reverse the commit's renames (best effort: a failure here leaves ``.<tag>.old``, which the next load reads
+    and the next save restores)."""
+    try:
+        if "final" in done:
+            os.rename(final, staging)
+        if "old" in done:
+            os.rename(old, final)
+    except OSError:
+        pass
+
+
+def resolve_tag(directory: str, tag: str | None) -> str:
+    """``tag``, or the one ``<dir>/latest`` names."""
+    if tag is not None:
+        return check_tag(tag)
+    latest = os.path.join(directory, LATEST)
+    if not os.path.isfile(latest):
+        raise CheckpointError(
+            f"no checkpoint to load in {directory!r}: tag=None reads the file 'latest', which does not exist (tags "
+            f"there: {_tags(directory)}); allowed: pass tag=, or a directory save_checkpoint() wrote"
+        )
+    with open(latest, encoding="utf-8") as f:
+        return check_tag(f.read().strip())
+
+
+def _tags(directory: str) -> list[str]:
+    try:
+        return sorted(e for e in os.listdir(directory) if os.path.isfile(os.path.join(directory, e, MANIFEST)))
+    except OSError:
+        return []
+
+
+def read_manifest(directory: str, tag: str) -> tuple[str, dict[str, Any]]:
+    """The checkpoint's path and its verified manifest, cross-checked against the rank files present (names,
+    count, sizes); :class:`CheckpointError` naming the damage when it is missing, partial, edited or foreign."""
+    path = os.path.join(directory, tag)
+    where = f"checkpoint {tag!r} in {directory!r}"
+    if not os.path.isdir(path) and os.path.isfile(os.path.join(_old(directory, tag), MANIFEST)):
+        path = _old(directory, tag)  # a commit killed between its renames: the previous checkpoint is here
+    if not os.path.isdir(path):
+        partial = os.path.isdir(_staging(directory, tag))
+        raise CheckpointError(
+            f"{where} does not exist"
+            + (" (only an unfinished save of it was found: the save did not complete)" if partial else "")
+            + f"; tags there: {_tags(directory)}"
+        )
+    mpath = os.path.join(path, MANIFEST)
+    if not os.path.isfile(mpath):
+        raise CheckpointError(
+            f"{where} has no {MANIFEST}: it is partial (a save that did not complete) or not a hostoffload "
+            f"ZeroEngine checkpoint"
+        )
+    try:
+        with open(mpath, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{where}: {MANIFEST} cannot be read ({exc}); the checkpoint is damaged") from exc
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise CheckpointError(f"{where} is not a hostoffload ZeroEngine checkpoint ({MANIFEST} format {found!r}, "
+                              f"expected {FORMAT!r})")
+    if manifest.get("version") != VERSION:
+        raise CheckpointError(f"{where} has format version {manifest.get('version')!r}; this engine reads {VERSION}")
+    if manifest.get("manifest_crc32") != _manifest_crc(manifest):
+        raise CheckpointError(f"{where}: {MANIFEST} is damaged or was edited after save_checkpoint wrote it (its "
+                              f"checksum does not match its contents); the checkpoint cannot be trusted")
+    _cross_check(where, path, manifest)
+    return path, manifest
+
+
+def _cross_check(where: str, path: str, manifest: dict[str, Any]) -> None:
+    ranks, world = manifest["ranks"], manifest["world_size"]
+    expected = [rank_file(r) for r in range(len(ranks))]
+    if world != len(ranks) or [e["file"] for e in ranks] != expected:
+        raise CheckpointError(f"{where}: {MANIFEST} says world_size={world!r} but lists rank files "
+                              f"{[e.get('file') for e in ranks]}; the manifest is damaged")
+    present = sorted((e for e in os.listdir(path) if _RANK_FILE.fullmatch(e)), key=lambda e: int(e[4:-3]))
+    if present != expected:
+        raise CheckpointError(f"{where} is partial or mixed: the manifest lists {expected} (world_size={world}), "
+                              f"the directory holds {present}")
+    for r, entry in enumerate(ranks):
+        size = os.path.getsize(os.path.join(path, entry["file"]))
+        if size != entry["bytes"]:
+            raise CheckpointError(f"{where} is partial: {entry['file']} (rank {r} of {world}) has {size} bytes, the "
+                                  f"manifest records {entry['bytes']} (a truncated or replaced file)")
+
+
+def _file_crc(path: str) -> int:
+    crc = 0
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(_CHUNK)
+        view = memoryview(buf)
+        while n := f.readinto(buf):
+            crc = zlib.crc32(view[:n], crc)
+    return crc
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def read_rank_file(path: str, entry: dict[str, Any]) -> dict[str, Any]:
+    """One rank file, its CRC-32 verified against the manifest before it is unpickled."""
+    fpath = os.path.join(path, entry["file"])
+    try:
+        crc = _file_crc(fpath)
+    except OSError as exc:
+        raise CheckpointError(f"rank file {fpath!r} cannot be read ({exc})") from exc
+    if crc != entry["crc32"]:
+        raise CheckpointError(
+            f"rank file {fpath!r} is damaged or was not written by save_checkpoint: its CRC-32 is {crc:#010x}, the "
+            f"manifest records {entry['crc32']:#010x}"
+        )
+    try:
+        return torch.load(fpath, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:
+        first = _ANSI.sub("", str(exc)).strip().splitlines()[0] if str(exc).strip() else ""
+        raise CheckpointError(
+            f"rank file {fpath!r} was not written by this version's save_checkpoint ({type(exc).__name__}: {first})"
+        ) from exc
