@@ -35,6 +35,7 @@ from optimized.accumulation.checkpoint_files import (
     VERSION,
     check_tag,
     commit,
+    discard,
     prepare,
     read_manifest,
     read_rank_file,
@@ -207,7 +208,12 @@ def save(
         entry, opt_state, state = _write_engine_rank_file(engine, staging, directory, client)
     except (CheckpointError, ConfigurationError) as exc:  # reported to every rank, then re-raised here
         error = exc
-    agree(comm, error, "save_checkpoint (rank files)")
+    try:
+        agree(comm, error, "save_checkpoint (rank files)")
+    except BaseException:
+        if engine.rank == 0:
+            discard(staging)
+        raise
     entries = comm.all_gather_objects(entry, "checkpoint manifest gather")
     manifest = _manifest(engine, tag, opt_state.step, sorted(state), entries)
     if engine.rank == 0:

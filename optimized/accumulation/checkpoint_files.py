@@ -46,6 +46,7 @@ __all__ = [
     "MANIFEST",
     "VERSION",
     "commit",
+    "discard",
     "os_error",
     "prepare",
     "read_manifest",
@@ -112,6 +113,11 @@ def _fsync_directory(path: str) -> None:
         os.close(fd)
 
 
+def discard(staging: str) -> None:
+    """Rank 0, after a save failed on any rank: remove its staging directory (nothing of it is kept)."""
+    _remove(staging)
+
+
 def _remove(path: str) -> None:
     if os.path.isdir(path) and not os.path.islink(path):
         shutil.rmtree(path, ignore_errors=True)
@@ -155,8 +161,17 @@ class _ChecksummedFile:
         self._pool = pool
         self.crc = 0
         self.size = 0
+        #: The OSError of a failed write: torch's writer replaces it with a RuntimeError ("unexpected pos").
+        self.error: OSError | None = None
 
     def write(self, data: Any) -> int:
+        try:
+            return self._write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def _write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
         for start in range(0, max(len(view), 1), _CHUNK):
             chunk = view[start : start + _CHUNK]
@@ -181,17 +196,19 @@ def write_rank_file(staging: str, rank: int, payload: dict[str, Any], directory:
     A failure removes the file and raises a :class:`CheckpointError` naming the path and the cause."""
     path = os.path.join(staging, rank_file(rank))
     needed = sum(t.nbytes for t in _tensors(payload))
+    out = None
     try:
         with ThreadPoolExecutor(1, thread_name_prefix="checkpoint-crc") as pool, open(path, "wb") as f:
             out = _ChecksummedFile(f, pool)
             torch.save(payload, out)
             f.flush()
             os.fsync(f.fileno())
-    except OSError as exc:
-        _remove(path)
-        raise os_error(exc, f"save_checkpoint cannot write rank {rank}'s file", path, directory, needed) from exc
     except Exception as exc:
         _remove(path)
+        cause = exc if isinstance(exc, OSError) else (out.error if out is not None else None)
+        if cause is not None:
+            what = f"save_checkpoint cannot write rank {rank}'s file"
+            raise os_error(cause, what, path, directory, needed) from exc
         raise CheckpointError(
             f"save_checkpoint cannot serialise rank {rank}'s state into {path!r} ({type(exc).__name__}: {exc})"
         ) from exc

@@ -1,0 +1,206 @@
+"""The checkpoint state machine: save / load / train / damage, with filesystem faults, on one engine rank.
+
+It runs inside a rank process of the harness's pool (the engine needs its process group), driven by hypothesis
+there; the test in ``test_accumulation_checkpoint_faults`` passes the profile's counts and reads back how many
+steps ran. The engine class is the implementation's own (``engine_class(impl)``).
+
+The model of what the disk must hold, per tag: the states a load may restore. A save that returns makes its
+state the only one; a save that raises (a write failing at its k-th byte with ENOSPC or EIO, a rename that
+fails) changes nothing; a save killed part-way (:class:`~conformance.checkpoint_faults.Killed`) may leave the
+previous checkpoint or the new one, whichever side of the commit it died on, never a third; damage after the save
+(bytes flipped, a file truncated) must make the load raise. **Invariant**: ``load_checkpoint`` either restores
+exactly one of the allowed states -- parameters, fp32 master, optimizer state, counters, learning rate,
+bitwise -- or raises ``CheckpointError`` (and only where the model allows an error), leaving the engine as it
+was; after every save that returns, no staging leftovers remain in the directory.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import tempfile
+from typing import Any
+
+import torch
+
+from conformance.accumulation_engines import engine_class
+from conformance.checkpoint_faults import FilesystemFaults, Killed
+from reference.contract.accumulation_scenario import ModelSpec, compute_loss
+from reference.contract.errors import CheckpointError
+
+SEED = 5
+#: (zero_stage, extra config) the machine picks from: every stage, offload, a second dtype.
+CONFIGS = (
+    (0, {}),
+    (1, {"dtype": "bf16", "grad_accum_dtype": "fp32"}),
+    (2, {"offload_optimizer": "cpu"}),
+    (3, {"offload_optimizer": "cpu", "offload_param": "cpu"}),
+)
+TAGS = ("a", "b")
+#: What a load of a tag may do that the model allows to fail (no state: the tag was never saved, or damaged).
+RAISES = "raises"
+
+
+def engine_state(engine: Any) -> dict[str, Any]:
+    """Everything a checkpoint restores that the public surface shows."""
+    opt = engine.optimizer_state()
+    return {
+        "params": engine.state_dict(),
+        "master": engine.master_partition(),
+        "opt": {k: v.clone() for k, v in opt.buffers.items()},
+        "opt_step": opt.step,
+        "counters": (engine.micro_steps, engine.global_steps, engine.global_samples),
+        "lr": engine.get_lr(),
+    }
+
+
+def same_state(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    if a["counters"] != b["counters"] or a["lr"] != b["lr"] or a["opt_step"] != b["opt_step"]:
+        return False
+    if not torch.equal(a["master"], b["master"]) or a["opt"].keys() != b["opt"].keys():
+        return False
+    if any(not torch.equal(a["opt"][k], b["opt"][k]) for k in a["opt"]):
+        return False
+    return a["params"].keys() == b["params"].keys() and all(torch.equal(a["params"][k], b["params"][k])
+                                                            for k in a["params"])
+
+
+def run_machine(group: Any, impl: Any, examples: int, steps: int, derandomize: bool, workdir: str) -> int:
+    """Run the machine ``examples`` times (``steps`` rules each) in this rank process; returns the steps run."""
+    from hypothesis import HealthCheck, settings
+    from hypothesis import strategies as st
+    from hypothesis.stateful import (
+        RuleBasedStateMachine,
+        initialize,
+        invariant,
+        precondition,
+        rule,
+        run_state_machine_as_test,
+    )
+
+    ZeroEngine = engine_class(impl)
+    spec = ModelSpec()
+    counter = {"steps": 0}
+    faults = st.one_of(
+        st.none(),
+        st.tuples(st.just("write"), st.integers(0, 12_000), st.sampled_from([errno.ENOSPC, errno.EIO])),
+        st.tuples(st.just("rename"), st.integers(1, 3), st.just(errno.EIO)),
+        st.tuples(st.just("kill"), st.integers(1, 14), st.just(0)),
+    )
+
+    class CheckpointMachine(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.dir = tempfile.mkdtemp(dir=workdir)
+            self.engine = None
+            self.allowed: dict[str, list[Any]] = {t: [RAISES] for t in TAGS}
+            self.latest: list[str | None] = [None]
+            self.batch = 0
+
+        @initialize(config=st.sampled_from(CONFIGS))
+        def build(self, config: tuple[int, dict]) -> None:
+            stage, extra = config
+            cfg = {"zero_stage": stage, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+                   "optimizer": {"type": "adamw", "lr": 0.01}, **extra}
+            self.engine = ZeroEngine(spec.build(SEED), cfg, process_group=group)
+
+        @rule()
+        def train(self) -> None:
+            gen = torch.Generator().manual_seed(self.batch)
+            self.batch += 1
+            x, y = torch.randn(2, spec.in_features, generator=gen), torch.randn(2, spec.out_features, generator=gen)
+            self.engine.backward(compute_loss(self.engine.module, x, y, self.engine.config.model_dtype))
+            self.engine.step()
+
+        @rule(tag=st.sampled_from(TAGS), save_latest=st.booleans(), fault=faults)
+        def save(self, tag: str, save_latest: bool, fault: Any) -> None:
+            state = engine_state(self.engine)
+            injected = FilesystemFaults(self.dir, fault[0], fault[1], fault[2]) if fault else None
+            outcome = "returned"
+            try:
+                if injected is None:
+                    path = self.engine.save_checkpoint(self.dir, tag, save_latest=save_latest)
+                else:
+                    with injected:
+                        path = self.engine.save_checkpoint(self.dir, tag, save_latest=save_latest)
+            except Killed:
+                outcome = "killed"
+                injected.restore_killed_state()
+            except CheckpointError as exc:
+                outcome = "raised"
+                assert injected is not None and injected.fired, f"save raised without a fault: {exc}"
+                assert self.dir in str(exc), f"the error does not name save_dir {self.dir!r}: {exc}"
+            if outcome == "returned":
+                assert path == os.path.join(self.dir, tag), path
+                self.allowed[tag] = [state]
+                if save_latest:
+                    self.latest = [tag]
+                hidden = [e for e in os.listdir(self.dir) if e.startswith(".") or e.endswith(".tmp")]
+                assert not hidden, f"a save that returned left {hidden} in the directory"
+            elif outcome == "killed":
+                self.allowed[tag] = [*self.allowed[tag], state]
+                if save_latest:
+                    self.latest = [*self.latest, tag]
+            elif outcome == "raised":
+                hidden = [e for e in os.listdir(self.dir) if e.startswith(".") or e.endswith(".tmp")]
+                assert not hidden, f"a save that raised ({fault}) left {hidden} in the directory"
+
+        @precondition(lambda self: any(os.path.isdir(os.path.join(self.dir, t)) for t in TAGS))
+        @rule(tag=st.sampled_from(TAGS), how=st.sampled_from(["flip", "truncate"]), where=st.floats(0, 1),
+              length=st.integers(1, 64))
+        def damage(self, tag: str, how: str, where: float, length: int) -> None:
+            folder = os.path.join(self.dir, tag)
+            if not os.path.isdir(folder):
+                return
+            names = sorted(os.listdir(folder))
+            path = os.path.join(folder, names[int(where * (len(names) - 1))])
+            size = os.path.getsize(path)
+            if size == 0:
+                return
+            with open(path, "r+b") as f:
+                if how == "truncate":
+                    f.truncate(int(where * (size - 1)))
+                else:
+                    at = min(int(where * size), size - 1)
+                    f.seek(at)
+                    old = f.read(min(length, size - at))
+                    f.seek(at)
+                    f.write(bytes(b ^ 0xA5 for b in old))
+            self.allowed[tag] = [RAISES]
+
+        @rule(tag=st.sampled_from((*TAGS, None)))
+        def load(self, tag: str | None) -> None:
+            before = engine_state(self.engine)
+            allowed = (
+                self.allowed[tag] if tag is not None
+                else [s for t in self.latest for s in (self.allowed[t] if t is not None else [RAISES])]
+            )
+            try:
+                self.engine.load_checkpoint(self.dir, tag)
+            except CheckpointError as exc:
+                assert RAISES in allowed, f"load_checkpoint({tag!r}) raised, but a good checkpoint is there: {exc}"
+                assert same_state(engine_state(self.engine), before), "a failed load changed the engine"
+                return
+            got = engine_state(self.engine)
+            states = [s for s in allowed if s is not RAISES]
+            assert states, f"load_checkpoint({tag!r}) loaded something, but no complete save of it exists"
+            assert any(same_state(got, s) for s in states), (
+                f"load_checkpoint({tag!r}) restored a state that no save of it had"
+            )
+
+        @invariant()
+        def count(self) -> None:
+            counter["steps"] += 1
+
+        def teardown(self) -> None:
+            if self.engine is not None:
+                self.engine.destroy()
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    run_state_machine_as_test(
+        CheckpointMachine,
+        settings=settings(max_examples=examples, stateful_step_count=steps, deadline=None, derandomize=derandomize,
+                          database=None, suppress_health_check=list(HealthCheck)),
+    )
+    return counter["steps"]
