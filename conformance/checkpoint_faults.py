@@ -8,8 +8,9 @@ rest. :class:`FilesystemFaults` patches exactly those names, for paths under one
 - ``write``: the file writes under the directory fail once ``k`` bytes have been written in total (the write that
   crosses ``k`` writes its first part, as a full disk does), with ``ENOSPC`` or ``EIO``;
 - ``rename``: the ``n``-th rename or replace under the directory fails (``EIO``);
-- ``kill``: at the ``n``-th mutation under the directory (an open for writing, a write, an fsync, a mkdir, a
-  rename, a replace, an unlink, an rmdir) the process "dies": the directory's contents at that instant are
+- ``kill``: at the ``n``-th mutation under the directory (an open for writing, an fsync, a mkdir, a rename, a
+  replace, an unlink, an rmdir; single writes are not counted, so the steps are the same however a file is
+  chunked, and ``at=0`` only counts them) the process "dies": the directory's contents at that instant are
   copied aside and :class:`Killed` (a ``BaseException``, which ``except Exception`` cleanups do not catch) is
   raised; :meth:`FilesystemFaults.restore_killed_state` then puts the copy back, so whatever cleanup the
   implementation ran while the exception unwound is undone, and the disk holds what a process killed at that
@@ -182,9 +183,6 @@ class FilesystemFaults:
 
     def _before_write(self, size: int, path: str) -> int:
         """How many of ``size`` bytes may be written now."""
-        if self.kind == "kill":
-            self._mutation(path)
-            return size
         if self.kind != "write" or self.fired:
             return size
         room = max(0, self.at - self._written)

@@ -73,12 +73,14 @@ _CHILD = textwrap.dedent(
     from conformance.checkpoint_machine import engine_state
     from conformance.suite.test_accumulation_checkpoint_faults import CONFIG, SEED, _boundary
     from reference.contract.accumulation_scenario import ModelSpec
-    impl, directory, step, out = pickle.loads(bytes.fromhex(sys.argv[1]))
+    impl, directory, fraction, out = pickle.loads(bytes.fromhex(sys.argv[1]))
     store = dist.FileStore(os.path.join(tempfile.mkdtemp(), "store"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     engine = engine_class(impl)(ModelSpec().build(SEED), CONFIG)
     _boundary(engine, 0)
-    engine.save_checkpoint(directory, "ck")
+    with FilesystemFaults(directory, "kill", 0) as counting:  # at=0: counts the steps of a save, fires never
+        engine.save_checkpoint(directory, "ck")
+    step = max(1, round(fraction * counting.count))
     first = engine_state(engine)
     _boundary(engine, 1)
     second = engine_state(engine)
@@ -102,15 +104,17 @@ def _load_after_kill(group, impl, directory: str) -> dict | str:
         engine.destroy()
 
 
-@pytest.mark.parametrize("step", [3, 6, 9])
-def test_a_save_killed_part_way_leaves_the_previous_or_the_new_checkpoint(impl, tmp_path, step):
-    """A child process saves, trains, and is SIGKILLed at filesystem step ``step`` of its second save (3: while
-    the rank file is written; later steps: around the commit's renames). A fresh engine then loads the tag: it
-    gets the first save's state or the second's, bitwise -- never an error, never a mixture."""
+@pytest.mark.parametrize("fraction", [0.3, 0.7, 0.85, 1.0])
+def test_a_save_killed_part_way_leaves_the_previous_or_the_new_checkpoint(impl, tmp_path, fraction):
+    """A child process saves (counting the filesystem steps of a save), trains, and is SIGKILLed at the step
+    ``fraction`` of the way through its second save of the same tag (early: while files are staged; late:
+    between the commit's renames). A fresh engine then loads the tag: it gets the first save's state or the
+    second's, bitwise -- never an error, never a mixture."""
     import pickle
 
+    step = fraction
     directory, out = str(tmp_path / "ck"), str(tmp_path / "states.pt")
-    arg = pickle.dumps((impl, directory, step, out)).hex()
+    arg = pickle.dumps((impl, directory, fraction, out)).hex()
     proc = subprocess.run([sys.executable, "-c", _CHILD, arg], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert proc.returncode == -9 or "save returned" in proc.stdout, proc.stderr[-3000:]
