@@ -99,6 +99,70 @@ def test_R17_destroy_returns_every_pinned_byte(impl, area_api, native_pinning, s
         assert out["after"] == out["before"], f"rank {r}: pinned_stats before {out['before']} after {out['after']}"
 
 
+def _counters(engine) -> dict:
+    """Every counter a step may move, read through the public surface."""
+    state = engine.optimizer_state()
+    return {
+        "micro_steps": engine.micro_steps, "global_steps": engine.global_steps,
+        "global_samples": engine.global_samples, "optimizer_state_step": getattr(state, "step", None),
+        "lr_scheduler_epoch": engine.lr_scheduler.last_epoch, "lr": engine.get_lr(),
+        "boundary_next": engine.is_gradient_accumulation_boundary(),
+    }
+
+
+def _raising_boundary_rank(group, impl, stage: int, fail: bool) -> dict:
+    """Four micro-steps (gas=2) with a LambdaLR attached. With ``fail``, the group's lr is made negative by hand
+    before the first boundary's step() (a scheduler gone wrong): that step must raise, naming lr, and leave
+    every counter where it was; with the lr put back, the same step() then goes on as if it had never raised."""
+    import torch.distributed as dist
+    from torch.optim.lr_scheduler import LambdaLR
+
+    rank = dist.get_rank(group)
+    cfg = AccumulationConfig(zero_stage=stage, gradient_accumulation_steps=2)
+    sc = Scenario(cfg, dist.get_world_size(group), ())
+    engine = engine_class(impl)(ModelSpec().build(0), cfg, process_group=group)
+    engine.lr_scheduler = LambdaLR(engine.optimizer, lambda step: 0.5**step)
+    out: dict = {"error": None}
+    for k in range(4):
+        engine.backward(compute_loss(engine.module, *micro_batch(sc, k, rank), cfg.model_dtype))
+        if fail and k == 1:
+            lr = engine.optimizer.param_groups[0]["lr"]
+            engine.optimizer.param_groups[0]["lr"] = -1.0
+            out["before"] = _counters(engine)
+            try:
+                engine.step()
+            except (ConfigurationError, ValueError) as exc:
+                out["error"] = (type(exc).__name__, str(exc))
+            engine.optimizer.param_groups[0]["lr"] = lr
+            out["after"] = _counters(engine)
+            out["after"]["lr"] = out["before"]["lr"]  # the test itself set it and put it back
+        engine.step()
+    out["final"] = _counters(engine)
+    out["params"] = engine.state_dict()
+    engine.destroy()
+    return out
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_R20_boundary_step_that_raises_leaves_every_counter(impl, area_api, stage):
+    """R20 (a call that cannot complete changes nothing): a boundary step() whose hyper-parameters are invalid
+    raises a ConfigurationError naming ``lr`` and leaves the micro/global step and sample counters, the
+    optimizer state's step, the scheduler's epoch and the boundary rule where they were; with the lr put back
+    the run ends bitwise equal to one that never raised."""
+    api = engine_api(impl)
+    failed = api.run_on_ranks(_raising_boundary_rank, 2, impl, stage, True)
+    clean = api.run_on_ranks(_raising_boundary_rank, 2, impl, stage, False)
+    for r, (got, want) in enumerate(zip(failed, clean, strict=True)):
+        assert got["error"] is not None, f"rank {r}: step() with lr=-1.0 did not raise"
+        assert got["error"][0] == "ConfigurationError" and "lr" in got["error"][1], got["error"]
+        assert got["after"] == got["before"], (
+            f"rank {r}: a boundary step that raised moved counters: before {got['before']}, after {got['after']}"
+        )
+        assert got["final"] == want["final"], f"rank {r}: counters {got['final']} != a clean run's {want['final']}"
+        for name, p in want["params"].items():
+            assert torch.equal(got["params"][name], p), f"rank {r}: {name} differs from a run that never raised"
+
+
 @pytest.mark.parametrize("stage", [0, 3])  # reduction at the boundary step / inside backward
 def test_R20_fault_in_backward_gives_clear_errors_on_all_ranks(impl, area_api, native_pinning, monkeypatch, stage):
     """R20 (a call that cannot complete): an exception inside backward on rank 1 reaches rank 1's caller as
