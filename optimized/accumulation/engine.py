@@ -49,6 +49,7 @@ from torch import nn
 
 from optimized.accumulation import checkpoint as ckpt
 from optimized.accumulation.collectives import Collectives
+from optimized.accumulation.construction import build_module, check_same_model_on_every_rank, resolve_device
 from optimized.accumulation.gradients import GradientHooks, plan_buckets
 from optimized.accumulation.host_buffers import HostBuffers
 from optimized.accumulation.lr import EngineOptimizer
@@ -140,19 +141,18 @@ class ZeroEngine(ScheduledEngine):
         self.world_size = self._comm.world
         self.rank = self._comm.rank
         self.stage = cfg.zero_stage
-        self.device = self._resolve_device(device, process_group)
+        self.device = resolve_device(device, process_group)
         self.record_gradients = record_gradients
         self.prefetch = prefetch
         self._bucket_elements = bucket_elements
-        module = model if isinstance(model, nn.Module) else model()
-        if not isinstance(module, nn.Module):
-            raise ConfigurationError(f"model={model!r} must be an nn.Module or a factory returning one")
+        module = build_module(model)
         _check_not_owned(module)
         #: The one place the offload configuration is decoded (update_paths.py); the path is built below.
         path_class = update_path_class(cfg)
         path_class.check_config(cfg)
         self._module = module.to(device=self.device, dtype=cfg.model_dtype)
         named = list(self._module.named_parameters())
+        check_same_model_on_every_rank(self._comm, named)  # before any buffer: a mismatch fails on every rank
         trainable = [(n, p) for n, p in named if p.requires_grad]
         frozen = [(n, p) for n, p in named if not p.requires_grad]
         if not trainable:
@@ -190,14 +190,6 @@ class ZeroEngine(ScheduledEngine):
             _OWNERS[m] = weakref.ref(self)
 
     # ---- construction --------------------------------------------------------------------------------------
-    @staticmethod
-    def _resolve_device(device: torch.device | str | None, group: Any) -> torch.device:
-        if device is not None:
-            return torch.device(device)
-        if dist.get_backend(group) == "nccl":
-            return torch.device("cuda", torch.cuda.current_device())
-        return torch.device("cpu")
-
     def _build(self, path_class: type[UpdatePath]) -> None:
         """The parameters' storage, the gradient buckets, the update path, then the hooks that connect them."""
         cfg = self.config
@@ -249,6 +241,7 @@ class ZeroEngine(ScheduledEngine):
         return self._module
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self._check_alive()
         return self._module(*args, **kwargs)
 
     def backward(self, loss: torch.Tensor, scale_wrt_gas: bool = True) -> None:

@@ -1,0 +1,89 @@
+"""What a ZeroEngine refuses while it is built, and after ``destroy()`` (issue 28's construction rows).
+
+Each test names the misuse a user made and what the engine must answer: a ``ConfigurationError`` naming the
+argument and what is allowed, at construction and on every rank, instead of torch's unrelated error or a
+collective that aborts (gloo) or hangs (NCCL) at the first ``step()``. Judged through the public surface only.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conformance.accumulation_engines import REQUIRES_ENGINE, engine_api, engine_class
+from reference.contract.accumulation_scenario import ModelSpec
+from reference.contract.errors import UnsupportedOperationError
+
+pytestmark = [pytest.mark.conformance_area("accumulation"), REQUIRES_ENGINE, pytest.mark.runs_in_subprocesses]
+
+CONFIG = {"zero_stage": 2, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+          "optimizer": {"type": "adamw", "lr": 0.01}}
+
+
+def _attempt(fn) -> tuple[str, str] | None:
+    try:
+        engine = fn()
+    except Exception as exc:  # classified by the test
+        return type(exc).__name__, str(exc)
+    engine.destroy()
+    return None
+
+
+def _different_models(group, impl) -> tuple[str, str] | None:
+    import torch.distributed as dist
+
+    hidden = 6 if dist.get_rank(group) == 0 else 7
+    return _attempt(lambda: engine_class(impl)(ModelSpec(hidden=hidden).build(1), CONFIG, process_group=group))
+
+
+def test_ranks_with_different_models_fail_at_construction_on_every_rank(impl):
+    """Two ranks built with different models used to construct, and the first step() aborted rank 0 inside gloo.
+    Every rank now raises a ConfigurationError at construction naming the first differing parameter."""
+    out = engine_api(impl).run_on_ranks(_different_models, 2, impl)
+    for r, got in enumerate(out):
+        assert got is not None, f"rank {r}: the engine was built over a model that differs between ranks"
+        assert got[0] == "ConfigurationError", f"rank {r}: {got}"
+        assert "inp.weight" in got[1] and "rank" in got[1], f"rank {r}: the first differing parameter: {got[1]}"
+
+
+def _not_a_module(group, impl) -> tuple[str, str] | None:
+    return _attempt(lambda: engine_class(impl)("resnet", CONFIG, process_group=group))
+
+
+def test_a_model_that_is_neither_a_module_nor_a_factory_is_refused_by_name(impl):
+    """``ZeroEngine("resnet", cfg)`` raised ``TypeError: 'str' object is not callable``; it is the engine's own
+    ConfigurationError naming ``model`` and what it accepts (a module or a factory)."""
+    got = engine_api(impl).run_on_ranks(_not_a_module, 1, impl)[0]
+    assert got is not None and got[0] == "ConfigurationError", got
+    assert "model" in got[1] and "resnet" in got[1] and "factory" in got[1] and "Module" in got[1], got[1]
+
+
+def _unavailable_device(group, impl) -> tuple[str, tuple[str, str] | None]:
+    device = "cuda" if not torch.cuda.is_available() else f"cuda:{torch.cuda.device_count()}"
+    return device, _attempt(lambda: engine_class(impl)(ModelSpec().build(1), CONFIG, process_group=group,
+                                                       device=device))
+
+
+def test_an_unavailable_device_is_refused_naming_what_is_available(impl):
+    """``device="cuda"`` on a CPU-only build raised a bare AssertionError from torch (here: a CUDA index past the
+    last GPU where there are GPUs). It is a ConfigurationError naming ``device`` and the devices available."""
+    device, got = engine_api(impl).run_on_ranks(_unavailable_device, 1, impl)[0]
+    assert got is not None and got[0] == "ConfigurationError", got
+    assert "device" in got[1] and device in got[1] and "cpu" in got[1], got[1]
+
+
+def _forward_after_destroy(group, impl) -> tuple[str, str] | None:
+    engine = engine_class(impl)(ModelSpec().build(1), CONFIG, process_group=group)
+    engine.destroy()
+    try:
+        engine(torch.randn(2, ModelSpec().in_features))
+    except Exception as exc:  # classified by the test
+        return type(exc).__name__, str(exc)
+    return None
+
+
+def test_the_forward_after_destroy_is_refused_like_step(impl):
+    """``engine(x)`` after ``destroy()`` still ran the forward at stage 2; it is refused like ``step()``."""
+    got = engine_api(impl).run_on_ranks(_forward_after_destroy, 1, impl)[0]
+    assert got is not None, "the forward ran on a destroyed engine"
+    assert got[0] == UnsupportedOperationError.__name__ and "destroy" in got[1], got

@@ -1,0 +1,104 @@
+"""What ZeroEngine checks while it is built, before any buffer exists: the model argument, the device, and that
+every rank wraps the same model.
+
+Why each check is here and not left to torch: a string where a module belongs failed with ``'str' object is not
+callable``; ``device="cuda"`` on a CPU-only build with a bare ``AssertionError`` from torch's lazy init; and two
+ranks with different models both constructed, then the first ``step()`` aborted inside gloo (on NCCL it hangs or
+corrupts memory, since the ranks' collectives have different sizes). Each is now a ``ConfigurationError`` naming
+the argument and what is allowed, raised at construction (issue 28).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from reference.contract.errors import ConfigurationError
+
+__all__ = ["build_module", "check_same_model_on_every_rank", "resolve_device"]
+
+
+def build_module(model: Any) -> nn.Module:
+    """``model`` itself, or what the factory ``model`` returns; anything else is refused by name."""
+    if not isinstance(model, nn.Module) and not callable(model):
+        raise ConfigurationError(
+            f"model={model!r} ({type(model).__name__}) must be an nn.Module or a factory (a callable taking no "
+            f"arguments) that returns one"
+        )
+    module = model if isinstance(model, nn.Module) else model()
+    if not isinstance(module, nn.Module):
+        raise ConfigurationError(
+            f"model={model!r} is a factory that returned {type(module).__name__}; it must return an nn.Module"
+        )
+    return module
+
+
+def available_devices() -> list[str]:
+    """The devices this process can use, for messages: cpu, then each accelerator of torch's that reports any."""
+    out = ["cpu"]
+    if torch.cuda.is_available():
+        out += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    return out
+
+
+def resolve_device(device: Any, group: Any) -> torch.device:
+    """The engine's device: ``device`` when given and available here, else ``cuda:<current>`` under NCCL, else
+    cpu."""
+    if device is None:
+        if dist.get_backend(group) == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ConfigurationError(
+            f"device={device!r} is not a device ({exc}); available here: {', '.join(available_devices())}"
+        ) from exc
+    if dev.type == "cpu":
+        return dev
+    backend = getattr(torch, dev.type, None)
+    is_available = getattr(backend, "is_available", None)
+    count = getattr(backend, "device_count", None)
+    usable = callable(is_available) and is_available()
+    if not usable or (dev.index is not None and callable(count) and dev.index >= count()):
+        raise ConfigurationError(
+            f"device={device!r} is not available in this process (torch {torch.__version__}"
+            f"{'' if usable else f' reports no {dev.type} device'}); available here: {', '.join(available_devices())}"
+        )
+    return dev
+
+
+def _fingerprint(named: Sequence[tuple[str, nn.Parameter]]) -> list[tuple[str, tuple[int, ...], bool]]:
+    return [(n, tuple(p.shape), bool(p.requires_grad)) for n, p in named]
+
+
+def check_same_model_on_every_rank(comm: Any, named: Sequence[tuple[str, nn.Parameter]]) -> None:
+    """One all-gather of a CRC-32 of (name, shape, requires_grad) of every parameter; when any rank's differs,
+    one more of the lists, and every rank raises a ConfigurationError naming the first differing parameter."""
+    mine = _fingerprint(named)
+    digests = comm.all_gather_objects(zlib.crc32(repr(mine).encode()), "model layout agreement")
+    if all(d == digests[0] for d in digests):
+        return
+    layouts = comm.all_gather_objects(mine, "model layout comparison")
+    base = layouts[0]
+    for r, other in enumerate(layouts[1:], start=1):
+        for i in range(max(len(base), len(other))):
+            a = base[i] if i < len(base) else None
+            b = other[i] if i < len(other) else None
+            if a != b:
+                raise ConfigurationError(
+                    f"model differs between ranks: parameter #{i} is {_describe(a)} on rank 0 but {_describe(b)} on "
+                    f"rank {r}; allowed: the same model (names, shapes, requires_grad) on every rank"
+                )
+
+
+def _describe(entry: tuple[str, tuple[int, ...], bool] | None) -> str:
+    if entry is None:
+        return "absent"
+    name, shape, grad = entry
+    return f"{name!r} of shape {list(shape)}" + ("" if grad else " (frozen)")
