@@ -63,9 +63,12 @@ def test_a_in_process_first(module_a):
 
 @pytest.mark.isolated
 def test_a_isolated_passes(module_a, record_property):
+    import time
     from conftest import _log
     _log("ppid", str(os.getppid()))
     record_property("answer", 42)
+    print("output of an isolated test")
+    time.sleep(0.3)
 
 @pytest.mark.isolated
 def test_a_isolated_fails(module_a):
@@ -190,8 +193,12 @@ def _testcases(run: dict) -> dict[str, list[tuple]]:
             else:
                 text = (child.text or "").strip().replace(run["root"], "ROOT")
                 children.append((child.tag, child.get("type"), child.get("message"), text))
-        out[f"{case.get('classname')}::{case.get('name')}"] = children
+        out[_case_name(case)] = children
     return out
+
+
+def _case_name(case: ET.Element) -> str:
+    return f"{case.get('classname')}::{case.get('name')}"
 
 
 def _suite_counts(xml: ET.Element) -> dict[str, str | None]:
@@ -206,6 +213,11 @@ def _summary(stdout: str) -> list[str]:
     section = [line for line in lines[start + 1 :] if re.match(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) ", line)]
     outcome = next(line for line in reversed(lines) if re.match(r"^=+ .* in [\d.]+s", line))
     return [*section, re.sub(r" in [\d.]+s.*", "", outcome)]
+
+
+def _passes_section(stdout: str) -> str:
+    """The ``-rA`` PASSES section: each passed test's captured output."""
+    return re.split(r"\n=+ [^=\n]+ =+\n", stdout.split("= PASSES =", 1)[1])[0]
 
 
 def _report_cells(report: dict) -> list[tuple]:
@@ -227,6 +239,10 @@ def test_an_isolated_run_reports_what_an_in_process_run_does(runs, mode):
         "tests": "13", "errors": "2", "failures": "1", "skipped": "4"
     }
     assert _summary(iso["proc"].stdout) == _summary(base["proc"].stdout)
+    assert _passes_section(iso["proc"].stdout) == _passes_section(base["proc"].stdout)
+    assert "output of an isolated test" in _passes_section(iso["proc"].stdout)
+    durations = {_case_name(c): float(c.get("time")) for c in iso["xml"].iter("testcase")}
+    assert durations["test_mix_a::test_a_isolated_passes"] >= 0.3, durations
     assert _report_cells(iso["report"]) == _report_cells(base["report"])
     reasons = {r for row in iso["report"]["matrix"] for r in row["skip_reasons"]}
     assert {"skipped from inside the isolated test", "skipped by its mark", "skipped in process"} <= reasons
