@@ -166,8 +166,8 @@ def test_an_unsupported_call_is_skipped_with_its_reason_in_the_run_and_the_repor
     report = tmp_path / "report"
     proc = run_pytest(
         "--pyargs", "conformance.suite.test_pinning_api", "conformance.suite.test_area_interfaces",
-        "-k", "test_area_module_provides or test_pin_empty_and_like or (test_sparse_tensors_are_refused and coo "
-              "and torch)",
+        "-k", "test_area_module_provides or test_pin_empty_and_like or ((test_sparse_tensors_are_refused and coo or "
+              "test_bad_arguments_name_the_argument) and torch)",
         "--conformance-impl", "selftest-partial", "--conformance-accelerator", "cpu", "--conformance-profile", "ci",
         "--conformance-report", str(report), "-rs", env=env, cwd=tmp_path,
     )
@@ -177,10 +177,12 @@ def test_an_unsupported_call_is_skipped_with_its_reason_in_the_run_and_the_repor
     assert reason in text, text[-4000:]  # the -rs summary
     rows = [r for r in json.loads((report / "report.json").read_text())["matrix"] if r["area"] == "pinning"]
     assert rows and all(r["implementation"] == "selftest-partial" for r in rows), rows
-    # test_pin_empty_and_like on 2 backends, and pin_empty_like's sparse case (torch backend): 3 skipped.
-    assert sum(r["skip_reasons"].get(reason, 0) for r in rows) == 3, rows
-    assert sum(r["skipped"] for r in rows) == 3 and sum(r["failed"] + r["errors"] for r in rows) == 0, rows
-    assert sum(r["passed"] for r in rows) == 4, rows  # the interface test and the 3 other calls' sparse cases
+    # test_pin_empty_and_like on 2 backends; on the torch backend pin_empty_like's sparse case (a `call`
+    # parameter) and its bad-argument case (a pytest.param mark): 4 skipped.
+    assert sum(r["skip_reasons"].get(reason, 0) for r in rows) == 4, rows
+    assert sum(r["skipped"] for r in rows) == 4 and sum(r["failed"] + r["errors"] for r in rows) == 0, rows
+    # the interface test, the 3 other calls' sparse cases and the 9 other bad-argument cases
+    assert sum(r["passed"] for r in rows) == 13, rows
     assert reason in Path(report / "report.md").read_text()
 
 

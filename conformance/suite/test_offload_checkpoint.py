@@ -99,7 +99,7 @@ def test_checkpoint_inputs_mode_selects_only_checkpoint_inputs(area_api, acceler
     assert stats.skipped_by_reason.get("not_checkpoint_input", 0) >= 2, stats
 
 
-@pytest.mark.requires(calls=("offload.checkpoint",))
+@pytest.mark.requires(calls=("offload.checkpoint", "offload.mark_checkpoint_input"))
 def test_checkpoint_inputs_mode_with_own_checkpoint_and_marks(area_api, accelerator):
     device = accelerator.device()
     manager = area_api.ActivationOffload(

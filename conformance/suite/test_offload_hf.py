@@ -82,6 +82,7 @@ def test_patch_installed_only_while_active(area_api, accelerator):
     assert layer_cls.__dict__.get("__call__") is before, "patch left behind after an exception"
 
 
+@pytest.mark.requires(calls=("offload.current_manager",))
 def test_missing_transformers_is_a_clear_error_only_when_asked(area_api, accelerator, monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)  # makes `import transformers` raise ImportError
     area_api.ActivationOffload(accelerator=accelerator)  # not asked for: no error

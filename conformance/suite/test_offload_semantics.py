@@ -143,6 +143,7 @@ def test_several_forwards_then_one_backward(area_api, accelerator):
     assert_nothing_held(manager, "gradient accumulation")
 
 
+@pytest.mark.requires(calls=("offload.current_manager",))
 def test_exception_in_forward_cleans_up(area_api, accelerator):
     device = accelerator.device()
     manager = _manager(area_api, accelerator)
@@ -214,6 +215,7 @@ def test_inplace_after_save_raises_like_autograd(area_api, accelerator):
         assert "is at version 1; expected version 0" in str(offloaded.value), str(offloaded.value)
 
 
+@pytest.mark.requires(calls=("offload.current_manager",))
 def test_nested_managers(area_api, accelerator):
     device = accelerator.device()
     x = torch.randn(64, device=device, requires_grad=True)

@@ -330,6 +330,9 @@ _TUNING = [
     ("HOSTOFFLOAD_PIN_POPULATE_THREADS", "-1", ("0",)),
     ("HOSTOFFLOAD_PIN_REGISTER_OVERLAP", "maybe", ("on", "off")),
 ]
+#: The cases that exercise one call (skipped, with the reason, where an implementation declares it unsupported).
+_USES_PIN_MEMORY = pytest.mark.requires(calls=("pinning.pin_memory",))
+_USES_PIN_EMPTY_LIKE = pytest.mark.requires(calls=("pinning.pin_empty_like",))
 #: Every pinning call, each from scratch (the environment is read at each of them, not only at the first).
 _PIN_CALLS = {
     "pin_empty": lambda api: api.pin_empty(16, dtype=torch.float32),
@@ -338,6 +341,7 @@ _PIN_CALLS = {
 }
 
 
+@pytest.mark.requires(calls=tuple(f"pinning.{c}" for c in _PIN_CALLS))
 @pytest.mark.parametrize(("variable", "value", "allowed"), _TUNING, ids=[t[0] for t in _TUNING])
 def test_native_tuning_variables_are_checked_at_every_pinning_call_with_any_backend(
     area_api, pin_backend, accelerator, monkeypatch, leak_check, variable, value, allowed
@@ -363,6 +367,7 @@ def test_native_tuning_variables_are_checked_at_every_pinning_call_with_any_back
         del kept
 
 
+@pytest.mark.requires(calls=tuple(f"pinning.{c}" for c in _PIN_CALLS))
 def test_a_misspelled_variable_warns_naming_the_closest_declared_one(
     area_api, pin_backend, accelerator, monkeypatch, leak_check
 ):
@@ -411,11 +416,13 @@ def test_bad_environment_is_not_an_import_error(impl, monkeypatch):
         (lambda api: api.pin_empty(-1, dtype=torch.float32), "shape"),
         (lambda api: api.pin_empty(2.5, dtype=torch.float32), "shape"),
         (lambda api: api.pin_empty(4, dtype="float32"), "dtype"),
-        (lambda api: api.pin_memory(torch.empty(2, device="meta")), "t"),
-        (lambda api: api.pin_memory([1.0, 2.0]), "t"),
-        (lambda api: api.pin_memory(torch.empty(2), make_copy="yes"), "make_copy"),
-        (lambda api: api.pin_memory(torch.empty(2), match_shape=None), "match_shape"),
-        (lambda api: api.pin_empty_like(3), "t"),
+        pytest.param(lambda api: api.pin_memory(torch.empty(2, device="meta")), "t", marks=_USES_PIN_MEMORY),
+        pytest.param(lambda api: api.pin_memory([1.0, 2.0]), "t", marks=_USES_PIN_MEMORY),
+        pytest.param(lambda api: api.pin_memory(torch.empty(2), make_copy="yes"), "make_copy",
+                     marks=_USES_PIN_MEMORY),
+        pytest.param(lambda api: api.pin_memory(torch.empty(2), match_shape=None), "match_shape",
+                     marks=_USES_PIN_MEMORY),
+        pytest.param(lambda api: api.pin_empty_like(3), "t", marks=_USES_PIN_EMPTY_LIKE),
     ],
 )
 def test_bad_arguments_name_the_argument(area_api, pin_backend, leak_check, call, argument):

@@ -72,6 +72,7 @@ def test_unregistered_buffer_is_locked_but_not_pinned_for_torch(area_api, cuda_n
     del buf
 
 
+@pytest.mark.requires(calls=("pinning.pin_empty_like",))
 @given(shape=nonempty_shapes, dtype=dtypes, seed=st.integers(0, 2**16), big=st.booleans())
 def test_non_blocking_round_trip_is_exact(area_api, cuda_native, shape, dtype, seed, big):
     """Async H2D/D2H through native buffers gives exactly the bytes of a pageable round trip."""
@@ -104,6 +105,7 @@ def test_slab_pieces_are_registered_and_copy_exactly(impl, area_api, cuda_native
     assert not a.is_pinned(), "closing the slab must unregister it"
 
 
+@pytest.mark.requires(calls=("pinning.pin_empty_like",))
 def test_every_declared_tuning_variant_registers_and_copies_exactly(impl, area_api, cuda_native, monkeypatch):
     """Each environment in the capability ``pin_env_variants`` (tuning knobs of the implementation, e.g. the
     order of population and registration) still yields buffers torch sees as pinned, that copy exactly and that
