@@ -6,7 +6,8 @@ the mix of isolated and in-process tests.
 A small suite written here is run three times: in-process (``--conformance-isolation off``), with its ``isolated``
 tests in children forked from the run itself (single-threaded run: OpenBLAS held to one thread), and in children
 of the zygote (the default once torch has started its threads). Every outcome pytest knows is in it: pass, fail,
-error in setup and in teardown, a skip from a mark and one from inside the test, xfail, xpass, a user property.
+error in setup and in teardown, a skip from a mark and one from inside the test, xfail, xpass, a user property,
+and a module fixture of the run whose teardown fails after the module's last test, an isolated one.
 """
 
 from __future__ import annotations
@@ -126,8 +127,16 @@ def test_b_in_process_again(module_b):
 _MODULE_C = '''
 import pytest
 
+@pytest.fixture(scope="module")
+def breaks_at_module_end():
+    yield
+    raise RuntimeError("module teardown broke on purpose")
+
+def test_c_in_process_first(breaks_at_module_end):
+    pass
+
 @pytest.mark.isolated
-def test_c_isolated_only(session_resource):
+def test_c_isolated_last(session_resource):
     pass
 '''
 
@@ -236,7 +245,7 @@ def test_an_isolated_run_reports_what_an_in_process_run_does(runs, mode):
     assert base["proc"].returncode == 1, base["proc"].stdout[-4000:]
     assert _testcases(iso) == _testcases(base)
     assert _suite_counts(iso["xml"]) == _suite_counts(base["xml"]) == {
-        "tests": "13", "errors": "2", "failures": "1", "skipped": "4"
+        "tests": "14", "errors": "3", "failures": "1", "skipped": "4"
     }
     assert _summary(iso["proc"].stdout) == _summary(base["proc"].stdout)
     assert _passes_section(iso["proc"].stdout) == _passes_section(base["proc"].stdout)
