@@ -61,6 +61,8 @@ IMPLEMENTATION = Implementation(
         accumulation_delayed_parameter_update=True,
         # ZeroEngine.save_checkpoint / load_checkpoint (optimized/accumulation/checkpoint.py, checkpoint_files.py).
         accumulation_checkpoint=True,
+        # gpu_share (R28): the leading share of each partition updated on the device, the rest streamed on the host.
+        accumulation_split_update=True,
         # Tuning environments the native pinning path must be correct under: the CUDA pinning tests repeat their
         # registration and DMA checks with each (registration overlapped with population, and sequential).
         pin_env_variants=(

@@ -262,30 +262,27 @@ def _config(stage: int, share, **extra) -> dict:
     }
 
 
-def _loop(group, engine_cls, config: dict, boundaries: int, load=None, save=None) -> dict:
-    """One rank: ``boundaries`` boundaries of a loop that reads nothing between steps (optionally resumed from and
-    saved to a checkpoint); the losses, the weights, the master, the optimizer state and the split report
+def _loop(group, engine_cls, config: dict, boundaries: int, load=None, save=None, load_after: int = 0) -> dict:
+    """One rank: ``boundaries`` boundaries of a loop that reads nothing between steps, resumed from a checkpoint
+    (``load``: before the first boundary, or after ``load_after`` boundaries of its own, into the running engine)
+    and saved to one (``save``); the losses, the weights, the master, the optimizer state and the split report
     before and after the first boundary."""
     import torch.distributed as dist
 
     rank = dist.get_rank(group)
     engine = engine_cls(WIDE.build(5), config, process_group=group, bucket_elements=16)
     try:
-        if load is not None:
+        if load is not None and not load_after:
             engine.load_checkpoint(*load)
-        cfg = engine.config
         reports = [engine.split_report()]
         losses = []
+        if load_after:
+            for k in range(load_after):
+                _micro_steps(engine, rank, k, [])
+            engine.load_checkpoint(*load)
         start = engine.global_steps
         for k in range(start, start + boundaries):
-            for j in range(cfg.gradient_accumulation_steps):
-                gen = torch.Generator().manual_seed(1000 * k + 10 * j + rank)
-                x = torch.randn(cfg.train_micro_batch_size_per_gpu, WIDE.in_features, generator=gen)
-                y = torch.randn(cfg.train_micro_batch_size_per_gpu, WIDE.out_features, generator=gen)
-                loss = compute_loss(engine.module, x, y, cfg.model_dtype)
-                engine.backward(loss)
-                engine.step()
-                losses.append(loss.detach().clone())
+            _micro_steps(engine, rank, k, losses)
             if k == start:
                 reports.append(engine.split_report())
         if save is not None:
@@ -295,6 +292,19 @@ def _loop(group, engine_cls, config: dict, boundaries: int, load=None, save=None
                 "partition": engine.master_partition().numel()}
     finally:
         engine.destroy()
+
+
+def _micro_steps(engine, rank: int, k: int, losses: list) -> None:
+    """Boundary k's micro-steps (data from k, the micro-step and the rank)."""
+    cfg = engine.config
+    for j in range(cfg.gradient_accumulation_steps):
+        gen = torch.Generator().manual_seed(1000 * k + 10 * j + rank)
+        x = torch.randn(cfg.train_micro_batch_size_per_gpu, WIDE.in_features, generator=gen)
+        y = torch.randn(cfg.train_micro_batch_size_per_gpu, WIDE.out_features, generator=gen)
+        loss = compute_loss(engine.module, x, y, cfg.model_dtype)
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.detach().clone())
 
 
 def _assert_same(got: dict, want: dict, what: str, keys=("losses", "weights", "master", "state")) -> None:
@@ -356,6 +366,28 @@ def test_R28_checkpoint_saved_at_one_share_loads_at_any_other(impl, tmp_path, st
         resumed = api.run_on_ranks(_loop, world, api.ZeroEngine, cfg, 2, ck)[0]
         _assert_same({"losses": first["losses"] + resumed["losses"]}, full, f"resumed at {label}", keys=("losses",))
         _assert_same(resumed, full, f"stage {stage} W={world} resumed at {label}", keys=("weights", "master", "state"))
+
+
+@REQUIRES_SPLIT
+@REQUIRES_ENGINE
+@IN_RANK_PROCESSES
+@pytest.mark.parametrize("delayed", [False, True], ids=["sync", "delayed"])
+def test_R28_checkpoint_loaded_into_a_running_split_engine(impl, tmp_path, delayed):
+    """R28 + checkpoints: an engine at share 0.5 that has already updated its device side loads an all-host
+    checkpoint of 2 boundaries; 2 more boundaries equal the 4-boundary all-host run bitwise (the load reaches
+    the device side too, not only the host buffers)."""
+    if delayed and not impl.capabilities.accumulation_delayed_parameter_update:
+        pytest.skip(f"{impl.name} does not declare accumulation_delayed_parameter_update (R27)")
+    api = engine_api(impl)
+    extra = {"delayed_parameter_update": True} if delayed else {}
+    ck = (str(tmp_path), "ck")
+    full = api.run_on_ranks(_loop, 1, api.ZeroEngine, _config(2, 0.0, **extra), 4)[0]
+    api.run_on_ranks(_loop, 1, api.ZeroEngine, _config(2, 0.0, **extra), 2, None, ck)
+    resumed = api.run_on_ranks(_loop, 1, api.ZeroEngine, _config(2, 0.5, **extra), 2, ck, None, 1)[0]
+    _assert_same(resumed, full, f"share 0.5 engine loading mid-run (delayed={delayed})",
+                 keys=("weights", "master", "state"))
+    _assert_same({"losses": resumed["losses"]}, {"losses": full["losses"][4:]}, "losses after the load",
+                 keys=("losses",))
 
 
 @REQUIRES_SPLIT

@@ -568,6 +568,14 @@ class ZeroEngine(ScheduledEngine):
         path = self.__dict__.get("_path")
         return None if path is None else path.offload_timings()
 
+    def split_report(self) -> dict | None:
+        """R28 (``gpu_share``): this rank's cut between the device and the host -- the share, elements, device
+        bytes and, for ``"auto"``, the budget and the measurement it chose from
+        (``reference.contract.accumulation_split.SplitDecision`` as a mapping) -- or None (``gpu_share`` 0, or
+        "auto" before the first boundary)."""
+        path = self.__dict__.get("_path")
+        return None if path is None else path.split_report()
+
     def _check_alive(self) -> None:
         if self._destroyed:
             raise UnsupportedOperationError("the engine was destroyed; allowed: build a new ZeroEngine")

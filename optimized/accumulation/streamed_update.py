@@ -117,6 +117,9 @@ class StreamedUpdate:
                     raise ValueError("delayed update: the live weights, the update's source and both accumulators "
                                      "must be separate buffers")
         self.ranges = [BucketRange(i, lo, hi) for i, (lo, hi) in enumerate(ranges)]
+        #: R28 (the split path): the partition's elements below this are updated on the device; the worker
+        #: updates, publishes and copies out ``[host_from, P)`` only
+        self.host_from = 0
         self.pieces = layout.pieces(rank)
         for position, piece in enumerate(self.pieces):
             owner = next(b for b in self.ranges if b.lo <= piece.local_start < b.hi)
@@ -274,11 +277,19 @@ class StreamedUpdate:
         self._sums_fresh = False
         self._pending = self._executor.submit(self._run_delayed, config, step, clip_coef, grad)
 
+    def _host_part(self, b: BucketRange) -> BucketRange | None:
+        """R28: the part of bucket ``b`` the host updates (None: nothing of it, or all of it is the device's)."""
+        lo = max(b.lo, self.host_from)
+        if lo >= b.hi:
+            return None
+        return b if lo == b.lo else BucketRange(b.index, lo, b.hi)
+
     def _run(self, config: OptimizerConfig, step: int, clip_coef: float | None, grad: torch.Tensor) -> None:
         try:
             for b in self.ranges:
-                if b.length:
-                    self._update_bucket(b, config, step, clip_coef, grad)
+                h = self._host_part(b)
+                if h is not None:
+                    self._update_bucket(h, config, step, clip_coef, grad)
                 self._done[b.index].set()
         except BaseException as exc:  # reported by the next wait, on the caller's thread
             self._error = exc
@@ -295,16 +306,18 @@ class StreamedUpdate:
         try:
             source = self.master if self.cast_out is None else self.cast_out
             for b in self.ranges:
-                if b.length:
-                    self._copy_out(b, source[b.lo : b.hi], self.weights[b.lo : b.hi], publish=True)
+                h = self._host_part(b)
+                if h is not None:
+                    self._copy_out(h, source[h.lo : h.hi], self.weights[h.lo : h.hi], publish=True)
                 self._published[b.index].set()
             for b in self.ranges:
-                if b.length:
+                h = self._host_part(b)
+                if h is not None:
                     read = self._publish_read[b.index]
                     if read is not None:
                         read.synchronize()
                         self._publish_read[b.index] = None
-                    self._adam(b, config, step, clip_coef, grad)
+                    self._adam(h, config, step, clip_coef, grad)
                 self._done[b.index].set()
         except BaseException as exc:  # reported by the next wait, on the caller's thread
             self._error = exc

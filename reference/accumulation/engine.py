@@ -244,9 +244,10 @@ class AccumulationEngine(ScheduledEngine):
     def split_report(self) -> dict | None:
         """R28: the cut of every rank's partition (``reference.contract.accumulation_split.SplitDecision`` as a
         mapping: the share, elements and device bytes, and for ``gpu_share: "auto"`` the measurement and budget
-        it came from); None while "auto" has not decided yet (before the first boundary)."""
+        it came from); None without a split (``gpu_share`` 0) and while "auto" has not decided yet (before the
+        first boundary)."""
         decision = self._split.decision
-        return None if decision is None else decision.as_dict()
+        return None if decision is None or self.config.gpu_share == 0.0 else decision.as_dict()
 
     @property
     def swap_directory(self) -> str | None:

@@ -13,6 +13,9 @@ path                               chosen when                                  
 :class:`NvmeUpdate`                ``nvme``                                         :mod:`.whole`
 :class:`StreamedHostUpdate`        ``cpu``, stage 2/3, Adam/AdamW, native kernel     :mod:`.streamed`
 :class:`DelayedHostUpdate`         the same with ``delayed_parameter_update`` (R27)  :mod:`.streamed`
+:class:`SplitHostUpdate`           ``cpu`` streamed, ``gpu_share`` other than 0      :mod:`.split`
+                                   (R28: the leading part on the device)
+:class:`SplitDelayedHostUpdate`    the same with ``delayed_parameter_update``       :mod:`.split`
 =================================  ===============================================  =========================
 
 The interface (:class:`~.base.UpdatePath`; defaults there describe a path with nothing in flight). A path owns
@@ -49,6 +52,7 @@ from __future__ import annotations
 
 from optimized.accumulation.optimizers import native_adam
 from optimized.accumulation.update_paths.base import UpdateContext, UpdatePath
+from optimized.accumulation.update_paths.split import SplitDelayedHostUpdate, SplitHostUpdate
 from optimized.accumulation.update_paths.streamed import DelayedHostUpdate, StreamedHostUpdate
 from optimized.accumulation.update_paths.whole import DeviceUpdate, HostUpdate, NvmeUpdate
 from reference.contract.accumulation_config import AccumulationConfig
@@ -59,6 +63,8 @@ __all__ = [
     "DeviceUpdate",
     "HostUpdate",
     "NvmeUpdate",
+    "SplitDelayedHostUpdate",
+    "SplitHostUpdate",
     "StreamedHostUpdate",
     "UpdateContext",
     "UpdatePath",
@@ -73,6 +79,13 @@ def update_path_class(config: AccumulationConfig) -> type[UpdatePath]:
     if config.offload_optimizer == "nvme":
         return NvmeUpdate
     streams = config.zero_stage >= 2 and native_adam(config.optimizer)
+    if config.gpu_share != 0.0:  # R28: R19 already put the config in the streamed path's domain
+        if not streams:
+            raise ConfigurationError(
+                f"gpu_share={config.gpu_share!r} needs the native CPU Adam (optimized.cpu_adam), which this build "
+                f"does not have; allowed: gpu_share=0.0, or a build with the native extension"
+            )
+        return SplitDelayedHostUpdate if config.delayed_parameter_update else SplitHostUpdate
     if config.delayed_parameter_update:
         if not streams:
             raise ConfigurationError(

@@ -120,6 +120,11 @@ class UpdatePath:
         """Where a streamed update spent its time since the last call, or None (see ``ZeroEngine``)."""
         return None
 
+    def split_report(self) -> dict | None:
+        """R28: the cut of this rank's partition between the device and the host, or None (no split, or
+        ``gpu_share: "auto"`` before it has chosen)."""
+        return None
+
     # ---- state: gradients, checkpoints, inspection ------------------------------------------------------
     def zero_grad(self) -> None:
         """Drop the gradient accumulated since the last boundary."""

@@ -124,6 +124,7 @@ class StreamedHostUpdate(UpdatePath):
         norm = self._norm(fold_left(update.piece_sums()))
         clip_coef = clip_coefficient(norm, self.config.gradient_clipping)
         self.opt_state.step += 1
+        self._before_host_update(hyper, self.opt_state.step, clip_coef)
         update.start(hyper, self.opt_state.step, clip_coef)
         if ctx.stage == 2 and ctx.world_size > 1:
             # R12 (stage 2): every rank needs every bucket's new weights; broadcast each owner's slice as soon as
@@ -137,6 +138,10 @@ class StreamedHostUpdate(UpdatePath):
             ctx.comm.wait_all(works, "parameter all-gather (per bucket)")
             self._wait_after_all_gather()
         return StepOutcome(boundary=True, grad_norm=norm, clip_coef=clip_coef, gradients=gradients)
+
+    def _before_host_update(self, hyper: OptimizerConfig, step: int, clip_coef: float | None) -> None:
+        """The boundary's norm and clip coefficient are known and the host update is about to start (R28's
+        split path updates its device side here)."""
 
     def _wait_after_all_gather(self) -> None:
         self._update.wait_all()

@@ -1,0 +1,218 @@
+"""The split update (docs/accumulation.md R28, ``gpu_share``): the streamed host update with the leading part of
+the partition updated on the device.
+
+The leading ``d`` elements of this rank's partition (the first parameters in flat order, the ones the next
+forward needs first) keep their fp32 master and Adam moments on the device (:class:`_DeviceSide`, 12 bytes per
+element); at each boundary, once the norm and the clip coefficient are known, they take their R15 + R16 step
+there and their new weights are written into the live parameters on the current stream, before the host worker
+starts on ``[d, P)`` as the streamed path does (``StreamedUpdate.host_from``). The two sides share the step
+count, the hyper-parameters and the clip coefficient, so the values are the all-host update's (bitwise on the
+cpu accelerator, where the device side runs the same R16 arithmetic; the device's Adam kernel on a GPU).
+
+The host buffers keep their full size: they stay the checkpoint's and the readers' coordinates. The device side
+is copied back into them (master, moments, and with the delayed update the cast buffer) only when something
+reads them (``master``, ``optimizer_state()``, ``apply_delayed_update()``), and reloaded from them when a
+checkpoint or ``load_state_dict`` installs new values. The gradient of the device side reaches the device from
+the host accumulator at the boundary (the stream-out of backward is shared with the host side).
+
+``gpu_share: "auto"`` decides at the first boundary (before its update, from host values: nothing has moved
+yet): it times the host kernel and the device step on a sample, takes the first step's device work from its
+first backward to the boundary (synchronized) and counts what the host side can run beside -- with the delayed
+update the whole step, otherwise the next micro-batch's forward, taken as a third of a micro-batch's forward and
+backward -- and the ranks agree on the slowest host and device and the least hide; the cut is
+:func:`reference.contract.accumulation_split.choose_split`'s, within ``gpu_memory_budget`` (or half the free
+device memory). ``split_report()`` returns the decision and it is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from optimized import cpu_adam
+from optimized.accumulation.optimizers import step_master
+from optimized.accumulation.update_paths.base import UpdateContext
+from optimized.accumulation.update_paths.streamed import DelayedHostUpdate, StreamedHostUpdate
+from reference.contract.accumulation_config import GPU_SHARE_AUTO, OptimizerConfig
+from reference.contract.accumulation_split import (
+    SplitDecision,
+    SplitMeasurement,
+    choose_split,
+    default_budget,
+    fixed_split,
+)
+from reference.contract.accumulation_step import OptimizerState
+
+__all__ = ["SplitDelayedHostUpdate", "SplitHostUpdate"]
+
+#: Elements the "auto" measurement steps on each side (or the whole partition when smaller).
+SAMPLE_ELEMENTS = 1 << 20
+
+_log = logging.getLogger("optimized.accumulation")
+
+
+class _DeviceSide:
+    """The leading ``n`` elements of the partition: fp32 master and optimizer state on the device."""
+
+    def __init__(self, n: int, master: torch.Tensor, state: OptimizerState, device: torch.device,
+                 model_dtype: torch.dtype) -> None:
+        self.n = n
+        self.model_dtype = model_dtype
+        self.master = master[:n].to(device, copy=True)
+        self.state = OptimizerState(0, {k: v[:n].to(device, copy=True) for k, v in state.buffers.items()})
+
+    def step(self, hyper: OptimizerConfig, t: int, clip_coef: float | None, grad: torch.Tensor) -> None:
+        """R15 + R16 with step count ``t`` on the device side (``grad``: its accumulated gradient, any device)."""
+        self.state.step = t - 1  # step_master advances it to t
+        g32 = grad.to(device=self.master.device, dtype=torch.float32)
+        step_master(hyper, self.master, g32, self.state, clip_coef=clip_coef)
+
+    def cast(self) -> torch.Tensor:
+        return self.master.to(self.model_dtype)
+
+    def store(self, master: torch.Tensor, state: OptimizerState, cast: torch.Tensor | None) -> None:
+        """Copy this side into the host's full-size buffers (their first ``n`` elements)."""
+        master[: self.n].copy_(self.master)
+        for k, v in self.state.buffers.items():
+            state.buffers[k][: self.n].copy_(v)
+        if cast is not None:
+            cast[: self.n].copy_(self.master)
+
+    def load(self, master: torch.Tensor, state: OptimizerState) -> None:
+        """Take this side's values from the host's buffers (a checkpoint or ``load_state_dict`` installed them)."""
+        self.master.copy_(master[: self.n])
+        for k, v in self.state.buffers.items():
+            v.copy_(state.buffers[k][: self.n])
+
+
+class SplitHostUpdate(StreamedHostUpdate):
+    """R28 on the synchronous streamed path (see the module docstring)."""
+
+    def __init__(self, ctx: UpdateContext) -> None:
+        self._side: _DeviceSide | None = None
+        self._stale = False  # the host buffers' first n elements are older than the device side
+        super().__init__(ctx)
+        cfg = self.config
+        P = ctx.layout.partition_size
+        self._decision: SplitDecision | None = (
+            None if cfg.gpu_share == GPU_SHARE_AUTO else fixed_split(cfg.gpu_share, P, cfg.optimizer)
+        )
+        self._first_backward_at: float | None = None
+
+    # The host master stays the full partition (readers and checkpoints); reads see the device side joined in.
+    @property
+    def master(self) -> torch.Tensor:
+        self._store_side()
+        return self._host_master
+
+    @master.setter
+    def master(self, value: torch.Tensor) -> None:
+        self._host_master = value
+
+    def _store_side(self) -> None:
+        side = self.__dict__.get("_side")
+        if side is not None and self._stale:
+            side.store(self._host_master, self.opt_state, self._cast)
+            self._stale = False
+
+    # ---- the boundary --------------------------------------------------------------------------------------
+    def begin_backward(self, boundary_predicted: bool) -> None:
+        if self._decision is None and self._first_backward_at is None:
+            self._sync_device()
+            self._first_backward_at = time.perf_counter()
+        super().begin_backward(boundary_predicted)
+
+    def _before_host_update(self, hyper: OptimizerConfig, step: int, clip_coef: float | None) -> None:
+        if self._decision is None:
+            self._decision = self._choose()
+        if self._side is None:
+            d = self._decision.device_elements
+            if d == 0:
+                return
+            self._store_side()
+            self._side = _DeviceSide(d, self._host_master, self.opt_state, self.ctx.device, self.config.model_dtype)
+            self._update.host_from = d
+        side = self._side
+        grad = self._update.grad_for_boundary()[: side.n]  # every D2H has landed, queued kernels have run
+        live = self.ctx.weights.partition()[: side.n]
+        self._install_side(live, side, hyper, step, clip_coef, grad)
+        self._stale = True
+
+    def _install_side(self, live: torch.Tensor, side: _DeviceSide, hyper: OptimizerConfig, step: int,
+                      clip_coef: float | None, grad: torch.Tensor) -> None:
+        """R13 steps (4) and (5) for the device side: update, then its weights become the live parameters."""
+        side.step(hyper, step, clip_coef, grad)
+        live.copy_(side.cast())
+
+    def _choose(self) -> SplitDecision:
+        """The "auto" decision (module docstring), the same on every rank."""
+        ctx, cfg = self.ctx, self.config
+        self._sync_device()
+        started = self._first_backward_at
+        step_s = 0.0 if started is None else time.perf_counter() - started
+        hide = step_s if self.lags_parameters else step_s / (3 * cfg.gradient_accumulation_steps)
+        P = ctx.layout.partition_size
+        n = max(1, min(P, SAMPLE_ELEMENTS))
+        mine = (self._time_host(n) / n, self._time_device(n) / n, hide)
+        every = ctx.comm.all_gather_objects(mine, "gpu_share auto measurement")
+        measurement = SplitMeasurement(
+            host_s_per_element=max(m[0] for m in every), device_s_per_element=max(m[1] for m in every),
+            hide_s=min(m[2] for m in every), sample_elements=n,
+        )
+        budget = cfg.gpu_memory_budget
+        if budget is None:
+            budget = default_budget(torch.cuda.mem_get_info(ctx.device)[0] if ctx.device.type == "cuda" else None)
+        decision = choose_split(P, cfg.optimizer, budget, measurement)
+        _log.info("R28 gpu_share=auto (rank %d) chose %s", ctx.rank, decision.as_dict())
+        return decision
+
+    def _time_host(self, n: int) -> float:
+        z = [torch.zeros(n, dtype=torch.float32) for _ in range(4)]
+        t0 = time.perf_counter()
+        cpu_adam.adam_step(self.config.optimizer, z[0], z[1], z[2], z[3], 1, threads=self._update._threads)
+        return time.perf_counter() - t0
+
+    def _time_device(self, n: int) -> float:
+        device = self.ctx.device
+        master = torch.zeros(n, dtype=torch.float32, device=device)
+        state = OptimizerState(0, {k: torch.zeros_like(master) for k in ("exp_avg", "exp_avg_sq")})
+        grad = torch.zeros_like(master)
+        self._sync_device()
+        t0 = time.perf_counter()
+        step_master(self.config.optimizer, master, grad, state, clip_coef=None)
+        self._sync_device()
+        return time.perf_counter() - t0
+
+    def _sync_device(self) -> None:
+        if self.ctx.device.type == "cuda":
+            torch.cuda.synchronize(self.ctx.device)
+
+    # ---- state ----------------------------------------------------------------------------------------------
+    def split_report(self) -> dict | None:
+        return None if self._decision is None else self._decision.as_dict()
+
+    def optimizer_state(self) -> OptimizerState:
+        self._store_side()
+        return super().optimizer_state()
+
+    def install(self, master: torch.Tensor, opt_buffers: dict[str, torch.Tensor] | None,
+                applied: torch.Tensor | None) -> None:
+        super().install(master, opt_buffers, applied)
+        if self._side is not None:
+            self._side.load(self._host_master, self.opt_state)
+            self._stale = False
+
+
+class SplitDelayedHostUpdate(SplitHostUpdate, DelayedHostUpdate):
+    """R28 with R27: the device side too installs the weights of the previous boundary before its update."""
+
+    def _install_side(self, live: torch.Tensor, side: _DeviceSide, hyper: OptimizerConfig, step: int,
+                      clip_coef: float | None, grad: torch.Tensor) -> None:
+        live.copy_(side.cast())  # R27: the master as it is before this boundary's update
+        side.step(hyper, step, clip_coef, grad)
+
+    def apply_delayed(self) -> None:
+        self._store_side()  # the host cast buffer (or master) then holds both sides' newest weights
+        super().apply_delayed()
