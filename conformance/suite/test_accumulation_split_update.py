@@ -25,7 +25,7 @@ from conformance.accumulation_assertions import (
     assert_traces_match,
     cross_implementation_tolerance,
 )
-from conformance.accumulation_engines import IN_RANK_PROCESSES, REQUIRES_ENGINE, engine_api
+from conformance.accumulation_engines import IN_RANK_PROCESSES, REQUIRES_CHECKPOINT, REQUIRES_ENGINE, engine_api
 from conformance.accumulation_strategies import SPLIT_SHARES, split_update_scenarios
 from reference.accumulation import AccumulationConfig, ModelSpec, Scenario, compute_loss, scenario_calls
 from reference.contract.accumulation_partition import FLAT_ALIGNMENT
@@ -349,7 +349,7 @@ def test_R28_engine_auto_reports_the_rules_choice(impl, budget):
 
 
 @REQUIRES_SPLIT
-@REQUIRES_ENGINE
+@REQUIRES_CHECKPOINT
 @IN_RANK_PROCESSES
 @pytest.mark.parametrize(("stage", "world"), [(2, 2), (3, 1)])
 def test_R28_checkpoint_saved_at_one_share_loads_at_any_other(impl, tmp_path, stage, world):
@@ -369,7 +369,7 @@ def test_R28_checkpoint_saved_at_one_share_loads_at_any_other(impl, tmp_path, st
 
 
 @REQUIRES_SPLIT
-@REQUIRES_ENGINE
+@REQUIRES_CHECKPOINT
 @IN_RANK_PROCESSES
 @pytest.mark.parametrize("delayed", [False, True], ids=["sync", "delayed"])
 def test_R28_checkpoint_loaded_into_a_running_split_engine(impl, tmp_path, delayed):
