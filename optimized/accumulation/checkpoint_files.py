@@ -2,8 +2,9 @@
 
 Layout of ``<dir>/<tag>/``: ``rank<r>.pt`` (``torch.save`` of one rank's tensors and state, loadable with
 ``weights_only=True``) and ``manifest.json`` (format marker, world size, parameter names and shapes, which pieces
-each rank file holds, counters, and for every rank file its size and CRC-32 as written; the manifest carries the
-CRC-32 of its own canonical text too). ``<dir>/latest`` names the newest tag (DeepSpeed's convention).
+each rank file holds, counters, and for every rank file its size and the CRC-32 of each 16 MiB block as written;
+the manifest carries the CRC-32 of its own canonical text too). ``<dir>/latest`` names the newest tag
+(DeepSpeed's convention).
 
 Why each step (docs/zero.md, "Checkpoints: what is guaranteed"):
 
@@ -21,8 +22,9 @@ Why each step (docs/zero.md, "Checkpoints: what is guaranteed"):
 
 Why CRC-32 (``zlib.crc32``): it detects every burst of up to 32 flipped bits and any other damage with
 probability 1 - 2**-32, which is what storage damage needs (this is not a defence against someone forging a
-file); it runs at several GB/s and is computed on a helper thread while the same bytes are being written, so a
-save costs about max(write, checksum) instead of their sum (``benchmarks/bench_checkpoint.py`` measures it).
+file); it runs at a few GB/s per core, and the blocks of a write are checksummed on helper threads while the same
+bytes are being written, so a save costs about max(write, checksum / threads) instead of their sum
+(``benchmarks/bench_checkpoint.py`` measures it).
 """
 
 from __future__ import annotations
@@ -63,7 +65,11 @@ LATEST = "latest"
 _RANK_FILE = re.compile(r"rank(\d+)\.pt")
 #: Writes at least this large are checksummed on the helper thread while they are written.
 _OVERLAP_BYTES = 1 << 20
-_CHUNK = 64 << 20
+#: The file is checksummed in blocks of this size (one CRC-32 each in the manifest), so that the blocks of a
+#: large write are checksummed in parallel; 16 MiB keeps the manifest small (64 numbers per GiB).
+BLOCK = 16 << 20
+#: Helper threads that checksum while the calling thread writes.
+_THREADS = max(1, min(4, len(os.sched_getaffinity(0)) - 1))
 
 
 def rank_file(rank: int) -> str:
@@ -153,13 +159,16 @@ def prepare(directory: str, tag: str) -> str:
 
 
 class _ChecksummedFile:
-    """The file object ``torch.save`` writes into: counts the bytes and keeps their CRC-32, computed on a helper
-    thread while the same bytes are written (both release the GIL)."""
+    """The file object ``torch.save`` writes into: counts the bytes and keeps one CRC-32 per block of
+    :data:`BLOCK` bytes of the file. The blocks a write covers are checksummed on the helper threads while the
+    calling thread writes the same bytes (zlib and the write both release the GIL), so a save costs about
+    max(write, checksum / threads) rather than their sum; the call returns only when both are done, so the
+    caller's buffer is never read after it."""
 
     def __init__(self, f: Any, pool: ThreadPoolExecutor) -> None:
         self._f = f
         self._pool = pool
-        self.crc = 0
+        self.blocks: list[int] = []
         self.size = 0
         #: The OSError of a failed write: torch's writer replaces it with a RuntimeError ("unexpected pos").
         self.error: OSError | None = None
@@ -171,20 +180,36 @@ class _ChecksummedFile:
             self.error = exc
             raise
 
+    def _pieces(self, n: int) -> list[tuple[int, int, int]]:
+        """(block index, start, end) in the buffer of a write of ``n`` bytes at offset ``self.size``."""
+        out, at = [], 0
+        while at < n:
+            block, used = divmod(self.size + at, BLOCK)
+            end = min(n, at + BLOCK - used)
+            out.append((block, at, end))
+            at = end
+        return out
+
     def _write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
-        for start in range(0, max(len(view), 1), _CHUNK):
-            chunk = view[start : start + _CHUNK]
-            if len(chunk) < _OVERLAP_BYTES:
-                self.crc = zlib.crc32(chunk, self.crc)
-                self._f.write(chunk)
+        pieces = self._pieces(len(view))
+        start_crc = [self.blocks[b] if b < len(self.blocks) else 0 for b, _, _ in pieces]
+        if len(view) < _OVERLAP_BYTES:
+            crcs = [zlib.crc32(view[a:e], c) for (_, a, e), c in zip(pieces, start_crc, strict=True)]
+            self._f.write(view)
+        else:
+            pending = [self._pool.submit(zlib.crc32, view[a:e], c)
+                       for (_, a, e), c in zip(pieces, start_crc, strict=True)]
+            try:
+                self._f.write(view)
+            finally:
+                crcs = [p.result() for p in pending]
+        for (block, _, _), crc in zip(pieces, crcs, strict=True):
+            if block < len(self.blocks):
+                self.blocks[block] = crc
             else:
-                pending = self._pool.submit(zlib.crc32, chunk, self.crc)
-                try:
-                    self._f.write(chunk)
-                finally:
-                    self.crc = pending.result()
-            self.size += len(chunk)
+                self.blocks.append(crc)
+        self.size += len(view)
         return len(view)
 
     def flush(self) -> None:
@@ -198,7 +223,7 @@ def write_rank_file(staging: str, rank: int, payload: dict[str, Any], directory:
     needed = sum(t.nbytes for t in _tensors(payload))
     out = None
     try:
-        with ThreadPoolExecutor(1, thread_name_prefix="checkpoint-crc") as pool, open(path, "wb") as f:
+        with ThreadPoolExecutor(_THREADS, thread_name_prefix="checkpoint-crc") as pool, open(path, "wb") as f:
             out = _ChecksummedFile(f, pool)
             torch.save(payload, out)
             f.flush()
@@ -212,7 +237,7 @@ def write_rank_file(staging: str, rank: int, payload: dict[str, Any], directory:
         raise CheckpointError(
             f"save_checkpoint cannot serialise rank {rank}'s state into {path!r} ({type(exc).__name__}: {exc})"
         ) from exc
-    return {"file": rank_file(rank), "bytes": out.size, "crc32": out.crc}
+    return {"file": rank_file(rank), "bytes": out.size, "block": BLOCK, "crc32": out.blocks}
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
@@ -358,14 +383,14 @@ def _cross_check(where: str, path: str, manifest: dict[str, Any]) -> None:
                                   f"manifest records {entry['bytes']} (a truncated or replaced file)")
 
 
-def _file_crc(path: str) -> int:
-    crc = 0
+def _block_crcs(path: str, block: int) -> list[int]:
+    out = []
     with open(path, "rb", buffering=0) as f:
-        buf = bytearray(_CHUNK)
+        buf = bytearray(block)
         view = memoryview(buf)
         while n := f.readinto(buf):
-            crc = zlib.crc32(view[:n], crc)
-    return crc
+            out.append(zlib.crc32(view[:n]))
+    return out
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -375,13 +400,15 @@ def read_rank_file(path: str, entry: dict[str, Any]) -> dict[str, Any]:
     """One rank file, its CRC-32 verified against the manifest before it is unpickled."""
     fpath = os.path.join(path, entry["file"])
     try:
-        crc = _file_crc(fpath)
+        crcs = _block_crcs(fpath, entry["block"])
     except OSError as exc:
         raise CheckpointError(f"rank file {fpath!r} cannot be read ({exc})") from exc
-    if crc != entry["crc32"]:
+    bad = [i for i, (a, b) in enumerate(zip(crcs, entry["crc32"], strict=False)) if a != b]
+    if bad or len(crcs) != len(entry["crc32"]):
+        where = f"bytes {bad[0] * entry['block']} to {(bad[0] + 1) * entry['block']}" if bad else "its length"
         raise CheckpointError(
-            f"rank file {fpath!r} is damaged or was not written by save_checkpoint: its CRC-32 is {crc:#010x}, the "
-            f"manifest records {entry['crc32']:#010x}"
+            f"rank file {fpath!r} is damaged or was not written by save_checkpoint: the CRC-32 of {where} differs "
+            f"from the one the manifest records"
         )
     try:
         return torch.load(fpath, map_location="cpu", weights_only=True, mmap=True)
