@@ -50,10 +50,11 @@ suite offload "${T_OFF:-240}" conformance.suite.test_offload_checkpoint conforma
   conformance.suite.test_offload_hf conformance.suite.test_offload_semantics conformance.suite.test_offload_streams
 suite io "${T_IO:-30}" conformance -k "test_io"
 suite accumulation-nccl "${T_ACC:-90}" conformance -k "accumulation and (nccl or nvme or cpu_adam or optimizer)"
-suite accumulation-engine "${T_ACE:-220}" conformance.suite.test_accumulation_engine_resume \
+suite accumulation-engine "${T_ACE:-300}" conformance.suite.test_accumulation_engine_resume \
   conformance.suite.test_accumulation_engine_surface conformance.suite.test_accumulation_engine_examples \
   conformance.suite.test_accumulation_engine_faults conformance.suite.test_accumulation_engine_scenarios \
-  conformance.suite.test_accumulation_engine_overlap conformance.suite.test_accumulation_delayed_update
+  conformance.suite.test_accumulation_engine_overlap conformance.suite.test_accumulation_delayed_update \
+  conformance.suite.test_accumulation_split_update
 # examples/train_zero_resume.py on NCCL, world size 1: 3 steps, save, resume to 6; then 6 uninterrupted steps.
 # The two "final checksum" lines must be equal.
 zero_resume() {

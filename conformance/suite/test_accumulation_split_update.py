@@ -406,3 +406,75 @@ def test_R28_training_loop_equals_the_all_host_loop(impl, share, stage, world, d
     want = api.run_on_ranks(_loop, world, api.ZeroEngine, _config(stage, 0.0, **extra), 3)[0]
     got = api.run_on_ranks(_loop, world, api.ZeroEngine, _config(stage, share, **extra), 3)[0]
     _assert_same(got, want, f"share {share} stage {stage} W={world} delayed={delayed}")
+
+
+# ---- on the GPU (NCCL, world size 1) --------------------------------------------------------------------------
+
+
+@REQUIRES_SPLIT
+@pytest.mark.gpu
+@REQUIRES_ENGINE
+@given(data=st.data())
+def test_R28_R17_engine_on_nccl_matches_reference_within_tolerance(impl, reference_api, accelerator, data):
+    """R28/R25 on the device path: drawn split scenarios (shares 0, 0.5, 1, "auto"; the delayed update where
+    declared) on the engine with NCCL give the reference's records, flags and counters exactly and its values
+    within R25's device tolerance (the device side is the GPU's Adam), the reference on the same device."""
+    if accelerator.device_type != "cuda":
+        pytest.skip("needs the cuda accelerator (NCCL); the host runs are the tests above")
+    delayed = (False, True) if impl.capabilities.accumulation_delayed_parameter_update else (False,)
+    scenario = data.draw(split_update_scenarios(world_sizes=(1,), delayed=delayed))
+    expected = reference_api.run_scenario(scenario, device=accelerator.device())
+    actual = engine_api(impl).run_scenario(scenario, backend="nccl")
+    assert_traces_match(actual, expected, arithmetic_tolerance(scenario))
+
+
+#: About 0.6M trainable elements: a device side of megabytes, well above the allocator's rounding.
+LARGE = ModelSpec(in_features=256, hidden=1024, out_features=256)
+
+
+def _device_growth(group, engine_cls, config: dict) -> tuple:
+    """One rank on cuda: the split report and the device memory the engine holds after one boundary (allocated
+    bytes, measured from before its construction)."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    model = LARGE.build(5)
+    engine = engine_cls(model, config, process_group=group, bucket_elements=1 << 16)
+    try:
+        cfg = engine.config
+        gen = torch.Generator().manual_seed(3)
+        for _ in range(cfg.gradient_accumulation_steps):
+            x = torch.randn(2, LARGE.in_features, generator=gen).to(device)
+            y = torch.randn(2, LARGE.out_features, generator=gen).to(device)
+            engine.backward(compute_loss(engine.module, x, y, cfg.model_dtype))
+            engine.step()
+        engine.synchronize()
+        torch.cuda.synchronize(device)
+        return engine.split_report(), torch.cuda.memory_allocated(device) - before
+    finally:
+        engine.destroy()
+
+
+@REQUIRES_SPLIT
+@pytest.mark.gpu
+@REQUIRES_ENGINE
+@IN_RANK_PROCESSES
+def test_R28_device_side_lives_on_the_device(impl, accelerator):
+    """R28, observed on the GPU: after a boundary at share 1 the engine holds at least the reported
+    ``device_bytes`` (fp32 master and Adam state of every element) more device memory than at share 0, and at
+    share 0.5 at least its own (smaller) reported ``device_bytes`` more."""
+    if accelerator.device_type != "cuda":
+        pytest.skip("needs the cuda accelerator (NCCL)")
+    api = engine_api(impl)
+    growth = {}
+    for share in (0.0, 0.5, 1.0):
+        report, grown = api.run_on_ranks(_device_growth, 1, api.ZeroEngine, _config(2, share), backend="nccl")[0]
+        growth[share] = (report, grown)
+    for share in (0.5, 1.0):
+        report, grown = growth[share]
+        extra = grown - growth[0.0][1]
+        assert report is not None and report["device_bytes"] > 0, f"share {share}: report {report}"
+        assert extra >= report["device_bytes"], (
+            f"share {share}: the engine holds {extra} more device bytes than at share 0, less than the "
+            f"{report['device_bytes']} its device side needs: the device side is not on the device"
+        )
