@@ -179,11 +179,6 @@ class ZeroEngineClass(Protocol):
     def swap_stats(self) -> Any: ...
     def zero_grad(self) -> None: ...
     def state_dict(self) -> dict[str, torch.Tensor]: ...
-    def save_checkpoint(self, save_dir: str | os.PathLike, tag: str | None = None,
-                        client_state: Mapping[str, Any] | None = None, save_latest: bool = True) -> str: ...
-    def load_checkpoint(self, load_dir: str | os.PathLike, tag: str | None = None, *,
-                        load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
-                        load_module_only: bool = False) -> tuple[str, dict[str, Any]]: ...
     def destroy(self) -> None: ...
 
 
@@ -191,6 +186,22 @@ class DistributedAccumulation(Protocol):
     """With ``Capabilities(distributed_engine=True)``: the per-rank engine class."""
 
     ZeroEngine: type[ZeroEngineClass]
+
+
+class CheckpointingZeroEngineClass(Protocol):
+    """docs/zero.md, "Checkpoints" and "Checkpoints: what is guaranteed": DeepSpeed's signatures."""
+
+    def save_checkpoint(self, save_dir: str | os.PathLike, tag: str | None = None,
+                        client_state: Mapping[str, Any] | None = None, save_latest: bool = True) -> str: ...
+    def load_checkpoint(self, load_dir: str | os.PathLike, tag: str | None = None, *,
+                        load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
+                        load_module_only: bool = False) -> tuple[str, dict[str, Any]]: ...
+
+
+class CheckpointingAccumulation(Protocol):
+    """With ``Capabilities(accumulation_checkpoint=True)``: the engine class saves and loads checkpoints."""
+
+    ZeroEngine: type[CheckpointingZeroEngineClass]
 
 
 # -- io --------------------------------------------------------------------------------------------------------
@@ -248,7 +259,10 @@ AREA_INTERFACES: dict[str, type] = {
 #: area -> protocols whose members are checked only where the module has them.
 OPTIONAL_INTERFACES: dict[str, tuple[type, ...]] = {"ranges": (RangesStress,)}
 #: (area, capability) -> the protocol the area's module satisfies too when the capability is declared.
-CAPABILITY_INTERFACES: dict[tuple[str, str], type] = {("accumulation", "distributed_engine"): DistributedAccumulation}
+CAPABILITY_INTERFACES: dict[tuple[str, str], type] = {
+    ("accumulation", "distributed_engine"): DistributedAccumulation,
+    ("accumulation", "accumulation_checkpoint"): CheckpointingAccumulation,
+}
 
 
 def protocol_members(protocol: type) -> tuple[str, ...]:
@@ -268,7 +282,7 @@ def call_names(area: str) -> tuple[str, ...]:
     """The names of ``area`` an implementation may declare unsupported: every member of its protocols."""
     protocols = [AREA_INTERFACES[area], *OPTIONAL_INTERFACES.get(area, ())]
     protocols += [p for (a, _), p in CAPABILITY_INTERFACES.items() if a == area]
-    return tuple(n for p in protocols for n in protocol_members(p))
+    return tuple(dict.fromkeys(n for p in protocols for n in protocol_members(p)))
 
 
 def contract_namespace() -> dict[str, Any]:
@@ -339,7 +353,8 @@ def contract_types() -> dict[str, type]:
 
 
 _PROTOCOLS = (PinningArea, RangeRegistryClass, RangesArea, RangesStress, ActivationOffloadClass, OffloadArea,
-              AccumulationArea, ZeroEngineClass, DistributedAccumulation, SwapRequestClass, SwapHandleClass, IoArea)
+              AccumulationArea, ZeroEngineClass, DistributedAccumulation, CheckpointingZeroEngineClass,
+              CheckpointingAccumulation, SwapRequestClass, SwapHandleClass, IoArea)
 
 __all__ = [
     "AREA_INTERFACES",
@@ -347,6 +362,8 @@ __all__ = [
     "OPTIONAL_INTERFACES",
     "AccumulationArea",
     "ActivationOffloadClass",
+    "CheckpointingAccumulation",
+    "CheckpointingZeroEngineClass",
     "DistributedAccumulation",
     "IoArea",
     "OffloadArea",
