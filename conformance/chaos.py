@@ -19,6 +19,13 @@ Two checks make a wrong ordering fail deterministically, whatever the schedule:
 - **poison and snapshot**: a queued copy's destination is filled with NaN/0xFF bytes at once, so a read that
   slips past the detector reads garbage (and bitwise comparisons fail); the source is snapshotted, and when the
   copy finally runs a changed source is reported as "written while an in-flight copy read it".
+- **lifetime** (the device allocator's rule): memory freed while a copy on another stream still uses it may be
+  handed to the next allocation at once, unless ``record_stream`` told the allocator about that stream. The
+  queued copies hold only aliases of their tensors, never the caller's tensors, and each storage remembers the
+  stream that was current when it was allocated. When a copy runs, a source or destination that nobody but the
+  copy still holds, allocated on another stream, and never ``record_stream``-ed on the copy's stream, fails
+  with "freed before the copy ran": on a GPU that is a use-after-free (the copy reads or writes bytes the
+  allocator already gave away), and here it would otherwise pass because the queue kept the tensor alive.
 
 The accelerator is deliberately **not** registered as an entry point: it must never be picked as a default. The
 suite builds one per test (``chaos`` fixture) from a :class:`ChaosSchedule` that hypothesis draws, so a failure
@@ -217,6 +224,10 @@ class ChaosAccelerator(CpuAccelerator):
         #: (bytes of the storage written, bytes copied) for every offload copy
         self.offload_blocks: list[tuple[int, int]] = []
         self.record_stream_calls: list[tuple[tuple[int, int] | None, str]] = []
+        # storage data pointer -> the stream current when an op watched by the dispatch mode allocated it
+        self._alloc_stream: dict[int, str] = {}
+        # (storage data pointer, stream name) for every record_stream with a chaos stream
+        self._stream_uses: set[tuple[int, str]] = set()
         self.copies_deferred = 0
         self.copies_run_by_scheduler = 0
         self._inside = False
@@ -284,6 +295,7 @@ class ChaosAccelerator(CpuAccelerator):
         def record_stream(t: torch.Tensor, stream: Any) -> None:
             if isinstance(stream, ChaosStream):
                 acc.record_stream_calls.append((_extent(t), stream.name))
+                acc._stream_uses.add((t.untyped_storage().data_ptr(), stream.name))
                 return None
             return original(t, stream)
 
@@ -325,6 +337,8 @@ class ChaosAccelerator(CpuAccelerator):
         w = s.queue.popleft()
         if w.kind == "copy":
             assert w.dst is not None and w.src is not None and w.snapshot is not None
+            self._check_still_owned(s, w, w.src, "source")
+            self._check_still_owned(s, w, w.dst, "destination")
             if not torch.equal(w.src, w.snapshot) and not (w.src.is_floating_point() and _same_bits(w.src, w.snapshot)):
                 raise ChaosViolation(
                     f"the source of a copy queued on {s.name} (bytes {_extent(w.src)}) was written before the copy "
@@ -334,6 +348,29 @@ class ChaosAccelerator(CpuAccelerator):
             w.src = w.snapshot = None
             self._resnapshot_readers_of(w.dst)
         w.done = True
+
+    def _check_still_owned(self, s: ChaosStream, w: _Work, alias: torch.Tensor, role: str) -> None:
+        """The lifetime rule (module docstring) for one tensor of copy ``w``, about to run on ``s``. Freeing is
+        safe when the memory was allocated on ``s`` (the allocator reuses it in ``s``'s order), was
+        ``record_stream``-ed on ``s``, or when its allocation stream already waits for this copy (an event
+        recorded after it: reuse there is ordered after the copy)."""
+        storage = alias.untyped_storage()
+        # Two references are this check's: the queued alias and the storage object just taken from it.
+        if torch._C._storage_Use_Count(storage._cdata) > 2:  # someone besides this queued copy holds it
+            return
+        ptr = storage.data_ptr()
+        allocated_on = self._alloc_stream.get(ptr, HOST)
+        if allocated_on == s.name or (ptr, s.name) in self._stream_uses:
+            return
+        owner = next((q for q in (self._host, *self._streams) if q.name == allocated_on), None)
+        if owner is not None and owner.clock.get(s.name, 0) >= w.clock:
+            return
+        raise ChaosViolation(
+            f"the {role} of a copy queued on {s.name} (bytes {_extent(alias)}, allocated on {allocated_on}) was "
+            f"freed before the copy ran, with no record_stream on {s.name}: on a device the allocator may give "
+            "those bytes to the next allocation while the copy still uses them (call record_stream with the "
+            "copy's stream, or keep the tensor alive until the copy's event completed)"
+        )
 
     def _resnapshot_readers_of(self, written: torch.Tensor) -> None:
         """A copy just wrote ``written``: queued copies reading those bytes take their source snapshot again.
@@ -493,6 +530,9 @@ class ChaosAccelerator(CpuAccelerator):
                 rng = _extent(t)
                 if rng is not None:
                     self._host_writes[rng] = _Access(HOST, clock, rng, True, name)
+            for o in outs:
+                if isinstance(o, torch.Tensor) and id(o) not in written_ids and o.device.type == "cpu":
+                    self._alloc_stream[o.untyped_storage().data_ptr()] = s.name  # a new allocation, on s
             self._tick()
             return out
 
@@ -515,6 +555,9 @@ class ChaosAccelerator(CpuAccelerator):
         )
         with torch.utils._python_dispatch._disable_current_modes():
             snapshot = src.clone()
+            # The queue holds aliases, never the caller's tensors: whether the caller still holds the memory is
+            # then visible (the lifetime rule, checked when the copy runs).
+            dst_alias, src_alias = dst.detach(), src.detach()
             if pending:
                 pass
             elif dst.is_floating_point() or dst.is_complex():
@@ -523,7 +566,7 @@ class ChaosAccelerator(CpuAccelerator):
                 dst.view(torch.uint8).fill_(0xFF) if dst.is_contiguous() else dst.fill_(-1 if dst.is_signed() else 0)
         self._accesses.append(_Access(s.name, clock, srng, False, f"copy on {s.name}"))
         self._accesses.append(_Access(s.name, clock, drng, True, f"copy on {s.name}"))
-        s.queue.append(_Work("copy", s, clock=clock, dst=dst, src=src, snapshot=snapshot))
+        s.queue.append(_Work("copy", s, clock=clock, dst=dst_alias, src=src_alias, snapshot=snapshot))
         self.copies_deferred += 1
         self._tick()
         return dst
