@@ -217,7 +217,7 @@ def test_R28_pinned_shares_equal_the_all_host_update(area_api, reference_api, im
 
 
 def test_R28_reference_auto_reports_the_rules_choice(reference_api):
-    """R28 on the oracle: "auto" has not chosen before the first boundary (``split_report()`` None); after it,
+    """R28 on the oracle: "auto" has not chosen before the second boundary (``split_report()`` None); after it,
     the report is ``choose_split`` of its own measurement and budget; a zero budget keeps everything on the
     host."""
     for budget, check_zero in ((None, False), (0, True)):
@@ -226,6 +226,8 @@ def test_R28_reference_auto_reports_the_rules_choice(reference_api):
         engine = reference_api.AccumulationEngine(lambda: ModelSpec().build(3), cfg, 2)
         try:
             assert engine.split_report() is None, "R28: auto reported a choice before the first boundary"
+            _reference_boundary(engine)
+            assert engine.split_report() is None, "R28: auto chose at the first boundary (it chooses at the second)"
             _reference_boundary(engine)
             report = engine.split_report()
             assert report is not None and report["auto"], report
@@ -266,7 +268,7 @@ def _loop(group, engine_cls, config: dict, boundaries: int, load=None, save=None
     """One rank: ``boundaries`` boundaries of a loop that reads nothing between steps, resumed from a checkpoint
     (``load``: before the first boundary, or after ``load_after`` boundaries of its own, into the running engine)
     and saved to one (``save``); the losses, the weights, the master, the optimizer state and the split report
-    before and after the first boundary."""
+    before the first boundary and after each."""
     import torch.distributed as dist
 
     rank = dist.get_rank(group)
@@ -283,8 +285,7 @@ def _loop(group, engine_cls, config: dict, boundaries: int, load=None, save=None
         start = engine.global_steps
         for k in range(start, start + boundaries):
             _micro_steps(engine, rank, k, losses)
-            if k == start:
-                reports.append(engine.split_report())
+            reports.append(engine.split_report())
         if save is not None:
             engine.save_checkpoint(*save)
         return {"losses": losses, "weights": engine.state_dict(), "master": engine.master_partition(),
@@ -327,17 +328,19 @@ def _assert_same(got: dict, want: dict, what: str, keys=("losses", "weights", "m
 @IN_RANK_PROCESSES
 @pytest.mark.parametrize("budget", [None, 0, 4096])
 def test_R28_engine_auto_reports_the_rules_choice(impl, budget):
-    """R28: on every rank, "auto" has not chosen before the first boundary and afterwards reports
+    """R28: on every rank, "auto" has not chosen before the second boundary and afterwards reports
     ``choose_split(P, optimizer, budget, measurement)`` of its own reported measurement and budget (the one
     formula), the same share on every rank, within a given budget (a zero budget: nothing on the device)."""
     api = engine_api(impl)
     extra = {} if budget is None else {"gpu_memory_budget": budget}
     cfg = AccumulationConfig.from_dict(_config(2, "auto", **extra))
-    ranks = api.run_on_ranks(_loop, 2, api.ZeroEngine, _config(2, "auto", **extra), 1)
+    ranks = api.run_on_ranks(_loop, 2, api.ZeroEngine, _config(2, "auto", **extra), 2)
     shares = set()
     for rank, out in enumerate(ranks):
-        before, after = out["reports"]
-        assert before is None, f"rank {rank}: auto reported a choice before the first boundary: {before}"
+        before, first, after = out["reports"]
+        assert before is None and first is None, (
+            f"rank {rank}: auto reported a choice before the second boundary: {before}, {first}"
+        )
         assert after is not None and after["auto"], f"rank {rank}: no auto decision after a boundary: {after}"
         expected = choose_split(out["partition"], cfg.optimizer, after["budget_bytes"],
                                 SplitMeasurement(**after["measurement"]))

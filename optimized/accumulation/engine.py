@@ -572,7 +572,7 @@ class ZeroEngine(ScheduledEngine):
         """R28 (``gpu_share``): this rank's cut between the device and the host -- the share, elements, device
         bytes and, for ``"auto"``, the budget and the measurement it chose from
         (``reference.contract.accumulation_split.SplitDecision`` as a mapping) -- or None (``gpu_share`` 0, or
-        "auto" before the first boundary)."""
+        "auto" before the second boundary)."""
         path = self.__dict__.get("_path")
         return None if path is None else path.split_report()
 

@@ -245,7 +245,7 @@ class AccumulationEngine(ScheduledEngine):
         """R28: the cut of every rank's partition (``reference.contract.accumulation_split.SplitDecision`` as a
         mapping: the share, elements and device bytes, and for ``gpu_share: "auto"`` the measurement and budget
         it came from); None without a split (``gpu_share`` 0) and while "auto" has not decided yet (before the
-        first boundary)."""
+        second boundary)."""
         decision = self._split.decision
         return None if decision is None or self.config.gpu_share == 0.0 else decision.as_dict()
 
@@ -334,6 +334,7 @@ class AccumulationEngine(ScheduledEngine):
         # next boundary (or at apply_delayed_update()).
         installed = [m.to(cfg.model_dtype, copy=True) for m in self._masters] if cfg.delayed_parameter_update else None
         # 4. Optimizer on the fp32 master of each rank (R16), its leading share on the device (R28).
+        self._split.boundary()
         for r in range(world):
             if self._swap is not None:
                 self._swap.swap_in(r, self._opt_states[r])

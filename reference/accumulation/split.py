@@ -7,10 +7,10 @@ the same step count ``t``, the same hyper-parameters and the same (already clipp
 accelerator the two sides run the same kernels and the split is bitwise the all-host update, which is the point
 of the rule; on a device accelerator the device side is the device's arithmetic, within R25's tolerance.
 
-``gpu_share: "auto"`` is decided at the first boundary, before its update (nothing has been updated yet, so
-nothing moves): the measurement is the reference's own -- the R16 step timed on a sample on each side, and as the
-work that can hide the host side, the time its backward calls took per rank since the engine was built -- and the
-cut is :func:`reference.contract.accumulation_split.choose_split`'s.
+``gpu_share: "auto"`` is decided at the second boundary, before its update (the first step carries one-off
+start-up costs; until then everything is on the host): the measurement is the reference's own -- the R16 step
+timed on a sample on each side, and as the work that can hide the host side, the time its backward calls of the
+second step took per rank -- and the cut is :func:`reference.contract.accumulation_split.choose_split`'s.
 """
 
 from __future__ import annotations
@@ -47,20 +47,27 @@ class SplitUpdate:
         self._device, self._host = device, host
         self._world = world_size
         self._backward_s = 0.0
+        self._boundaries = 0
         auto = config.gpu_share == GPU_SHARE_AUTO
-        #: None until "auto" has decided (at the first boundary)
+        #: None until "auto" has decided (at the second boundary)
         self.decision: SplitDecision | None = (
             None if auto else fixed_split(config.gpu_share, partition_elements, config.optimizer)
         )
 
     def observe_backward(self, seconds: float) -> None:
-        """The duration of one ``backward()`` (all ranks): what "auto" counts as work that hides the host side."""
-        self._backward_s += seconds
+        """The duration of one ``backward()`` (all ranks): what "auto" counts as work that hides the host side
+        (the second step's only)."""
+        if self._boundaries == 1:
+            self._backward_s += seconds
 
-    def decide(self) -> None:
-        """Make the "auto" choice if it is still open (called at a boundary, before the update)."""
-        if self.decision is not None:
-            return
+    def boundary(self) -> None:
+        """A boundary starts (once per boundary, before any rank's update): "auto" decides at the second."""
+        self._boundaries += 1
+        if self.decision is None and self._boundaries >= 2:
+            self._decide()
+
+    def _decide(self) -> None:
+        """The "auto" choice from this engine's own measurement (module docstring)."""
         n = min(self._P, SAMPLE_ELEMENTS)
         measurement = SplitMeasurement(
             host_s_per_element=self._time_step(n, self._host) / n,
@@ -87,8 +94,7 @@ class SplitUpdate:
     def step(self, master: torch.Tensor, grad: torch.Tensor, state: OptimizerState) -> None:
         """R16 on ``master`` (one rank's partition) with its leading ``device_elements`` stepped on the device
         and the rest on the host, both with the step count ``state.step + 1``; advances ``state`` once."""
-        self.decide()
-        d = self.decision.device_elements
+        d = 0 if self.decision is None else self.decision.device_elements
         if d == 0:
             optimizer_step(self._config.optimizer, master, grad, state)
             return

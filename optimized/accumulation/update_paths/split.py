@@ -15,9 +15,11 @@ reads them (``master``, ``optimizer_state()``, ``apply_delayed_update()``), and 
 checkpoint or ``load_state_dict`` installs new values. The gradient of the device side reaches the device from
 the host accumulator at the boundary (the stream-out of backward is shared with the host side).
 
-``gpu_share: "auto"`` decides at the first boundary (before its update, from host values: nothing has moved
-yet): it times the host kernel and the device step on a sample, takes the first step's device work from its
-first backward to the boundary (synchronized) and counts what the host side can run beside -- with the delayed
+``gpu_share: "auto"`` decides at the second boundary, before its update (the first step carries one-off start-up
+costs; until then the host updates everything, and the device side is then copied from the host's buffers): it
+times the host kernel and the device step on a sample (the second of two runs each), takes the second step's
+device work from its first backward to the boundary (synchronized) and counts what the host side can run beside
+-- with the delayed
 update the whole step, otherwise the next micro-batch's forward, taken as a third of a micro-batch's forward and
 backward -- and the ranks agree on the slowest host and device and the least hide; the cut is
 :func:`reference.contract.accumulation_split.choose_split`'s, within ``gpu_memory_budget`` (or half the free
@@ -100,6 +102,7 @@ class SplitHostUpdate(StreamedHostUpdate):
             None if cfg.gpu_share == GPU_SHARE_AUTO else fixed_split(cfg.gpu_share, P, cfg.optimizer)
         )
         self._first_backward_at: float | None = None
+        self._boundaries = 0
 
     # The host master stays the full partition (readers and checkpoints); reads see the device side joined in.
     @property
@@ -119,19 +122,24 @@ class SplitHostUpdate(StreamedHostUpdate):
 
     # ---- the boundary --------------------------------------------------------------------------------------
     def begin_backward(self, boundary_predicted: bool) -> None:
-        if self._decision is None and self._first_backward_at is None:
+        if self._decision is None and self._boundaries == 1 and self._first_backward_at is None:
             self._sync_device()
             self._first_backward_at = time.perf_counter()
         super().begin_backward(boundary_predicted)
 
     def _before_host_update(self, hyper: OptimizerConfig, step: int, clip_coef: float | None) -> None:
+        self._boundaries += 1
         if self._decision is None:
+            if self._boundaries < 2:
+                return  # "auto": the first step is not the steady state; the host updates everything
             self._decision = self._choose()
         if self._side is None:
             d = self._decision.device_elements
             if d == 0:
                 return
-            self._store_side()
+            # The previous boundary's host update (still running with the delayed update) must have written the
+            # buffers the device side starts from, and must not see host_from change under it.
+            self._update.wait_all()
             self._side = _DeviceSide(d, self._host_master, self.opt_state, self.ctx.device, self.config.model_dtype)
             self._update.host_from = d
         side = self._side
@@ -170,20 +178,24 @@ class SplitHostUpdate(StreamedHostUpdate):
 
     def _time_host(self, n: int) -> float:
         z = [torch.zeros(n, dtype=torch.float32) for _ in range(4)]
-        t0 = time.perf_counter()
-        cpu_adam.adam_step(self.config.optimizer, z[0], z[1], z[2], z[3], 1, threads=self._update._threads)
-        return time.perf_counter() - t0
+        for _ in range(2):  # the second run: threads started, pages touched
+            t0 = time.perf_counter()
+            cpu_adam.adam_step(self.config.optimizer, z[0], z[1], z[2], z[3], 1, threads=self._update._threads)
+            took = time.perf_counter() - t0
+        return took
 
     def _time_device(self, n: int) -> float:
         device = self.ctx.device
         master = torch.zeros(n, dtype=torch.float32, device=device)
         state = OptimizerState(0, {k: torch.zeros_like(master) for k in ("exp_avg", "exp_avg_sq")})
         grad = torch.zeros_like(master)
-        self._sync_device()
-        t0 = time.perf_counter()
-        step_master(self.config.optimizer, master, grad, state, clip_coef=None)
-        self._sync_device()
-        return time.perf_counter() - t0
+        for _ in range(2):  # the second run: kernels loaded, allocator warm
+            self._sync_device()
+            t0 = time.perf_counter()
+            step_master(self.config.optimizer, master, grad, state, clip_coef=None)
+            self._sync_device()
+            took = time.perf_counter() - t0
+        return took
 
     def _sync_device(self) -> None:
         if self.ctx.device.type == "cuda":
