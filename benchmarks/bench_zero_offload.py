@@ -200,7 +200,7 @@ def _ours_zero(arm: str, opts) -> tuple[dict, int]:
 
 def _build_ours(arm: str, model, device, shape: tuple, opts, row: dict) -> Trainer:
     from optimized.accumulation import ZeroEngine
-    from reference.contract.envvars import cpu_adam_threads, pin_backend
+    from reference.contract.envvars import cpu_adam_threads, pin_backend, zero_host_memory
 
     _, _, batch, gas = shape
     zero, manual_warmup = _ours_zero(arm, opts)
@@ -210,6 +210,7 @@ def _build_ours(arm: str, model, device, shape: tuple, opts, row: dict) -> Train
         "optimizer": {"type": "AdamW", "params": {"lr": opts.lr, "weight_decay": 0.01}},
     }, device=device)
     row["pin_backend"] = pin_backend()
+    row["zero_host_memory"] = zero_host_memory()
     row["adam_threads"] = cpu_adam_threads()
     row["offload_optimizer"] = zero.get("offload_optimizer")
     # What the engine asked to pin; the host RSS column shows what the allocator really took.
@@ -596,8 +597,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per arm subprocess")
     ap.add_argument("--pin-backend", choices=["torch", "native"], default=None,
                     help="HOSTOFFLOAD_PIN_BACKEND for the arms (default: as set in the environment, else torch). "
-                         "torch's pinned allocator rounds every buffer up to a power of two (docs/zero.md, "
-                         "'Host memory'); native pins exactly what is asked")
+                         "The engine's own buffers are pinned at their exact size whatever this says, unless "
+                         "HOSTOFFLOAD_ZERO_HOST_MEMORY=pin_backend (docs/zero.md, 'Host memory')")
     ap.add_argument("--adam-threads", type=int, default=None,
                     help="HOSTOFFLOAD_CPU_ADAM_THREADS for our arms (default: the cores the process may use). "
                          "With the delayed update (R27) the CPU Adam shares the host with a running step: fewer "

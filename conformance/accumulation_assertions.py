@@ -342,6 +342,7 @@ def assert_delayed_replay_consistent(trace: Trace) -> None:
         for seg in layout.segments:
             live[seg.name] = flat[seg.offset : seg.end].view(seg.shape).clone()
 
+    done = 0  # boundaries so far: the first ``delayed_update_warmup`` are not delayed
     for rec in trace.records:
         if isinstance(rec, ControlRecord) and isinstance(rec.call, ApplyDelayedUpdate):
             install(master.to(cfg.model_dtype))
@@ -350,11 +351,16 @@ def assert_delayed_replay_consistent(trace: Trace) -> None:
             continue
         label = f"delayed replay of step record {rec.call_index}"
         if rec.boundary:
-            install(master.to(cfg.model_dtype, copy=True))  # what this boundary installs: the previous update
+            delayed = done >= cfg.delayed_update_warmup
+            if delayed:
+                install(master.to(cfg.model_dtype, copy=True))  # what this boundary installs: the previous update
             norm, coef, grads = _norm_and_clip(cfg, layout, rec.gradients, sc.world_size)
             assert_float_match(rec.grad_norm, norm, f"{label}: grad_norm (R14)", None)
             assert_float_match(rec.clip_coef, coef, f"{label}: clip_coef (R15)", None)
             optimizer_step(cfg.optimizer, master, grads, state)
+            if not delayed:
+                install(master.to(cfg.model_dtype))  # a warm-up boundary installs its own update
+            done += 1
         assert_named_tensors(rec.parameters, live, f"{label}: parameters (R27: one boundary behind the master)")
 
 

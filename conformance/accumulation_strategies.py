@@ -147,6 +147,7 @@ def delayed_update_scenarios(draw: st.DrawFn, world_sizes: tuple[int, ...] = (1,
         optimizer={**base.to_dict()["optimizer"], "type": draw(st.sampled_from(("adam", "adamw"))), "momentum": 0.0},
         offload_optimizer="cpu",
         delayed_parameter_update=True,
+        delayed_update_warmup=draw(st.sampled_from((0, 0, 1, 2))),
     )
     calls = list(draw(call_sequences(config, max_steps=5)))
     for _ in range(draw(st.integers(0, 2))):

@@ -37,6 +37,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--delayed-update", action="store_true",
                    help="delayed_parameter_update (docs/accumulation.md R27; stages 2/3 with --offload cpu): the "
                         "weights lag the master by one step; the checkpoint keeps both")
+    p.add_argument("--delayed-update-warmup", type=int, default=None,
+                   help="with --delayed-update: undelayed boundaries before the delay starts (default: the "
+                        "engine's, docs/accumulation.md R27)")
     p.add_argument("--steps", type=int, default=8, help="boundary steps to reach (counted over resumes)")
     p.add_argument("--total-steps", type=int, default=None,
                    help="length of the LR schedule (default --steps; set it when a run will be resumed further)")
@@ -99,6 +102,8 @@ def main() -> None:
     }
     if args.delayed_update:
         config["zero_optimization"]["offload_optimizer"]["delayed_parameter_update"] = True
+        if args.delayed_update_warmup is not None:
+            config["zero_optimization"]["offload_optimizer"]["delayed_update_warmup"] = args.delayed_update_warmup
     engine = ZeroEngine(build_model(), config, device=device)
     engine.lr_scheduler = LambdaLR(engine.optimizer, warmup_cosine(args.total_steps or args.steps))
     start = 0

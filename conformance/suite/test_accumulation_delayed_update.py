@@ -31,8 +31,10 @@ from reference.contract.errors import ConfigurationError
 REQUIRES_DELAYED = pytest.mark.requires("accumulation_delayed_parameter_update")
 pytestmark = [pytest.mark.conformance_area("accumulation"), REQUIRES_DELAYED]
 
+#: The delay from the first boundary on (no warm-up): what most tests here check; the warm-up has tests of its own.
 VALID = {
     "zero_stage": 2, "offload_optimizer": "cpu", "optimizer": {"type": "adamw"}, "delayed_parameter_update": True,
+    "delayed_update_warmup": 0,
 }
 
 
@@ -56,6 +58,29 @@ def test_R27_R19_delayed_parameter_update_key_flat_and_nested(area_api):
             cfg_cls.from_dict({**VALID, "delayed_parameter_update": bad})
     with pytest.raises(ConfigurationError, match="delayed_parameter_update"):
         cfg_cls.from_dict({"zero_optimization": {"stage": 2, "offload_param": {"delayed_parameter_update": True}}})
+
+
+def test_R27_R19_delayed_update_warmup_key_flat_and_nested(area_api):
+    """R27/R19: ``delayed_update_warmup`` (undelayed boundaries before the delay starts) defaults to the contract's
+    documented value, which is above zero (the delay from the first boundary does not train: docs/accumulation.md),
+    is accepted flat and inside DeepSpeed's ``zero_optimization.offload_optimizer``, and anything but an int >= 0
+    is rejected naming the key."""
+    from reference.contract.accumulation_config import DEFAULT_DELAYED_UPDATE_WARMUP
+
+    cfg_cls = area_api.AccumulationConfig
+    assert cfg_cls.from_dict({}).delayed_update_warmup == DEFAULT_DELAYED_UPDATE_WARMUP > 0
+    assert cfg_cls.from_dict({**VALID, "delayed_update_warmup": 7}).delayed_update_warmup == 7
+    nested = cfg_cls.from_dict({
+        "zero_optimization": {"stage": 2, "offload_optimizer": {
+            "device": "cpu", "delayed_parameter_update": True, "delayed_update_warmup": 3}},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+    })
+    assert (nested.delayed_parameter_update, nested.delayed_update_warmup) == (True, 3)
+    for bad in (-1, True, 1.5, "3", None):
+        with pytest.raises(ConfigurationError, match=r"delayed_update_warmup=.*int >= 0"):
+            cfg_cls.from_dict({**VALID, "delayed_update_warmup": bad})
+    with pytest.raises(ConfigurationError, match="delayed_update_warmup"):
+        cfg_cls.from_dict({"zero_optimization": {"stage": 2, "offload_param": {"delayed_update_warmup": 1}}})
 
 
 @pytest.mark.parametrize(
@@ -129,6 +154,36 @@ def test_R27_the_delay_is_one_boundary_exactly(reference_api, area_api, impl, ac
         )
     for name, g in pb[0].gradients.items():  # the premise: the same first gradient
         assert torch.equal(db[0].gradients[name], g), f"premise: first gradients differ at {name}"
+
+
+@pytest.mark.parametrize("warmup", [1, 2])
+def test_R27_warmup_boundaries_are_the_synchronous_ones_then_the_delay(reference_api, area_api, impl, accelerator,
+                                                                       warmup):
+    """R27 with ``delayed_update_warmup = N``: with one backward per boundary, the parameters after each of the
+    first N boundaries are bitwise the synchronous run's; boundary N+1 leaves them in place (its update is the
+    delayed one) and boundary N+2 installs it -- the synchronous run's parameters after boundary N+1 (same
+    gradient: both computed it with the weights of boundary N). The trace equals the reference's."""
+    calls = scenario_calls("BS" * (warmup + 3))
+    delayed = AccumulationConfig(**{**VALID, "delayed_update_warmup": warmup,
+                                    "optimizer": {"type": "adamw", "lr": 1e-2, "weight_decay": 0.01}})
+    sc = Scenario(delayed, 2, calls, seed=4)
+    plain = Scenario(delayed.replace(delayed_parameter_update=False), 2, calls, seed=4)
+    d, p = area_api.run_scenario(sc), reference_api.run_scenario(plain)
+    assert_traces_match(d, reference_api.run_scenario(sc), cross_implementation_tolerance(sc, impl, accelerator))
+    assert_delayed_replay_consistent(d)
+    db, pb = d.boundaries(), p.boundaries()
+    for k in range(warmup):
+        for name, t in pb[k].parameters.items():
+            assert torch.equal(db[k].parameters[name], t), f"warm-up boundary {k + 1}: {name} is not synchronous"
+    for name in d.initial_parameters:
+        assert torch.equal(db[warmup].parameters[name], pb[warmup - 1].parameters[name]), (
+            f"R27: boundary {warmup + 1} (the first delayed one) must leave the parameters in place: {name} moved"
+        )
+        assert torch.equal(db[warmup + 1].parameters[name], pb[warmup].parameters[name]), (
+            f"R27: boundary {warmup + 2} must install boundary {warmup + 1}'s update: {name} differs"
+        )
+    moved = [n for n in pb[0].gradients if not torch.equal(pb[warmup].parameters[n], pb[warmup - 1].parameters[n])]
+    assert moved, f"premise: the synchronous update of boundary {warmup + 1} moved nothing"
 
 
 # ---- the engine in a training loop -------------------------------------------------------------------------
@@ -260,14 +315,16 @@ def _config(stage: int, dtype: str, **extra) -> dict:
 @REQUIRES_ENGINE
 @IN_RANK_PROCESSES
 @pytest.mark.parametrize(("stage", "dtype", "world"), [(2, "bf16", 1), (2, "fp32", 2), (3, "bf16", 2)])
-@pytest.mark.parametrize("apply_every", [0, 2], ids=["delayed", "apply-every-2"])
-def test_R27_training_loop_without_reads_matches_reference(impl, stage, dtype, world, apply_every):
+@pytest.mark.parametrize(("apply_every", "warmup"), [(0, 0), (2, 0), (0, 2)],
+                         ids=["delayed", "apply-every-2", "warmup-2"])
+def test_R27_training_loop_without_reads_matches_reference(impl, stage, dtype, world, apply_every, warmup):
     """R27 in a training loop that reads nothing between steps (the update of boundary k overlaps step k+1 and
     the next step's gradients accumulate while it runs): losses of every micro-step, the weights the module
     computes with, the fp32 master, and the weights after ``apply_delayed_update()`` equal the reference engine's
-    bitwise; the master is one update ahead of the weights."""
+    bitwise; the master is one update ahead of the weights. With ``delayed_update_warmup = 2`` the first two
+    boundaries are undelayed inside the engine, as the reference says."""
     api = engine_api(impl)
-    cfg = _config(stage, dtype)
+    cfg = _config(stage, dtype, delayed_update_warmup=warmup)
     got = api.run_on_ranks(_loop, world, api.ZeroEngine, cfg, 4, None, None, apply_every)
     want = _reference_loop(cfg, world, 4, apply_every)
     _assert_same(got[0], want, f"stage {stage} {dtype} W={world} apply_every={apply_every}")
@@ -291,13 +348,14 @@ def test_R27_next_step_accumulates_apart_from_the_update_in_flight(impl):
 
 @REQUIRES_CHECKPOINT
 @IN_RANK_PROCESSES
-@pytest.mark.parametrize(("stage", "dtype", "world"), [(2, "bf16", 2), (3, "fp32", 1)])
-def test_R27_resume_from_checkpoint_equals_uninterrupted_delayed_run(impl, tmp_path, stage, dtype, world):
+@pytest.mark.parametrize(("stage", "dtype", "world", "warmup"), [(2, "bf16", 2, 0), (3, "fp32", 1, 3)])
+def test_R27_resume_from_checkpoint_equals_uninterrupted_delayed_run(impl, tmp_path, stage, dtype, world, warmup):
     """R27 + checkpoints: 2 boundaries, ``save_checkpoint``, a fresh engine ``load_checkpoint`` + 2 boundaries
     equals 4 uninterrupted boundaries bitwise (losses, the weights the module computes with, the master, the
-    optimizer state): the checkpoint keeps the weights the run computes with, which are not the master's cast."""
+    optimizer state): the checkpoint keeps the weights the run computes with, which are not the master's cast.
+    Saved inside a warm-up of 3 boundaries, the resumed run finishes it (boundary 3 undelayed, 4 delayed)."""
     api = engine_api(impl)
-    cfg = _config(stage, dtype)
+    cfg = _config(stage, dtype, delayed_update_warmup=warmup)
     full = api.run_on_ranks(_loop, world, api.ZeroEngine, cfg, 4)[0]
     first = api.run_on_ranks(_loop, world, api.ZeroEngine, cfg, 2, None, (str(tmp_path), "ck"))[0]
     resumed = api.run_on_ranks(_loop, world, api.ZeroEngine, cfg, 2, (str(tmp_path), "ck"))[0]

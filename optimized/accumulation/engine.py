@@ -202,6 +202,7 @@ class ZeroEngine(ScheduledEngine):
         self._path = path_class(UpdateContext(
             config=cfg, layout=self.layout, rank=self.rank, world_size=self.world_size, stage=self.stage,
             device=self.device, comm=self._comm, weights=self._weights, host=self._host, buckets=buckets,
+            boundaries_done=lambda: self._schedule.global_steps,
         ))
         self._weights.drop_initial()
         trainable_of = {id(self._params[n]): n for n in self.trainable_names}

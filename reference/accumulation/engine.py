@@ -331,8 +331,10 @@ class AccumulationEngine(ScheduledEngine):
         # R27: with the delayed update the parameters this boundary installs are the cast of the masters as they
         # are now (a copy: for an fp32 model the cast is the master itself), before this boundary's update, i.e.
         # what the previous boundary's update produced; this boundary's update reaches the parameters at the
-        # next boundary (or at apply_delayed_update()).
-        installed = [m.to(cfg.model_dtype, copy=True) for m in self._masters] if cfg.delayed_parameter_update else None
+        # next boundary (or at apply_delayed_update()). The first ``delayed_update_warmup`` boundaries (counted by
+        # R3's global_steps, which still counts the boundaries before this one) are not delayed.
+        delayed = cfg.delayed_parameter_update and self.global_steps >= cfg.delayed_update_warmup
+        installed = [m.to(cfg.model_dtype, copy=True) for m in self._masters] if delayed else None
         # 4. Optimizer on the fp32 master of each rank (R16), its leading share on the device (R28).
         self._split.boundary()
         for r in range(world):

@@ -34,6 +34,8 @@ OFFLOAD_OPTIMIZER_DEVICES: tuple[str, ...] = ("none", "cpu", "nvme")
 ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
 #: The ``gpu_share`` (R28) that asks the engine to choose the share from a measurement.
 GPU_SHARE_AUTO = "auto"
+#: R27: undelayed boundaries before the one-step delay starts, by default (docs/accumulation.md says why 100).
+DEFAULT_DELAYED_UPDATE_WARMUP = 100
 
 
 def _require_bool(name: str, value: object) -> None:
@@ -145,6 +147,8 @@ class AccumulationConfig:
     gpu_share: float | str = 0.0
     #: R28: the device bytes "auto" may give the split (None: half the device memory free when it chooses).
     gpu_memory_budget: int | None = None
+    #: R27: the first this many boundaries are not delayed (ignored without ``delayed_parameter_update``).
+    delayed_update_warmup: int = DEFAULT_DELAYED_UPDATE_WARMUP
 
     def __post_init__(self) -> None:
         if type(self.zero_stage) is not int or self.zero_stage not in ZERO_STAGES:
@@ -176,6 +180,7 @@ class AccumulationConfig:
         if self.train_batch_size is not None:
             _require_int("train_batch_size", self.train_batch_size, 1)
         _require_bool("delayed_parameter_update", self.delayed_parameter_update)
+        _require_int("delayed_update_warmup", self.delayed_update_warmup, 0)
         self._check_split()
         self._check_combinations()
 
@@ -388,10 +393,11 @@ DEEPSPEED_ZERO_KEYS: tuple[str, ...] = (
     "allgather_partitions",
 )
 DEEPSPEED_OFFLOAD_KEYS: tuple[str, ...] = ("device", "nvme_path", "pin_memory")
-#: ``offload_optimizer`` also takes this project's ``delayed_parameter_update`` (R27; DeepSpeed has no key for it)
-#: and the split update's ``gpu_share`` and ``gpu_memory_budget`` (R28; DeepSpeed's nearest is a hand-set ratio).
+#: ``offload_optimizer`` also takes this project's ``delayed_parameter_update`` and ``delayed_update_warmup`` (R27;
+#: DeepSpeed has no key for them) and the split update's ``gpu_share`` and ``gpu_memory_budget`` (R28; DeepSpeed's
+#: nearest is a hand-set ratio).
 DEEPSPEED_OFFLOAD_OPTIMIZER_KEYS: tuple[str, ...] = (
-    *DEEPSPEED_OFFLOAD_KEYS, "delayed_parameter_update", "gpu_share", "gpu_memory_budget",
+    *DEEPSPEED_OFFLOAD_KEYS, "delayed_parameter_update", "delayed_update_warmup", "gpu_share", "gpu_memory_budget",
 )
 DEEPSPEED_OPTIMIZER_PARAMS: tuple[str, ...] = ("lr", "betas", "eps", "weight_decay", "momentum", "adam_w_mode")
 
@@ -473,7 +479,7 @@ def from_deepspeed(values: Mapping[str, Any], world_size: int | None = None) -> 
                         f"(offloaded buffers are always pinned here)"
                     )
             out[key] = off.get("device", "none")
-            for own in ("delayed_parameter_update", "gpu_share", "gpu_memory_budget"):
+            for own in ("delayed_parameter_update", "delayed_update_warmup", "gpu_share", "gpu_memory_budget"):
                 if own in off:
                     out[own] = off[own]
             if "nvme_path" in off:

@@ -140,6 +140,21 @@ def check_pinning_environment() -> str:
     return backend
 
 
+# -- read by implementations' ZeRO engines: where the engine's own host buffers come from -----------------------
+
+ZERO_HOST_MEMORY_ENV = "HOSTOFFLOAD_ZERO_HOST_MEMORY"
+ZERO_HOST_MEMORY_MODES: tuple[str, ...] = ("exact", "pin_backend")
+
+
+def zero_host_memory() -> str:
+    """Where a ZeRO engine's own pinned buffers (offloaded masters, optimizer state, accumulators, stage-3
+    partitions) come from (``HOSTOFFLOAD_ZERO_HOST_MEMORY``): ``exact`` (default) page-locks exactly their size
+    (page-rounded) and registers it with the accelerator, whatever ``HOSTOFFLOAD_PIN_BACKEND`` selects for user
+    tensors; ``pin_backend`` takes them from that backend (``torch``: its caching allocator, which rounds every
+    buffer up to a power of two, and does not count against ``ulimit -l``)."""
+    return read_choice(ZERO_HOST_MEMORY_ENV, ZERO_HOST_MEMORY_MODES, "exact")
+
+
 # -- read by every implementation: the accelerator ---------------------------------------------------------------
 
 ACCELERATOR_ENV = "HOSTOFFLOAD_ACCELERATOR"
@@ -242,6 +257,10 @@ VARIABLES: tuple[Variable, ...] = (
         "an installed accelerator (cpu, cuda, a vendor's)",
         "first available non-cpu that may be a default, else cpu",
         "the accelerator every call uses (the native is_pinned cache keys on it too, csrc/module.cpp)",
+    ),
+    Variable(
+        ZERO_HOST_MEMORY_ENV, "implementations", ", ".join(ZERO_HOST_MEMORY_MODES), "exact",
+        "where a ZeroEngine's own pinned buffers come from (exact: page-locked at their size)",
     ),
     Variable(PIN_HUGE_PAGES_ENV, "native pinning", ", ".join(PIN_HUGE_PAGES_MODES), "auto", "huge pages of buffers"),
     Variable(PIN_POPULATE_THREADS_ENV, "native pinning", "an int >= 0 (0: automatic)", "0", "page-population threads"),

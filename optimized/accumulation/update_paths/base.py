@@ -39,6 +39,9 @@ class UpdateContext:
     #: stages 2/3: the gradient buckets, in flat order (``start``, ``end``, ``index``, and while a backward
     #: runs ``reduce`` -- the pending reduce-scatter -- ``keep_alive`` and ``grads``); empty at stages 0/1
     buckets: Sequence[Any]
+    #: how many boundaries the engine has completed (R3's ``global_steps``; during ``boundary()`` the ones before
+    #: this one, also after a checkpoint load)
+    boundaries_done: Callable[[], int] = lambda: 0
 
     @property
     def partition(self) -> tuple[int, int]:

@@ -219,6 +219,17 @@ class DelayedHostUpdate(StreamedHostUpdate):
     def before_step(self) -> None:
         """A boundary waits for the previous update in its epilogue; a non-boundary step reads nothing."""
 
+    def boundary(self, hyper: OptimizerConfig, record_gradients: bool) -> StepOutcome:
+        """R27: delayed from the boundary after the first ``delayed_update_warmup`` ones on; a warm-up boundary
+        is the delayed one followed at once by :meth:`apply_delayed` (so its parameters are the synchronous
+        update's, bitwise, and the next step computes with them)."""
+        warming_up = self.ctx.boundaries_done() < self.config.delayed_update_warmup
+        outcome = super().boundary(hyper, record_gradients)
+        if warming_up:
+            self.synchronize()
+            self.apply_delayed()
+        return outcome
+
     def _wait_after_all_gather(self) -> None:
         self._update.wait_published()
 

@@ -1,0 +1,117 @@
+"""The engine's own host memory is page-locked at its exact size by default (issue 27 item 5, docs/zero.md
+"Host memory"), whatever ``HOSTOFFLOAD_PIN_BACKEND`` selects for user tensors, and a locked-memory limit too low
+for it is a clear ``MemoryError`` naming ``ulimit -l`` that leaves nothing locked.
+
+What is measured is the operating system's count of this process's locked memory (``VmLck`` in
+``/proc/self/status``) around the engine's construction, against the page-rounded sizes of the buffers the engine
+lists (``pinned_buffers()``: numel times element size, as a user would compute it). A buffer rounded up -- as
+torch's caching host allocator rounds every allocation to a power of two -- or not locked at all shows as a
+difference.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import mmap
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conformance.accumulation_engines import IN_RANK_PROCESSES, REQUIRES_ENGINE, engine_api, engine_class
+from conformance.probes.memlock import _status
+from reference.contract.accumulation_config import AccumulationConfig
+from reference.contract.accumulation_partition import build_layout
+from reference.contract.accumulation_scenario import ModelSpec
+from reference.contract.errors import ConfigurationError
+
+pytestmark = [pytest.mark.conformance_area("accumulation"), REQUIRES_ENGINE, IN_RANK_PROCESSES]
+
+#: Partitions (world size 2) a little over a power of two elements and not a whole number of pages, so that a
+#: buffer rounded up to a power of two takes more pages than its exact size (checked in the test).
+MODEL = ModelSpec(in_features=37, hidden=230, out_features=5)
+
+
+def _page_rounded(nbytes: int) -> int:
+    return -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
+
+
+def _locked_around_construction(group, impl, stage: int) -> dict:
+    """Rank function: VmLck before and after building an offloading engine, and the buffers it lists."""
+    import torch.distributed as dist
+
+    cfg = AccumulationConfig(
+        zero_stage=stage, offload_optimizer="cpu", offload_param="cpu" if stage == 3 else "none", dtype="bf16"
+    )
+    gc.collect()
+    before = _status("VmLck")
+    engine = engine_class(impl)(MODEL.build(0), cfg, process_group=group)
+    try:
+        during = _status("VmLck")
+        sizes = [t.numel() * t.element_size() for t in engine.pinned_buffers()]
+    finally:
+        engine.destroy()
+    gc.collect()
+    return {"before_kib": before, "during_kib": during, "after_kib": _status("VmLck"), "sizes": sizes,
+            "world": dist.get_world_size(group)}
+
+
+@pytest.mark.parametrize("backend", ["torch", "native"])
+@pytest.mark.parametrize("stage", [2, 3])
+def test_engine_buffers_are_locked_at_their_exact_size(impl, area_api, monkeypatch, backend, stage):
+    """Under either pinning backend for user tensors (``torch`` is the default), the locked memory the engine
+    adds is the sum of its buffers' page-rounded sizes: nothing rounded up, nothing left pageable; destroy()
+    gives all of it back."""
+    monkeypatch.setenv("HOSTOFFLOAD_PIN_BACKEND", backend)
+    monkeypatch.delenv("HOSTOFFLOAD_ZERO_HOST_MEMORY", raising=False)
+    api = engine_api(impl)
+    world = 2
+    trainable = [(n, p.shape) for n, p in MODEL.build(0).named_parameters() if p.requires_grad]
+    partition = build_layout(trainable, world).partition_size
+    partition_bytes = partition * 4
+    power_of_two_bytes = (1 << (partition - 1).bit_length()) * 4
+    assert _page_rounded(power_of_two_bytes) > _page_rounded(partition_bytes), "MODEL no longer shows rounding"
+    for r, out in enumerate(api.run_on_ranks(_locked_around_construction, world, impl, stage)):
+        expected = sum(_page_rounded(n) for n in out["sizes"])
+        # The fp32 master and Adam's two moments alone are three partition-sized fp32 buffers (R17).
+        assert sum(out["sizes"]) >= 3 * partition_bytes, f"rank {r}: the engine lists too little: {out}"
+        locked = (out["during_kib"] - out["before_kib"]) * 1024
+        assert locked == expected, (
+            f"rank {r} (HOSTOFFLOAD_PIN_BACKEND={backend}, stage {stage}): the engine's construction locked "
+            f"{locked} bytes (VmLck); its buffers of {out['sizes']} bytes page-rounded are {expected} bytes"
+        )
+        assert out["after_kib"] == out["before_kib"], f"rank {r}: destroy() left locked memory: {out}"
+
+
+def test_engine_host_memory_variable_is_checked(impl, area_api, monkeypatch):
+    """A value of ``HOSTOFFLOAD_ZERO_HOST_MEMORY`` outside its domain is refused naming the variable."""
+    monkeypatch.setenv("HOSTOFFLOAD_ZERO_HOST_MEMORY", "rounded")
+    api = engine_api(impl)
+    with pytest.raises(ConfigurationError, match="HOSTOFFLOAD_ZERO_HOST_MEMORY"):
+        api.run_on_ranks(_locked_around_construction, 1, impl, 2)
+
+
+LIMIT = 256 * 1024
+
+
+def test_lock_limit_too_low_is_clear_and_leaks_nothing(impl, area_api):
+    """Under a 256 KiB RLIMIT_MEMLOCK (CAP_IPC_LOCK dropped), a small engine builds (its buffers are locked) and a
+    larger one fails part-way with a ``MemoryError`` naming ``ulimit -l``; VmLck is back where it was."""
+    env = {**os.environ, "HOSTOFFLOAD_PIN_BACKEND": "torch"}
+    env.pop("HOSTOFFLOAD_ZERO_HOST_MEMORY", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "conformance.probes.engine_memlock", impl.areas["accumulation"], str(LIMIT)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, f"probe crashed:\n{proc.stdout}\n{proc.stderr}"
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    if os.getuid() == 0:
+        assert result["dropped_cap"], "root could not drop CAP_IPC_LOCK; the limit would not apply"
+    assert result["small_locked_kib"] > 0, f"the small engine locked nothing; the probe proves nothing: {result}"
+    err = result["error"]
+    assert err is not None, f"an engine needing more than {LIMIT} locked bytes was built: {result}"
+    assert err["is_memory_error"], f"expected a MemoryError subclass, got {err['type']}: {err['message']}"
+    assert "ulimit -l" in err["message"], f"the message must tell the user about `ulimit -l`: {err['message']}"
+    assert result["after_kib"] == result["before_kib"], f"the failed construction left locked memory: {result}"
