@@ -178,6 +178,7 @@ def split_update_scenarios(draw: st.DrawFn, world_sizes: tuple[int, ...] = (1, 2
         optimizer={**base.to_dict()["optimizer"], "type": draw(st.sampled_from(("adam", "adamw"))), "momentum": 0.0},
         offload_optimizer="cpu",
         delayed_parameter_update=with_delay,
+        delayed_update_warmup=draw(st.sampled_from((0, 1))),  # R27: with the delay, warm-up or none
         gpu_share=draw(st.sampled_from(SPLIT_SHARES)),
     )
     calls = list(draw(call_sequences(config, max_steps=4)))

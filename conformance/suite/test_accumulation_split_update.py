@@ -207,7 +207,7 @@ def test_R28_pinned_shares_equal_the_all_host_update(area_api, reference_api, im
         zero_stage=stage, dtype="bf16", grad_accum_dtype="fp32", gradient_accumulation_steps=2,
         gradient_clipping=0.05, optimizer={"type": "adamw", "lr": 1e-2, "weight_decay": 0.01},
         offload_optimizer="cpu", offload_param="cpu" if stage == 3 else "none", delayed_parameter_update=delayed,
-        gpu_share=share,
+        delayed_update_warmup=2, gpu_share=share,  # R27: 2 undelayed boundaries, then the delay
     )
     scenario = Scenario(config, 2, scenario_calls("BSBSBSBSBSBS"), seed=28, name=f"split-{share}")
     all_host = reference_api.run_scenario(_all_host(scenario))
@@ -382,7 +382,7 @@ def test_R28_checkpoint_loaded_into_a_running_split_engine(impl, tmp_path, delay
     if delayed and not impl.capabilities.accumulation_delayed_parameter_update:
         pytest.skip(f"{impl.name} does not declare accumulation_delayed_parameter_update (R27)")
     api = engine_api(impl)
-    extra = {"delayed_parameter_update": True} if delayed else {}
+    extra = {"delayed_parameter_update": True, "delayed_update_warmup": 1} if delayed else {}
     ck = (str(tmp_path), "ck")
     full = api.run_on_ranks(_loop, 1, api.ZeroEngine, _config(2, 0.0, **extra), 4)[0]
     api.run_on_ranks(_loop, 1, api.ZeroEngine, _config(2, 0.0, **extra), 2, None, ck)
@@ -405,7 +405,7 @@ def test_R28_training_loop_equals_the_all_host_loop(impl, share, stage, world, d
     if delayed and not impl.capabilities.accumulation_delayed_parameter_update:
         pytest.skip(f"{impl.name} does not declare accumulation_delayed_parameter_update (R27)")
     api = engine_api(impl)
-    extra = {"delayed_parameter_update": True} if delayed else {}
+    extra = {"delayed_parameter_update": True, "delayed_update_warmup": 1} if delayed else {}
     want = api.run_on_ranks(_loop, world, api.ZeroEngine, _config(stage, 0.0, **extra), 3)[0]
     got = api.run_on_ranks(_loop, world, api.ZeroEngine, _config(stage, share, **extra), 3)[0]
     _assert_same(got, want, f"share {share} stage {stage} W={world} delayed={delayed}")
