@@ -133,16 +133,15 @@ measurements = st.builds(
 
 
 @given(P=partitions, m=measurements, budget=st.none() | st.integers(0, 1 << 26),
-       kind=st.sampled_from(("adam", "adamw")))
-def test_R28_auto_takes_the_smallest_hiding_cut_within_the_budget(P, m, budget, kind):
+       kind=st.sampled_from(("adam", "adamw")), accum=st.sampled_from(("fp32", "bf16")))
+def test_R28_auto_takes_the_smallest_hiding_cut_within_the_budget(P, m, budget, kind, accum):
     """R28: "auto" takes the smallest aligned cut d with ``host * (P - d) <= device * d + hide``, capped by the
     budget (``device_bytes_per_element`` bytes per element) and P; the decision reports its measurement, budget
     and predictions."""
-    from reference.contract.accumulation_config import OptimizerConfig
-
-    opt = OptimizerConfig(type=kind)
-    per = device_bytes_per_element(opt)
-    dec = choose_split(P, opt, budget, m)
+    cfg = AccumulationConfig(zero_stage=2, offload_optimizer="cpu", optimizer={"type": kind}, grad_accum_dtype=accum)
+    per = device_bytes_per_element(cfg)
+    assert per == 12 + (4 if accum == "fp32" else 2)  # master, two moments, the gradient
+    dec = choose_split(P, cfg, budget, m)
     d = dec.device_elements
     assert 0 <= d <= P and d % FLAT_ALIGNMENT == 0 and dec.device_bytes == d * per
     assert dec.gpu_share == (d / P if P else 0.0) and dec.auto and dec.measurement == m
@@ -231,7 +230,7 @@ def test_R28_reference_auto_reports_the_rules_choice(reference_api):
             _reference_boundary(engine)
             report = engine.split_report()
             assert report is not None and report["auto"], report
-            expected = choose_split(engine.layout.partition_size, cfg.optimizer, report["budget_bytes"],
+            expected = choose_split(engine.layout.partition_size, cfg, report["budget_bytes"],
                                     SplitMeasurement(**report["measurement"]))
             assert report == expected.as_dict()
             if check_zero:
@@ -329,7 +328,7 @@ def _assert_same(got: dict, want: dict, what: str, keys=("losses", "weights", "m
 @pytest.mark.parametrize("budget", [None, 0, 4096])
 def test_R28_engine_auto_reports_the_rules_choice(impl, budget):
     """R28: on every rank, "auto" has not chosen before the second boundary and afterwards reports
-    ``choose_split(P, optimizer, budget, measurement)`` of its own reported measurement and budget (the one
+    ``choose_split(P, config, budget, measurement)`` of its own reported measurement and budget (the one
     formula), the same share on every rank, within a given budget (a zero budget: nothing on the device)."""
     api = engine_api(impl)
     extra = {} if budget is None else {"gpu_memory_budget": budget}
@@ -342,7 +341,7 @@ def test_R28_engine_auto_reports_the_rules_choice(impl, budget):
             f"rank {rank}: auto reported a choice before the second boundary: {before}, {first}"
         )
         assert after is not None and after["auto"], f"rank {rank}: no auto decision after a boundary: {after}"
-        expected = choose_split(out["partition"], cfg.optimizer, after["budget_bytes"],
+        expected = choose_split(out["partition"], cfg, after["budget_bytes"],
                                 SplitMeasurement(**after["measurement"]))
         assert after == expected.as_dict(), f"rank {rank}: the report is not the rule's choice"
         if budget is not None:

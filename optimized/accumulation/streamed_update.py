@@ -120,6 +120,11 @@ class StreamedUpdate:
         #: R28 (the split path): the partition's elements below this are updated on the device; the worker
         #: updates, publishes and copies out ``[host_from, P)`` only
         self.host_from = 0
+        #: R28, device runs: a device buffer into which each backward's stream-out also copies the running sum of
+        #: ``[0, host_from)``, so the device side's gradient need not come back from the host (None: not kept)
+        self.device_grad: torch.Tensor | None = None
+        #: whether every backward of the current accumulation wrote ``device_grad``
+        self._device_grad_complete = False
         self.pieces = layout.pieces(rank)
         for position, piece in enumerate(self.pieces):
             owner = next(b for b in self.ranges if b.lo <= piece.local_start < b.hi)
@@ -160,6 +165,8 @@ class StreamedUpdate:
     # ---- backward: accumulate (R10) and stream out ----------------------------------------------------------
     def begin_backward(self) -> None:
         self._sums_fresh = False
+        if self._first:  # a new accumulation: its absorbs keep the device copy from the start
+            self._device_grad_complete = self.device_grad is not None
 
     def absorb(self, index: int, reduced: torch.Tensor, want_sums: bool) -> None:
         """Add this rank's reduced slice of bucket ``index`` (comm dtype, on the device) into its accumulator
@@ -188,6 +195,10 @@ class StreamedUpdate:
             stage.add_(reduced.to(self.accum_dtype))
             if want_sums:
                 self._sum_pieces(b, stage, b.lo)
+            kept = self.device_grad
+            if kept is not None and b.lo < self.host_from:  # R28: the device side's share stays here too
+                n = min(b.hi, self.host_from) - b.lo
+                kept[b.lo : b.lo + n].copy_(stage[:n])
             begin = torch.cuda.Event(enable_timing=True)
             begin.record(stream)
             host.copy_(stage, non_blocking=True)
@@ -224,6 +235,15 @@ class StreamedUpdate:
             self.accumulator.zero_()
         self.wait_transfers_out()
         return self.accumulator
+
+    def device_gradient(self, n: int) -> torch.Tensor | None:
+        """R28: the accumulated gradient of ``[0, n)`` as this accumulation's absorbs kept it on the device
+        (complete once every D2H has landed), or None where it was not kept for all of them (take it from the
+        host accumulator)."""
+        if self._first or not self._device_grad_complete or self.device_grad is None:
+            return None
+        self.wait_transfers_out()
+        return self.device_grad[:n]
 
     def piece_sums(self) -> list[float]:
         """R14's per-piece fp64 sums of squares of the accumulated gradient, in flat order."""

@@ -51,7 +51,7 @@ class SplitUpdate:
         auto = config.gpu_share == GPU_SHARE_AUTO
         #: None until "auto" has decided (at the second boundary)
         self.decision: SplitDecision | None = (
-            None if auto else fixed_split(config.gpu_share, partition_elements, config.optimizer)
+            None if auto else fixed_split(config.gpu_share, partition_elements, config)
         )
 
     def observe_backward(self, seconds: float) -> None:
@@ -77,7 +77,7 @@ class SplitUpdate:
         free = torch.cuda.mem_get_info(self._device)[0] if self._device.type == "cuda" else None
         budget = self._config.gpu_memory_budget
         budget = default_budget(free) if budget is None else budget
-        self.decision = choose_split(self._P, self._config.optimizer, budget, measurement)
+        self.decision = choose_split(self._P, self._config, budget, measurement)
         _log.info("R28 gpu_share=auto chose %s", self.decision.as_dict())
 
     def _time_step(self, n: int, where: torch.device) -> float:

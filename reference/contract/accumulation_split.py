@@ -27,7 +27,7 @@ import math
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 
-from reference.contract.accumulation_config import GPU_SHARE_AUTO, OptimizerConfig
+from reference.contract.accumulation_config import GPU_SHARE_AUTO, AccumulationConfig
 from reference.contract.accumulation_partition import FLAT_ALIGNMENT
 from reference.contract.accumulation_step import state_buffer_names
 
@@ -48,9 +48,11 @@ def split_point(share: float, partition_elements: int) -> int:
     return int(Fraction(share) * partition_elements) // FLAT_ALIGNMENT * FLAT_ALIGNMENT
 
 
-def device_bytes_per_element(optimizer: OptimizerConfig) -> int:
-    """Device bytes one element on the device side costs: its fp32 master and fp32 optimizer state buffers."""
-    return 4 * (1 + len(state_buffer_names(optimizer)))
+def device_bytes_per_element(config: AccumulationConfig) -> int:
+    """Device bytes one element on the device side may cost: its fp32 master and fp32 optimizer state buffers,
+    and its accumulated gradient in ``grad_accum_dtype`` (kept on the device by an engine that does not send it
+    to the host and back): 16 for Adam with fp32 accumulation."""
+    return 4 * (1 + len(state_buffer_names(config.optimizer))) + config.accum_dtype.itemsize
 
 
 def default_budget(free_device_bytes: int | None) -> int | None:
@@ -101,21 +103,21 @@ class SplitDecision:
         return out
 
 
-def fixed_split(share: float, partition_elements: int, optimizer: OptimizerConfig) -> SplitDecision:
+def fixed_split(share: float, partition_elements: int, config: AccumulationConfig) -> SplitDecision:
     """The cut of a numeric ``gpu_share``."""
     d = split_point(share, partition_elements)
     return SplitDecision(
         gpu_share=d / partition_elements if partition_elements else 0.0, device_elements=d,
-        partition_elements=partition_elements, device_bytes=d * device_bytes_per_element(optimizer), auto=False,
+        partition_elements=partition_elements, device_bytes=d * device_bytes_per_element(config), auto=False,
     )
 
 
-def choose_split(partition_elements: int, optimizer: OptimizerConfig, budget_bytes: int | None,
+def choose_split(partition_elements: int, config: AccumulationConfig, budget_bytes: int | None,
                  measurement: SplitMeasurement) -> SplitDecision:
     """The cut "auto" makes (module docstring): the smallest aligned cut that hides the host part, within the
     budget and the partition."""
     P = partition_elements
-    per = device_bytes_per_element(optimizer)
+    per = device_bytes_per_element(config)
     h, g = measurement.host_s_per_element, measurement.device_s_per_element
     need = (h * P - measurement.hide_s) / (h + g) if h + g > 0 else 0.0
     d = min(P, math.ceil(max(0.0, need) / FLAT_ALIGNMENT) * FLAT_ALIGNMENT)

@@ -99,7 +99,7 @@ class SplitHostUpdate(StreamedHostUpdate):
         cfg = self.config
         P = ctx.layout.partition_size
         self._decision: SplitDecision | None = (
-            None if cfg.gpu_share == GPU_SHARE_AUTO else fixed_split(cfg.gpu_share, P, cfg.optimizer)
+            None if cfg.gpu_share == GPU_SHARE_AUTO else fixed_split(cfg.gpu_share, P, cfg)
         )
         self._first_backward_at: float | None = None
         self._boundaries = 0
@@ -142,8 +142,13 @@ class SplitHostUpdate(StreamedHostUpdate):
             self._update.wait_all()
             self._side = _DeviceSide(d, self._host_master, self.opt_state, self.ctx.device, self.config.model_dtype)
             self._update.host_from = d
+            if self.ctx.device.type != "cpu":  # from the next accumulation on, the gradient of [0, d) stays here
+                self._update.device_grad = torch.empty(d, dtype=self.config.accum_dtype, device=self.ctx.device)
         side = self._side
-        grad = self._update.grad_for_boundary()[: side.n]  # every D2H has landed, queued kernels have run
+        host_grad = self._update.grad_for_boundary()  # every D2H has landed, queued kernels have run
+        grad = self._update.device_gradient(side.n)
+        if grad is None:  # not kept on the device for this whole accumulation (the first one, a cpu run)
+            grad = host_grad[: side.n]
         live = self.ctx.weights.partition()[: side.n]
         self._install_side(live, side, hyper, step, clip_coef, grad)
         self._stale = True
@@ -172,7 +177,7 @@ class SplitHostUpdate(StreamedHostUpdate):
         budget = cfg.gpu_memory_budget
         if budget is None:
             budget = default_budget(torch.cuda.mem_get_info(ctx.device)[0] if ctx.device.type == "cuda" else None)
-        decision = choose_split(P, cfg.optimizer, budget, measurement)
+        decision = choose_split(P, cfg, budget, measurement)
         _log.info("R28 gpu_share=auto (rank %d) chose %s", ctx.rank, decision.as_dict())
         return decision
 
