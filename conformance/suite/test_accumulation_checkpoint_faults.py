@@ -322,3 +322,38 @@ def test_damaged_or_edited_checkpoints_are_refused_by_name(impl, tmp_path, edit)
     assert "\x1b" not in msg and "\n" not in msg and len(msg) < 600, f"{edit}: not one clear paragraph: {msg!r}"
     words = ("damaged", "edited", "world_size", "partial")
     assert any(w in msg for w in words), f"{edit}: the message names none of {words}: {msg}"
+
+
+def _refused_on_one_rank(group, impl, directory: str) -> dict:
+    import torch.distributed as dist
+
+    rank = dist.get_rank(group)
+    engine = engine_class(impl)(ModelSpec().build(SEED), CONFIG, process_group=group)
+    try:
+        _boundary(engine, 0)
+        engine.save_checkpoint(directory, "ck")
+        good = engine_state(engine)
+        _boundary(engine, 1)
+        listing = _listing(directory)
+        try:
+            engine.save_checkpoint(directory, "ck", client_state={"hook": (lambda: 0)} if rank == 1 else {})
+            error = None
+        except Exception as exc:  # classified by the test
+            error = (type(exc).__name__, str(exc))
+        same = _listing(directory) == listing
+        engine.load_checkpoint(directory, "ck")
+        return {"error": error, "same_listing": same, "restored": same_state(engine_state(engine), good)}
+    finally:
+        engine.destroy()
+
+
+def test_a_save_refused_on_one_rank_changes_nothing_on_disk(impl, tmp_path):
+    """W=2, rank 1's client_state holds a lambda: every rank raises (rank 0 naming rank 1), the directory is
+    exactly as before -- no staging directory that rank 0 prepared for a save that could not happen -- and the
+    tag still loads the previous checkpoint."""
+    out = engine_api(impl).run_on_ranks(_refused_on_one_rank, 2, impl, str(tmp_path))
+    for r, o in enumerate(out):
+        assert o["error"] is not None, f"rank {r}: the save did not raise"
+        assert o["same_listing"], f"rank {r}: the refused save changed the directory"
+        assert o["restored"], f"rank {r}: the tag no longer loads the previous checkpoint"
+    assert "rank 1" in out[0]["error"][1] and "client_state" in out[0]["error"][1], out[0]["error"]

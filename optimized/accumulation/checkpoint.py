@@ -40,6 +40,7 @@ from optimized.accumulation.checkpoint_files import (
     read_manifest,
     read_rank_file,
     resolve_tag,
+    staging_directory,
     write_rank_file,
 )
 from reference.contract.errors import CheckpointError, ConfigurationError
@@ -195,14 +196,14 @@ def save(
         error = ConfigurationError(
             f"save_checkpoint: ranks passed different (save_dir, tag): {tags}; allowed: the same on every rank"
         )
-    staging = None
-    if error is None and engine.rank == 0:
+    agree(comm, error, "save_checkpoint")  # every rank's arguments are good before rank 0 touches the disk
+    staging = staging_directory(directory, tag)
+    if engine.rank == 0:
         try:
             staging = prepare(directory, tag)
         except CheckpointError as exc:
             error = exc
-    agree(comm, error, "save_checkpoint")
-    staging = staging or os.path.join(directory, f".{tag}.partial")
+    agree(comm, error, "save_checkpoint (staging)")
     entry = None
     try:
         entry, opt_state, state = _write_engine_rank_file(engine, staging, directory, client)

@@ -54,6 +54,7 @@ __all__ = [
     "read_manifest",
     "read_rank_file",
     "resolve_tag",
+    "staging_directory",
     "write_rank_file",
 ]
 
@@ -84,8 +85,12 @@ def check_tag(tag: object) -> str:
     return tag
 
 
-def _staging(directory: str, tag: str) -> str:
+def staging_directory(directory: str, tag: str) -> str:
+    """Where a save of ``tag`` is written before it is committed (hidden: never mistaken for a checkpoint)."""
     return os.path.join(directory, f".{tag}.partial")
+
+
+_staging = staging_directory
 
 
 def _old(directory: str, tag: str) -> str:
