@@ -242,11 +242,13 @@ def _full_disk(group, impl, directory: str, code: int, at: int) -> dict:
         engine.destroy()
 
 
-@pytest.mark.parametrize(("code", "at"), [(errno.ENOSPC, 100), (errno.ENOSPC, 0), (errno.EIO, 3000)],
-                         ids=["ENOSPC-100", "ENOSPC-0", "EIO-3000"])
+@pytest.mark.parametrize(("code", "at"), [(errno.ENOSPC, 100), (errno.ENOSPC, 0), (errno.EIO, 3000),
+                                         (errno.EACCES, 0)],
+                         ids=["ENOSPC-100", "ENOSPC-0", "EIO-3000", "EACCES-0"])
 def test_a_full_disk_is_a_checkpoint_error_and_leaves_the_previous_checkpoint(impl, tmp_path, code, at):
     """Row 2: a save to a full disk raised torch's ``[enforce fail at inline_container.cc]`` and left an empty
-    ``.<tag>.partial/``. Now: CheckpointError naming save_dir and the errno (for ENOSPC: the bytes needed);
+    ``.<tag>.partial/``. Now: CheckpointError naming save_dir and the errno (for ENOSPC: the bytes needed; an
+    I/O error and a permission error the same way);
     the directory is exactly as before the save; the previous checkpoint (and ``latest``) loads."""
     directory = str(tmp_path / "ck")
     out = engine_api(impl).run_on_ranks(_full_disk, 1, impl, directory, code, at)[0]
