@@ -44,18 +44,22 @@ _PLUGIN_NAMES = tuple(ENTRY_POINTS)
 _HARMLESS = "test_unpin_of_unpinned_memory_is_false"
 #: Per plugin, the suite tests its run selects: the ones that must flag its defects and one that must not fail.
 #: The run stays short (seconds per plugin) and each defect is one failed test.
+_EMPTY_PIN = "(test_pin_empty_and_like and native)"
 _TESTS = {
-    "selftest-abort": ("test_pin_empty_and_like", _HARMLESS),
-    "selftest-leak": ("(test_bad_arguments_name_the_argument and native)", _HARMLESS),
+    "selftest-abort": (_EMPTY_PIN, _HARMLESS),
+    "selftest-leak": ("(test_bad_arguments_name_the_argument and native and dtype)", _HARMLESS),
     "selftest-linear": ("test_registry_lookup_and_remove_cost_is_logarithmic",),
     "selftest-foreign-engine": ("(test_R17_destroy_returns_every_pinned_byte and 0)", _HARMLESS),
     "selftest-stranger": (
-        "test_pin_empty_and_like", "test_views_survive_unpin_and_gc_of_the_base",
+        _EMPTY_PIN, "test_views_survive_unpin_and_gc_of_the_base",
         "test_simultaneous_pins_and_unpins_are_all_recorded", "test_is_pinned_cost_is_logarithmic_in_live_buffers",
         _HARMLESS,
     ),
     "selftest-missing-area": ("test_pin_empty_and_like", _HARMLESS),
 }
+#: How many defects each plugin has: exactly as many of its tests fail (or error), one each.
+_DEFECTS = {"selftest-abort": 1, "selftest-leak": 1, "selftest-linear": 1, "selftest-foreign-engine": 1,
+            "selftest-stranger": 4, "selftest-missing-area": 0}
 _SELECTION = " or ".join(f"({name} and ({' or '.join(tests)}))" for name, tests in _TESTS.items())
 _MODULES = ("test_pinning_api", "test_pinning_lifetime", "test_pinning_threads", "test_pinning_cost_growth",
             "test_ranges_cost_growth", "test_accumulation_engine_faults")
@@ -110,6 +114,17 @@ def test_the_run_completes_with_a_report(verdict):
     tail = proc.stdout.strip().splitlines()[-4:]  # the verdict, then the report paths, end the output
     assert any(line.startswith("hostoffload conformance: FAILED") and "passed" in line for line in tail), tail
     assert set(data["implementations"]) == set(_PLUGIN_NAMES), data["implementations"]
+
+
+def test_each_defect_is_one_failed_test(verdict):
+    """Every plugin's run selects one test per defect (and tests it must pass): each defect costs exactly one
+    failed or errored test, never the tests around it, however the implementation died."""
+    _, text, _, _ = verdict
+    for impl, defects in _DEFECTS.items():
+        mine = re.compile(rf"impl={re.escape(impl)}[\]-]")
+        flagged = [line.split()[1] for line in text.splitlines()
+                   if line.startswith(("FAILED ", "ERROR ")) and mine.search(line)]
+        assert len(flagged) == defects, (impl, flagged)
 
 
 def test_abort_in_pin_empty_fails_the_tests_that_call_it(verdict):
