@@ -128,13 +128,14 @@ part bench-zero-offload-s3 "${T_BZ3:-270}" "${zo[@]}" --model 886m --out "$out/z
   --arms ours-s3-offload,ours-s3-offload-dpu,ds-z3-offload
 part bench-zero-offload-more "${T_BZM:-360}" "${zo[@]}" --model 886m --out "$out/zero_offload_more" \
   --arms ours-s3,fsdp2,fsdp2-offload
-# The largest model that trains with offload (host memory bounds it). Our arms pin exactly with the native backend:
-# under torch's allocator each engine buffer is rounded up to a power of two (docs/zero.md, "Host memory").
+# The largest model that trains with offload (host memory bounds it), with default settings: the engine pins its own
+# buffers at their exact size by default (HOSTOFFLOAD_ZERO_HOST_MEMORY=exact; docs/zero.md, "Host memory"), so no
+# --pin-backend is given (under torch's allocator each engine buffer used to be rounded up to a power of two).
 # Largest first, each arm stopping at the first model that trains (--sweep down); ours and DeepSpeed's in parts of
 # their own, as the two do not fit one 600 s call.
 sweep() {  # sweep ARM OUT
   python3 benchmarks/bench_zero_offload.py --device cuda --model "${SWEEP_MODELS:-7b,6b,5b}" --sweep down --steps 2 \
-    --warmup 1 --timeout "${SWEEP_ARM_S:-190}" --pin-backend native --arms "$1" --out "$2"
+    --warmup 1 --timeout "${SWEEP_ARM_S:-190}" --arms "$1" --out "$2"
 }
 export -f sweep
 part bench-zero-offload-sweep-ours "${T_BZS:-580}" bash -c 'sweep ours-s2-offload "$0"' "$out/zero_offload_sweep_ours"

@@ -27,7 +27,8 @@ the gradient buckets and their reduce-scatters, the stage-3 gathers and the sche
 - construction: ``cls.check_config(config)`` before touching the model (e.g. ``nvme_path`` writable), then
   ``cls(ctx)`` with an :class:`~.base.UpdateContext` (config, layout, rank, world size, stage, device,
   collectives, live weights -- whose ``initial`` is the broadcast starting point of the master --, host
-  buffers, gradient buckets); afterwards ``install_forward_waits(module, names_of, add_hook)``;
+  buffers, gradient buckets, ``boundaries_done()``: R3's boundary count, e.g. for R27's warm-up); afterwards
+  ``install_forward_waits(module, names_of, add_hook)``;
 - attributes: ``master`` (fp32, this rank's range: whole at stage 0), ``opt_state`` (its ``step`` is the R16
   step count), ``accumulator`` (stages 0/1: the full flat buffer the engine's gradient hooks add into, on the
   device; stages 2/3: this rank's partition, filled by the path) and ``lags_parameters`` (R27);
