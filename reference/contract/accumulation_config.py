@@ -422,89 +422,67 @@ def _enabled(where: str, value: Any) -> bool:
     return flag
 
 
-def from_deepspeed(values: Mapping[str, Any], world_size: int | None = None) -> AccumulationConfig:
-    """Translate DeepSpeed's nested config onto :class:`AccumulationConfig` (docs/zero.md lists every key).
-
-    Defaults are DeepSpeed's where they differ from the flat config's: ``gradient_clipping`` 0 (off), optimizer
-    ``Adam`` with ``adam_w_mode`` true (decoupled weight decay, i.e. ``adamw``). ``train_batch_size`` follows
-    DeepSpeed's identity with the micro-batch size, ``gradient_accumulation_steps`` and ``world_size``; with a
-    world size one of the three may be left out and is derived. Keys DeepSpeed has but this engine does not
-    model are rejected by name, like unknown ones, rather than silently ignored.
-    """
-    _reject_unknown_keys("config", values, DEEPSPEED_KEYS)
-    out: dict[str, Any] = {"gradient_clipping": 0.0}
-    for key in ("gradient_clipping", "communication_data_type", "managed_gradient_accumulation", "nvme_swap"):
-        if key in values:
-            out[key] = values[key]
-    for key in ("steps_per_print",):
-        if key in values:
-            _require_int(key, values[key], 1)
-    if "wall_clock_breakdown" in values:
-        _require_bool("wall_clock_breakdown", values["wall_clock_breakdown"])
-    if "fp16" in values and _enabled("fp16", values["fp16"]):
-        raise ConfigurationError(
-            "fp16.enabled=True is not supported (fp16 needs dynamic loss scaling, which this engine does not "
-            "model); allowed: bf16.enabled=True, or fp32 (neither enabled)"
-        )
-    if "bf16" in values and _enabled("bf16", values["bf16"]):
-        out["dtype"] = "bf16"
-    if "data_types" in values:
-        dt = _section("data_types", values["data_types"], ("grad_accum_dtype",))
-        if "grad_accum_dtype" in dt:
-            out["grad_accum_dtype"] = dt["grad_accum_dtype"]
-    if "zero_optimization" in values:
-        zero = _section("zero_optimization", values["zero_optimization"], DEEPSPEED_ZERO_KEYS)
-        if "stage" in zero:
-            out["zero_stage"] = zero["stage"]
-        if "overlap_comm" in zero:
-            out["overlap_comm"] = zero["overlap_comm"]
-        for key in ("contiguous_gradients", "reduce_scatter", "allgather_partitions"):
-            # Always so here: gradients go into flat buffers, reduced by (rank-ordered) reduce-scatter and the
-            # parameters all-gathered. Validated, and False rejected rather than ignored.
-            if key in zero and zero[key] is not True:
-                raise ConfigurationError(
-                    f"zero_optimization.{key}={zero[key]!r} is not supported; allowed values: True (this engine "
-                    f"always works that way)"
-                )
-        for key in ("offload_optimizer", "offload_param"):
-            if key not in zero:
-                continue
-            allowed = DEEPSPEED_OFFLOAD_OPTIMIZER_KEYS if key == "offload_optimizer" else DEEPSPEED_OFFLOAD_KEYS
-            off = _section(f"zero_optimization.{key}", zero[key], allowed)
-            if "pin_memory" in off:
-                _require_bool(f"zero_optimization.{key}.pin_memory", off["pin_memory"])
-                if not off["pin_memory"]:
-                    raise ConfigurationError(
-                        f"zero_optimization.{key}.pin_memory=False is not supported; allowed values: True "
-                        f"(offloaded buffers are always pinned here)"
-                    )
-            out[key] = off.get("device", "none")
-            for own in ("delayed_parameter_update", "delayed_update_warmup", "gpu_share", "gpu_memory_budget"):
-                if own in off:
-                    out[own] = off[own]
-            if "nvme_path" in off:
-                if key == "offload_param":
-                    raise ConfigurationError(
-                        "zero_optimization.offload_param.nvme_path is not supported (parameters are not swapped "
-                        "to NVMe); allowed keys of offload_param: device, pin_memory"
-                    )
-                out["nvme_path"] = off["nvme_path"]
-    if "optimizer" in values:
-        opt = _section("optimizer", values["optimizer"], ("type", "params"))
-        params = dict(_section("optimizer.params", opt.get("params", {}), DEEPSPEED_OPTIMIZER_PARAMS))
-        kind = opt.get("type", "adamw")
-        if not isinstance(kind, str) or kind.lower() not in OPTIMIZERS:
-            raise allowed_values_error("optimizer.type", kind, ("Adam", "AdamW", "SGD"))
-        kind = kind.lower()
-        adam_w_mode = params.pop("adam_w_mode", True)
-        _require_bool("optimizer.params.adam_w_mode", adam_w_mode)
-        if kind != "adam" and "adam_w_mode" in opt.get("params", {}):
+def _zero_keys(section: Any, out: dict[str, Any]) -> None:
+    """``zero_optimization`` (stage, overlap, the offload sub-sections) onto the flat keys in ``out``."""
+    zero = _section("zero_optimization", section, DEEPSPEED_ZERO_KEYS)
+    if "stage" in zero:
+        out["zero_stage"] = zero["stage"]
+    if "overlap_comm" in zero:
+        out["overlap_comm"] = zero["overlap_comm"]
+    for key in ("contiguous_gradients", "reduce_scatter", "allgather_partitions"):
+        # Always so here: gradients go into flat buffers, reduced by (rank-ordered) reduce-scatter and the
+        # parameters all-gathered. Validated, and False rejected rather than ignored.
+        if key in zero and zero[key] is not True:
             raise ConfigurationError(
-                f"optimizer.params.adam_w_mode applies to type 'Adam' only (got type {opt.get('type')!r})"
+                f"zero_optimization.{key}={zero[key]!r} is not supported; allowed values: True (this engine "
+                f"always works that way)"
             )
-        if kind == "adam" and adam_w_mode:
-            kind = "adamw"  # DeepSpeed's Adam decouples weight decay unless adam_w_mode is false
-        out["optimizer"] = {"type": kind, **params}
+    for key in ("offload_optimizer", "offload_param"):
+        if key not in zero:
+            continue
+        allowed = DEEPSPEED_OFFLOAD_OPTIMIZER_KEYS if key == "offload_optimizer" else DEEPSPEED_OFFLOAD_KEYS
+        off = _section(f"zero_optimization.{key}", zero[key], allowed)
+        if "pin_memory" in off:
+            _require_bool(f"zero_optimization.{key}.pin_memory", off["pin_memory"])
+            if not off["pin_memory"]:
+                raise ConfigurationError(
+                    f"zero_optimization.{key}.pin_memory=False is not supported; allowed values: True "
+                    f"(offloaded buffers are always pinned here)"
+                )
+        out[key] = off.get("device", "none")
+        for own in ("delayed_parameter_update", "delayed_update_warmup", "gpu_share", "gpu_memory_budget"):
+            if own in off:
+                out[own] = off[own]
+        if "nvme_path" in off:
+            if key == "offload_param":
+                raise ConfigurationError(
+                    "zero_optimization.offload_param.nvme_path is not supported (parameters are not swapped "
+                    "to NVMe); allowed keys of offload_param: device, pin_memory"
+                )
+            out["nvme_path"] = off["nvme_path"]
+
+
+def _optimizer_keys(section: Any, out: dict[str, Any]) -> None:
+    """``optimizer`` (type and params, DeepSpeed's Adam/``adam_w_mode`` convention) onto ``out["optimizer"]``."""
+    opt = _section("optimizer", section, ("type", "params"))
+    params = dict(_section("optimizer.params", opt.get("params", {}), DEEPSPEED_OPTIMIZER_PARAMS))
+    kind = opt.get("type", "adamw")
+    if not isinstance(kind, str) or kind.lower() not in OPTIMIZERS:
+        raise allowed_values_error("optimizer.type", kind, ("Adam", "AdamW", "SGD"))
+    kind = kind.lower()
+    adam_w_mode = params.pop("adam_w_mode", True)
+    _require_bool("optimizer.params.adam_w_mode", adam_w_mode)
+    if kind != "adam" and "adam_w_mode" in opt.get("params", {}):
+        raise ConfigurationError(
+            f"optimizer.params.adam_w_mode applies to type 'Adam' only (got type {opt.get('type')!r})"
+        )
+    if kind == "adam" and adam_w_mode:
+        kind = "adamw"  # DeepSpeed's Adam decouples weight decay unless adam_w_mode is false
+    out["optimizer"] = {"type": kind, **params}
+
+
+def _batch_keys(values: Mapping[str, Any], world_size: int | None, out: dict[str, Any]) -> None:
+    """The three batch keys, one of them derived from the other two and the world size where it is left out."""
     micro = values.get("train_micro_batch_size_per_gpu")
     gas = values.get("gradient_accumulation_steps")
     total = values.get("train_batch_size")
@@ -538,6 +516,43 @@ def from_deepspeed(values: Mapping[str, Any], world_size: int | None = None) -> 
         out["train_micro_batch_size_per_gpu"] = micro
     if gas is not None:
         out["gradient_accumulation_steps"] = gas
+
+
+def from_deepspeed(values: Mapping[str, Any], world_size: int | None = None) -> AccumulationConfig:
+    """Translate DeepSpeed's nested config onto :class:`AccumulationConfig` (docs/zero.md lists every key).
+
+    Defaults are DeepSpeed's where they differ from the flat config's: ``gradient_clipping`` 0 (off), optimizer
+    ``Adam`` with ``adam_w_mode`` true (decoupled weight decay, i.e. ``adamw``). ``train_batch_size`` follows
+    DeepSpeed's identity with the micro-batch size, ``gradient_accumulation_steps`` and ``world_size``; with a
+    world size one of the three may be left out and is derived. Keys DeepSpeed has but this engine does not
+    model are rejected by name, like unknown ones, rather than silently ignored.
+    """
+    _reject_unknown_keys("config", values, DEEPSPEED_KEYS)
+    out: dict[str, Any] = {"gradient_clipping": 0.0}
+    for key in ("gradient_clipping", "communication_data_type", "managed_gradient_accumulation", "nvme_swap"):
+        if key in values:
+            out[key] = values[key]
+    for key in ("steps_per_print",):
+        if key in values:
+            _require_int(key, values[key], 1)
+    if "wall_clock_breakdown" in values:
+        _require_bool("wall_clock_breakdown", values["wall_clock_breakdown"])
+    if "fp16" in values and _enabled("fp16", values["fp16"]):
+        raise ConfigurationError(
+            "fp16.enabled=True is not supported (fp16 needs dynamic loss scaling, which this engine does not "
+            "model); allowed: bf16.enabled=True, or fp32 (neither enabled)"
+        )
+    if "bf16" in values and _enabled("bf16", values["bf16"]):
+        out["dtype"] = "bf16"
+    if "data_types" in values:
+        dt = _section("data_types", values["data_types"], ("grad_accum_dtype",))
+        if "grad_accum_dtype" in dt:
+            out["grad_accum_dtype"] = dt["grad_accum_dtype"]
+    if "zero_optimization" in values:
+        _zero_keys(values["zero_optimization"], out)
+    if "optimizer" in values:
+        _optimizer_keys(values["optimizer"], out)
+    _batch_keys(values, world_size, out)
     return AccumulationConfig(**out)
 
 __all__ = [
