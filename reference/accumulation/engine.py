@@ -78,15 +78,7 @@ class AccumulationEngine(ScheduledEngine):
         self.device = torch.device(device)
         cfg = self.config
         self.stage = cfg.zero_stage
-        base = copy.deepcopy(model) if isinstance(model, nn.Module) else model()
-        if not isinstance(base, nn.Module):
-            raise ConfigurationError(f"model={model!r} must be an nn.Module or a factory returning one")
-        base = base.to(device=self.device, dtype=cfg.model_dtype)
-        named = list(base.named_parameters())
-        trainable = [(n, p) for n, p in named if p.requires_grad]
-        frozen = [(n, p) for n, p in named if not p.requires_grad]
-        if not trainable:
-            raise ConfigurationError("model has no parameter with requires_grad=True; allowed: at least one")
+        base, named, trainable, frozen = self._build_model(model)
         self.parameter_names: tuple[str, ...] = tuple(n for n, _ in named)
         self.trainable_names: tuple[str, ...] = tuple(n for n, _ in trainable)
         self.frozen_names: tuple[str, ...] = tuple(n for n, _ in frozen)
@@ -134,28 +126,42 @@ class AccumulationEngine(ScheduledEngine):
         self._hooks: list[Any] = []
         self._in_backward = False
         if self.stage == 3:
-            self._param_shards = [
-                shard(self.layout, flatten(self.layout, dict(trainable), cfg.model_dtype, self.device), r)
-                .clone()
-                .to(self.param_device)
-                for r in range(world_size)
-            ]
-            self._frozen_shards = [
-                shard(
-                    self.frozen_layout,
-                    flatten(self.frozen_layout, dict(frozen), cfg.model_dtype, self.device),
-                    r,
-                )
-                .clone()
-                .to(self.param_device)
-                for r in range(world_size)
-            ]
-            for rank in range(world_size):
-                self._install_stage3_hooks(rank)
-                self._release(rank, self.parameter_names)
+            self._partition_parameters(trainable, frozen)
 
         self._schedule = AccumulationSchedule(self.config, self.world_size, self.stage)
         self._destroyed = False
+
+    def _build_model(self, model: nn.Module | Callable[[], nn.Module]) -> tuple[nn.Module, list, list, list]:
+        """The module (copied, or made by the factory) in the model dtype on the device, and its named parameters:
+        all, trainable, frozen."""
+        base = copy.deepcopy(model) if isinstance(model, nn.Module) else model()
+        if not isinstance(base, nn.Module):
+            raise ConfigurationError(f"model={model!r} must be an nn.Module or a factory returning one")
+        base = base.to(device=self.device, dtype=self.config.model_dtype)
+        named = list(base.named_parameters())
+        trainable = [(n, p) for n, p in named if p.requires_grad]
+        frozen = [(n, p) for n, p in named if not p.requires_grad]
+        if not trainable:
+            raise ConfigurationError("model has no parameter with requires_grad=True; allowed: at least one")
+        return base, named, trainable, frozen
+
+    def _partition_parameters(self, trainable: list, frozen: list) -> None:
+        """R12 (stage 3): each rank keeps its partition of the parameters, trainable and frozen in layouts of
+        their own; the replicas hold empty tensors between uses, filled by the gather hooks."""
+        dtype, device = self.config.model_dtype, self.device
+        self._param_shards = [
+            shard(self.layout, flatten(self.layout, dict(trainable), dtype, device), r).clone().to(self.param_device)
+            for r in range(self.world_size)
+        ]
+        self._frozen_shards = [
+            shard(self.frozen_layout, flatten(self.frozen_layout, dict(frozen), dtype, device), r)
+            .clone()
+            .to(self.param_device)
+            for r in range(self.world_size)
+        ]
+        for rank in range(self.world_size):
+            self._install_stage3_hooks(rank)
+            self._release(rank, self.parameter_names)
 
     # ---- public surface ------------------------------------------------------------------------------------
     def module(self, rank: int) -> nn.Module:
