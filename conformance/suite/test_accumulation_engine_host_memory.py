@@ -85,6 +85,41 @@ def test_engine_buffers_are_locked_at_their_exact_size(impl, area_api, monkeypat
         assert out["after_kib"] == out["before_kib"], f"rank {r}: destroy() left locked memory: {out}"
 
 
+def _dropped_without_destroy(group, impl, stage: int) -> dict:
+    """Rank function: VmLck before an engine is built, after one training step, and after the engine (and the
+    loss that reached it) were dropped without ``destroy()`` and collected."""
+    import torch
+
+    from reference.contract.accumulation_scenario import compute_loss
+
+    cfg = AccumulationConfig(
+        zero_stage=stage, offload_optimizer="cpu", offload_param="cpu" if stage == 3 else "none", dtype="bf16"
+    )
+    gc.collect()
+    before = _status("VmLck")
+    engine = engine_class(impl)(MODEL.build(0), cfg, process_group=group)
+    x, y = torch.randn(2, MODEL.in_features), torch.randn(2, MODEL.out_features)
+    loss = compute_loss(engine.module, x, y, cfg.model_dtype)
+    engine.backward(loss)
+    engine.step()
+    engine.synchronize()
+    during = _status("VmLck")
+    del engine, loss
+    gc.collect()
+    return {"before_kib": before, "during_kib": during, "after_kib": _status("VmLck")}
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_engine_dropped_without_destroy_releases_its_locked_memory(impl, area_api, stage):
+    """An engine a script drops without ``destroy()`` (after training with it) gives its locked memory back once
+    the garbage collector runs: locked memory counts against ``ulimit -l``, so an engine that could never be
+    collected would make every later engine in the process fail."""
+    api = engine_api(impl)
+    for r, out in enumerate(api.run_on_ranks(_dropped_without_destroy, 2, impl, stage)):
+        assert out["during_kib"] > out["before_kib"], f"rank {r}: the engine locked nothing: {out}"
+        assert out["after_kib"] == out["before_kib"], f"rank {r}: the dropped engine kept locked memory: {out}"
+
+
 def test_engine_host_memory_variable_is_checked(impl, area_api, monkeypatch):
     """A value of ``HOSTOFFLOAD_ZERO_HOST_MEMORY`` outside its domain is refused naming the variable."""
     monkeypatch.setenv("HOSTOFFLOAD_ZERO_HOST_MEMORY", "rounded")

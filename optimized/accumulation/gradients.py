@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -106,9 +107,14 @@ class GradientHooks:
 
     def _make_hook(self, name: str) -> Callable[[torch.Tensor], None]:
         seg = self._segments[name]
+        # The hook lives on the parameter, where the garbage collector cannot see it (torch keeps the tensor alive
+        # from C++): a strong reference back to this object would make an engine dropped without destroy() --
+        # and its pinned buffers -- uncollectable. A weak one lets it go.
+        owner = weakref.ref(self)
 
         def hook(p: torch.Tensor) -> None:
-            if not self._in_backward() or p.grad is None:
+            self = owner()
+            if self is None or not self._in_backward() or p.grad is None:
                 return  # a backward not driven by engine.backward(): leave p.grad to the caller
             g = p.grad.reshape(-1)
             if self.stage <= 1:

@@ -28,6 +28,18 @@ from reference.contract.errors import PinnedMemoryLockError
 __all__ = ["HostBuffers"]
 
 
+def _locked_bytes() -> str:
+    """This process's locked memory as the kernel counts it (``VmLck``), for the lock error."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmLck:"):
+                    return f"{int(line.split()[1]) * 1024} bytes"
+    except (OSError, ValueError):
+        pass
+    return "an unknown number of bytes"
+
+
 class HostBuffers:
     """Allocates one engine's host buffers and frees them together."""
 
@@ -38,12 +50,16 @@ class HostBuffers:
         """An uninitialised 1-D host buffer, pinned when ``pinned`` (then owned until :meth:`release`)."""
         if not pinned:
             return torch.empty(numel, dtype=dtype)
-        if envvars.zero_host_memory() == "pin_backend":
-            t = pin_empty(numel, dtype=dtype)
-        else:
-            t = self._exact(numel, dtype)
+        t = self.pinned_untracked(numel, dtype)
         self._pinned.append(t)
         return t
+
+    def pinned_untracked(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A pinned buffer from the same source as :meth:`empty`, which the caller unpins itself (the ``nvme``
+        state while it is in memory, allocated and freed every step)."""
+        if envvars.zero_host_memory() == "pin_backend":
+            return pin_empty(numel, dtype=dtype)
+        return self._exact(numel, dtype)
 
     def _exact(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         envvars.check_pinning_environment()  # the native tuning variables apply; refuse bad values now
@@ -56,7 +72,8 @@ class HostBuffers:
             limit = "unlimited" if soft == resource.RLIM_INFINITY else f"{soft} bytes ({soft // 1024} KiB)"
             raise PinnedMemoryLockError(
                 f"ZeroEngine: cannot page-lock a host buffer of {asked} bytes (this engine already holds {held} "
-                f"locked bytes; the locked-memory limit RLIMIT_MEMLOCK is {limit}). The engine pins its offloaded "
+                f"locked bytes, the process {_locked_bytes()}; the locked-memory limit RLIMIT_MEMLOCK is "
+                f"{limit}). The engine pins its offloaded "
                 f"state at its exact size: raise the limit with `ulimit -l` (e.g. `ulimit -l unlimited`, the "
                 f"memlock entry in /etc/security/limits.conf, or the container's --ulimit memlock), or set "
                 f"{envvars.ZERO_HOST_MEMORY_ENV}=pin_backend to take the buffers from "

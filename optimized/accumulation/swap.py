@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import weakref
+from collections.abc import Callable
 
 import torch
 
@@ -39,7 +40,8 @@ __all__ = ["StateSwapper"]
 class StateSwapper:
     """The swap cycle of one rank's optimizer-state buffers ``names``, each ``numel`` fp32 elements."""
 
-    def __init__(self, nvme_path: str, swap_config: SwapConfig, rank: int, names: tuple[str, ...], numel: int):
+    def __init__(self, nvme_path: str, swap_config: SwapConfig, rank: int, names: tuple[str, ...], numel: int,
+                 allocate: Callable[[int, torch.dtype], torch.Tensor] | None = None):
         # The directory (named by the contract) goes with this object even without close(): the finalizer runs
         # when the swapper is garbage collected, and close() runs it now.
         self.directory = make_state_directory(nvme_path)
@@ -52,6 +54,8 @@ class StateSwapper:
             raise
         self.names = names
         self.numel = numel
+        #: pinned buffers for the state while it is in memory (default: the pinning API's backend)
+        self._pin = allocate if allocate is not None else (lambda n, dtype: pin_empty(n, dtype=dtype))
         self.paths = {n: state_file(self.directory, rank, n) for n in names}
         self._buffers: dict[str, torch.Tensor] | None = None
         self._reads: list[SwapRequest] = []
@@ -133,7 +137,7 @@ class StateSwapper:
         bufs: dict[str, torch.Tensor] = {}
         try:
             for n in self.names:
-                bufs[n] = pin_empty(self.numel, dtype=torch.float32)
+                bufs[n] = self._pin(self.numel, torch.float32)
         except BaseException:
             for b in bufs.values():
                 unpin(b)

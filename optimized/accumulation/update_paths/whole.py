@@ -160,12 +160,14 @@ class NvmeUpdate(HostUpdate):
     the weights are cast and all-gathered; the next backward waits for the writes."""
 
     def __init__(self, ctx: UpdateContext) -> None:
+        super().__init__(ctx)  # the master first: its pinned memory before the swap handle's bounce pool
         names = state_buffer_names(ctx.config.optimizer)
-        # R17 (nvme): the state exists only in its files until the first boundary swaps it in.
-        self._swap = StateSwapper(ctx.config.nvme_path, ctx.config.nvme_swap, ctx.rank, names, ctx.master_numel)
+        # R17 (nvme): the state exists only in its files until the first boundary swaps it in; while in memory
+        # it is pinned like the engine's other buffers (exactly, by default), so the handle moves it directly.
         try:
+            self._swap = StateSwapper(ctx.config.nvme_path, ctx.config.nvme_swap, ctx.rank, names,
+                                      ctx.master_numel, allocate=ctx.host.pinned_untracked)
             self._swap.write_initial()
-            super().__init__(ctx)
         except BaseException:
             self.close()
             raise
