@@ -179,11 +179,16 @@ def summarize(curve: list[tuple[int, float, float]], durations: list[float], fir
 def timeline(timings: dict, durations: list[float]) -> dict[str, float]:
     """Per-boundary phases (ms) from an engine's ``offload_timings()`` summed over ``len(durations)`` boundaries:
     the training thread's step is ``exposed_wait`` (blocked on the offloaded update) plus ``compute`` (everything
-    else it did: GPU forward/backward, launches, the reduction); ``d2h``, ``host_adam`` and ``h2d`` ran beside it
-    (side streams and the CPU Adam's threads), so they overlap the step and do not add up to it."""
+    else it did: GPU forward/backward, launches, the reduction). Inside ``compute`` two offload costs are on the
+    training stream's path: ``grad_exposed`` (the gradient stream still running after the boundary's backward,
+    which the norm waits for) and ``device_adam`` (R28's device side); ``model`` is what is left. ``d2h``,
+    ``grad_up`` (running sums back up for the next micro-batch's add), ``host_adam`` and ``h2d`` ran beside it (side
+    streams and the CPU Adam's threads), so they overlap the step and do not add up to it. Keys an engine does not
+    report count as 0."""
     n = len(durations)
+    per = {k: timings.get(f"{k}_s", 0.0) / n * 1e3 for k in ("d2h", "grad_up", "h2d", "grad_exposed", "device_adam")}
     step = sum(durations) / n * 1e3
     wait = timings.get("wait_s", 0.0) / n * 1e3
     return {"step": step, "compute": step - wait, "exposed_wait": wait,
-            "d2h": timings.get("d2h_s", 0.0) / n * 1e3, "host_adam": timings.get("cpu_adam_s", 0.0) / n * 1e3,
-            "h2d": timings.get("h2d_s", 0.0) / n * 1e3}
+            "model": step - wait - per["grad_exposed"] - per["device_adam"],
+            "host_adam": timings.get("cpu_adam_s", 0.0) / n * 1e3, **per}

@@ -7,11 +7,15 @@ add up to more than the GPU's own step; streamed per bucket they overlap:
 
 - **D2H overlaps backward.** Each backward, as soon as a bucket's rank-ordered reduce-scatter has a result, an
   offload stream adds it into the bucket's accumulator (R10) and copies the result into the pinned host
-  accumulator. The fp32 accumulator never lives on the device: the stream brings the bucket's running sum up
-  from the host (``0 + g`` on the first backward of a boundary, so the arithmetic is R10's ``acc + red`` in
-  the same order), adds, and sends it back. On the backward that a managed schedule says is the boundary's, the
-  same stream also sums the squares of every R14 piece of the bucket on the device (fp64, ``torch.sum(x * x)``
-  per piece), so the global norm is known the moment backward ends.
+  accumulator. The fp32 accumulator never lives on the device: a third stream brings the bucket's running sum
+  up from the host into a staging buffer (``0 + g`` on the first backward of a boundary, so the arithmetic is
+  R10's ``acc + red`` in the same order), the offload stream adds and sends it back. The upload has a stream of
+  its own so that it runs on the other copy engine, beside the previous bucket's D2H: on one stream the two
+  directions would run one after the other, and the last backward of an accumulation would move twice the
+  bytes it has time for. R28's device side (``device_grad``) never leaves the device. On the backward that a
+  managed schedule says is the boundary's, the same stream also sums the squares of every R14 piece of the
+  bucket on the device (fp64, ``torch.sum(x * x)`` per piece), so the global norm is known the moment backward
+  ends.
 - **The CPU Adam overlaps the H2D and the next forward.** R15 needs the global norm before any update, so the
   update starts in ``step()``, with that step's hyper-parameters, on a worker thread: buckets in flat order
   (the order the next forward needs them), each waiting only for its own D2H. After each bucket its weights
@@ -43,6 +47,7 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -52,7 +57,20 @@ from optimized import cpu_adam
 from reference.contract.accumulation_config import OptimizerConfig
 from reference.contract.accumulation_partition import FlatLayout
 
-__all__ = ["BucketRange", "StreamedUpdate"]
+__all__ = ["TIMING_KEYS", "BucketRange", "StreamedUpdate"]
+
+#: What :meth:`StreamedUpdate.take_timings` reports, in seconds: ``cpu_adam_s`` (the worker in the kernel),
+#: ``wait_s`` (the training thread blocked on an update), ``d2h_s`` (gradients out), ``grad_up_s`` (running sums
+#: back up for the next backward's add), ``h2d_s`` (weights in) -- the copies on their streams, summed per bucket,
+#: overlapping other work --, ``grad_exposed_s`` (how long the gradient stream ran on after the boundary's
+#: backward: the boundary waits for it) and ``device_adam_s`` (R28's device side, on the training stream).
+TIMING_KEYS = ("cpu_adam_s", "wait_s", "d2h_s", "grad_up_s", "h2d_s", "grad_exposed_s", "device_adam_s")
+
+
+def _sum_squares(values: torch.Tensor) -> torch.Tensor:
+    """R14's fp64 sum of squares of one piece (a 0-d tensor on the values' device)."""
+    seg = values.to(torch.float64)
+    return torch.sum(torch.mul(seg, seg))
 
 
 @dataclass
@@ -120,11 +138,13 @@ class StreamedUpdate:
         #: R28 (the split path): the partition's elements below this are updated on the device; the worker
         #: updates, publishes and copies out ``[host_from, P)`` only
         self.host_from = 0
-        #: R28, device runs: a device buffer into which each backward's stream-out also copies the running sum of
-        #: ``[0, host_from)``, so the device side's gradient need not come back from the host (None: not kept)
+        #: R28, device runs: the device side's fp32 gradient accumulator for ``[0, host_from)``. From the first
+        #: accumulation that starts with it set, the device side's reduced slices are added here and never leave
+        #: the device (no D2H, no upload of the running sum); the host accumulator's ``[0, host_from)`` is then
+        #: stale until :meth:`grad_for_boundary` joins it in for a reader of the whole partition
         self.device_grad: torch.Tensor | None = None
-        #: whether every backward of the current accumulation wrote ``device_grad``
-        self._device_grad_complete = False
+        #: whether the current accumulation keeps ``[0, host_from)`` in ``device_grad`` alone
+        self._device_side_here = False
         self.pieces = layout.pieces(rank)
         for position, piece in enumerate(self.pieces):
             owner = next(b for b in self.ranges if b.lo <= piece.local_start < b.hi)
@@ -145,10 +165,11 @@ class StreamedUpdate:
         self._error: BaseException | None = None
         self._executor: ThreadPoolExecutor | None = None
         #: seconds spent, since the last :meth:`take_timings`: the CPU Adam (worker), the caller blocked in waits
-        self._times = {"cpu_adam_s": 0.0, "wait_s": 0.0, "d2h_s": 0.0, "h2d_s": 0.0}
+        self._times = dict.fromkeys(TIMING_KEYS, 0.0)
         self._copy_events: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
         #: copy timing events are recorded only once someone asked for timings (they pile up until read)
         self._timing = False
+        self._last_host_rate: float | None = None
         self._threads = cpu_adam.default_threads()
         if self.on_device:
             # Leave one core to the thread that launches the next forward's kernels.
@@ -158,15 +179,20 @@ class StreamedUpdate:
             self._staging = [torch.empty(longest, dtype=accum_dtype, device=device) for _ in range(2)]
             self._turn = 0
             self._d2h_stream = torch.cuda.Stream(device)
+            #: brings a bucket's running sum up from the host on a copy engine of its own, so that it runs beside
+            #: the previous bucket's D2H instead of after it (one stream would serialize the two directions)
+            self._up_stream = torch.cuda.Stream(device)
             self._h2d_stream = torch.cuda.Stream(device)
+            #: per staging slot, the event after the last D2H that read it (an upload into it waits for it)
+            self._slot_free: list[torch.cuda.Event | None] = [None, None]
             self._d2h_done: list[torch.cuda.Event | None] = [None] * len(self.ranges)
             self._h2d_done: list[torch.cuda.Event | None] = [None] * len(self.ranges)
 
     # ---- backward: accumulate (R10) and stream out ----------------------------------------------------------
     def begin_backward(self) -> None:
         self._sums_fresh = False
-        if self._first:  # a new accumulation: its absorbs keep the device copy from the start
-            self._device_grad_complete = self.device_grad is not None
+        if self._first:  # a new accumulation: where the device side's gradient lives is decided for all of it
+            self._device_side_here = self.on_device and self.device_grad is not None and self.host_from > 0
 
     def absorb(self, index: int, reduced: torch.Tensor, want_sums: bool) -> None:
         """Add this rank's reduced slice of bucket ``index`` (comm dtype, on the device) into its accumulator
@@ -175,50 +201,99 @@ class StreamedUpdate:
         b = self.ranges[index]
         if not b.length:
             return
-        host = self.accumulator[b.lo : b.hi]
         if not self.on_device:
+            host = self.accumulator[b.lo : b.hi]
             if self._first:
                 host.zero_()
             host.add_(reduced.to(self.accum_dtype))
             if want_sums:
-                self._sum_pieces(b, host, b.lo)
+                self._sum_pieces(b, b.lo, None, host)
             return
+        # R28: [b.lo, cut) is the device side's and stays in device_grad; [cut, b.hi) goes through the host.
+        cut = max(b.lo, min(b.hi, self.host_from)) if self._device_side_here else b.lo
+        slot, uploaded = self._upload(index, cut, b.hi) if cut < b.hi else (None, None)
         stream = self._d2h_stream
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            stage = self._staging[self._turn][: b.length]
-            self._turn ^= 1
-            if self._first:
-                stage.zero_()
-            else:
-                stage.copy_(host, non_blocking=True)
-            stage.add_(reduced.to(self.accum_dtype))
+            red = reduced.to(self.accum_dtype)
+            kept = None
+            if cut > b.lo:
+                kept = self.device_grad
+                if self._first:
+                    kept[b.lo : cut].zero_()
+                kept[b.lo : cut].add_(red[: cut - b.lo])
+            stage = None
+            if slot is not None:
+                stage = self._staging[slot][: b.hi - cut]
+                if uploaded is None:
+                    stage.zero_()
+                else:
+                    stream.wait_event(uploaded)
+                stage.add_(red[cut - b.lo :])
             if want_sums:
-                self._sum_pieces(b, stage, b.lo)
-            kept = self.device_grad
-            if kept is not None and b.lo < self.host_from:  # R28: the device side's share stays here too
-                n = min(b.hi, self.host_from) - b.lo
-                kept[b.lo : b.lo + n].copy_(stage[:n])
-            begin = torch.cuda.Event(enable_timing=True)
-            begin.record(stream)
-            host.copy_(stage, non_blocking=True)
+                self._sum_pieces(b, cut, kept, stage)
             event = torch.cuda.Event(enable_timing=True)
-            event.record(stream)
-            if self._timing:
-                self._copy_events.append(("d2h_s", begin, event))
+            if stage is not None:
+                begin = torch.cuda.Event(enable_timing=True)
+                begin.record(stream)
+                self.accumulator[cut : b.hi].copy_(stage, non_blocking=True)
+                event.record(stream)
+                self._slot_free[slot] = event
+                if self._timing:
+                    self._copy_events.append(("d2h_s", begin, event))
+            else:
+                event.record(stream)
         reduced.record_stream(stream)
         self._d2h_done[index] = event
 
-    def _sum_pieces(self, b: BucketRange, values: torch.Tensor, origin: int) -> None:
+    def _upload(self, index: int, lo: int, hi: int) -> tuple[int, torch.cuda.Event | None]:
+        """A staging slot for the host part ``[lo, hi)`` of bucket ``index`` and, after the first backward of an
+        accumulation, the event of the upload of its running sum into it (on the upload stream: once the slot's
+        last D2H and the previous D2H of this range have run). None: nothing to upload (the sum starts at 0)."""
+        slot = self._turn
+        self._turn ^= 1
+        if self._first:
+            return slot, None
+        up = self._up_stream
+        for before in (self._slot_free[slot], self._d2h_done[index]):
+            if before is not None:
+                up.wait_event(before)
+        with torch.cuda.stream(up):
+            begin = torch.cuda.Event(enable_timing=True)
+            begin.record(up)
+            self._staging[slot][: hi - lo].copy_(self.accumulator[lo:hi], non_blocking=True)
+            done = torch.cuda.Event(enable_timing=True)
+            done.record(up)
+        if self._timing:
+            self._copy_events.append(("grad_up_s", begin, done))
+        return slot, done
+
+    def _sum_pieces(self, b: BucketRange, cut: int, kept: torch.Tensor | None, rest: torch.Tensor | None) -> None:
+        """R14's sums of the pieces of bucket ``b``: ``[.., cut)`` read from ``kept`` (partition coordinates, the
+        device side's gradient), ``[cut, ..)`` from ``rest`` (which starts at ``cut``). A piece across the cut
+        is summed in two parts, added in fp64 (on a device run the sums agree with the host's within R25's
+        tolerance anyway; on the cpu accelerator nothing is cut)."""
         for position, start, length in b.pieces:
-            seg = values[start - origin : start - origin + length].to(torch.float64)
-            total = torch.sum(torch.mul(seg, seg))
+            end = start + length
+            total: torch.Tensor | float | None = None
+            if start < cut:
+                total = _sum_squares(kept[start : min(end, cut)])
+            if end > cut:
+                part = _sum_squares(rest[max(start, cut) - cut : end - cut])
+                total = part if total is None else total + part
             self._sums[position] = total if self.on_device else total.item()
 
     def end_backward(self, summed: bool) -> None:
-        """Every bucket was absorbed; ``summed``: the piece sums were taken in this backward."""
+        """Every bucket was absorbed; ``summed``: the piece sums were taken in this backward (the boundary's)."""
         self._first = False
         self._sums_fresh = summed
+        if summed and self.on_device and self._timing:
+            # How long the boundary waits for the gradient stream after backward's last kernel (clamped at 0).
+            ended = torch.cuda.Event(enable_timing=True)
+            ended.record(torch.cuda.current_stream(self.device))
+            out = torch.cuda.Event(enable_timing=True)
+            out.record(self._d2h_stream)
+            self._copy_events.append(("grad_exposed_s", ended, out))
 
     # ---- the boundary --------------------------------------------------------------------------------------
     def wait_transfers_out(self) -> None:
@@ -229,18 +304,27 @@ class StreamedUpdate:
             self._d2h_stream.wait_stream(torch.cuda.current_stream(self.device))
             self._d2h_stream.synchronize()
 
-    def grad_for_boundary(self) -> torch.Tensor:
-        """The accumulated partition gradient, on the host, complete (zeros if no backward since the boundary)."""
+    def host_side_gradient(self) -> torch.Tensor:
+        """The host accumulator with every D2H landed (zeros if no backward since the boundary): complete on
+        ``[host_from, P)``, the part the worker updates; ``[0, host_from)`` is stale where the device side's
+        gradient stayed on the device (:meth:`device_gradient` has it)."""
         if self._first:
             self.accumulator.zero_()
         self.wait_transfers_out()
         return self.accumulator
 
+    def grad_for_boundary(self) -> torch.Tensor:
+        """The accumulated partition gradient, on the host, complete (zeros if no backward since the boundary):
+        for readers of the whole partition (``record_gradients``, the norm when backward did not sum it)."""
+        grad = self.host_side_gradient()
+        if self._device_side_here and not self._first:
+            grad[: self.host_from].copy_(self.device_grad[: self.host_from])
+        return grad
+
     def device_gradient(self, n: int) -> torch.Tensor | None:
-        """R28: the accumulated gradient of ``[0, n)`` as this accumulation's absorbs kept it on the device
-        (complete once every D2H has landed), or None where it was not kept for all of them (take it from the
-        host accumulator)."""
-        if self._first or not self._device_grad_complete or self.device_grad is None:
+        """R28: the accumulated gradient of ``[0, n)`` where this accumulation kept it on the device (complete
+        once :meth:`host_side_gradient` returned), or None (take it from the host accumulator)."""
+        if self._first or not self._device_side_here:
             return None
         self.wait_transfers_out()
         return self.device_grad[:n]
@@ -250,15 +334,10 @@ class StreamedUpdate:
         if not self._sums_fresh:
             grad = self.grad_for_boundary()
             for b in self.ranges:
-                if b.pieces:
-                    if self.on_device:
-                        # Not predicted (unmanaged step, or the boundary override changed after backward): sum
-                        # on the host copy; the value agrees with the device's within R25's tolerance.
-                        for position, start, length in b.pieces:
-                            seg = grad[start : start + length].to(torch.float64)
-                            self._sums[position] = torch.sum(torch.mul(seg, seg)).item()
-                    else:
-                        self._sums_pieces_host(b, grad)
+                # Not predicted (unmanaged step, or the boundary override changed after backward): sum the host
+                # copy; on a device run the value agrees with the device's within R25's tolerance.
+                for position, start, length in b.pieces:
+                    self._sums[position] = _sum_squares(grad[start : start + length]).item()
         device_sums = [s for s in self._sums if isinstance(s, torch.Tensor)]
         if device_sums:
             torch.cuda.current_stream(self.device).wait_stream(self._d2h_stream)
@@ -266,16 +345,11 @@ class StreamedUpdate:
         it = iter(values)
         return [next(it) if isinstance(s, torch.Tensor) else float(s) for s in self._sums]
 
-    def _sums_pieces_host(self, b: BucketRange, grad: torch.Tensor) -> None:
-        for position, start, length in b.pieces:
-            seg = grad[start : start + length].to(torch.float64)
-            self._sums[position] = torch.sum(torch.mul(seg, seg)).item()
-
     def start(self, config: OptimizerConfig, step: int, clip_coef: float | None) -> None:
         """Update every bucket on the worker, in flat order, with these hyper-parameters (R15 + R16, step ``t``).
         Returns at once; :meth:`wait_range` / :meth:`wait_all` wait."""
         self.wait_all()
-        grad = self.grad_for_boundary()
+        grad = self.host_side_gradient()
         if self.on_device:
             # The H2D of the new weights must not overtake the kernels already queued that still read the old
             # ones (the end of backward; stage-3 gathers): each copy waits for this point of the current stream.
@@ -306,11 +380,15 @@ class StreamedUpdate:
 
     def _run(self, config: OptimizerConfig, step: int, clip_coef: float | None, grad: torch.Tensor) -> None:
         try:
+            adam_s, elements = self._times["cpu_adam_s"], 0
             for b in self.ranges:
                 h = self._host_part(b)
                 if h is not None:
                     self._update_bucket(h, config, step, clip_coef, grad)
+                    elements += h.length
                 self._done[b.index].set()
+            if elements:
+                self._last_host_rate = max(0.0, self._times["cpu_adam_s"] - adam_s) / elements
         except BaseException as exc:  # reported by the next wait, on the caller's thread
             self._error = exc
         finally:
@@ -460,19 +538,35 @@ class StreamedUpdate:
             raise error
 
     def take_timings(self) -> dict[str, float]:
-        """Seconds since the last call: ``cpu_adam_s`` (worker, in the kernel), ``wait_s`` (the training thread
-        blocked on an update), ``d2h_s`` / ``h2d_s`` (the copies on their streams, summed per bucket; they
-        overlap other work; measured from the first call on). Waits for the update in flight. For benchmarks
+        """Seconds since the last call, per :data:`TIMING_KEYS`; copies and device work are measured from the
+        first call on (their events are recorded only then). Waits for the update in flight. For benchmarks
         (bench_zero_offload.py)."""
         self._timing = True
         self.wait_all()
         if self._copy_events:
             torch.cuda.synchronize(self.device)
             for key, begin, end in self._copy_events:
-                self._times[key] += begin.elapsed_time(end) / 1e3
+                self._times[key] += max(0.0, begin.elapsed_time(end) / 1e3)
             self._copy_events.clear()
         out, self._times = self._times, dict.fromkeys(self._times, 0.0)
         return out
+
+    def time_device_work(self, key: str) -> tuple[Callable[[], None], Callable[[], None]] | None:
+        """``(begin, end)`` markers that time work queued on the current stream between them under ``key``
+        (device runs once timings were asked for), else None."""
+        if not (self.on_device and self._timing):
+            return None
+        stream = torch.cuda.current_stream(self.device)
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        self._copy_events.append((key, begin, end))
+        return (lambda: begin.record(stream)), (lambda: end.record(stream))
+
+    @property
+    def last_host_seconds_per_element(self) -> float | None:
+        """The CPU Adam's time per element in the last completed update (None before one ran): what R28's
+        "auto" measures the host side with -- a whole update, not a sample, so thread start-up and a sample's
+        fixed costs do not inflate it."""
+        return self._last_host_rate
 
     def reset(self) -> None:
         """Drop the accumulated gradient (``zero_grad``)."""
@@ -492,6 +586,7 @@ class StreamedUpdate:
         if self.on_device:
             try:
                 self._d2h_stream.synchronize()
+                self._up_stream.synchronize()
                 self._h2d_stream.synchronize()
             except BaseException:
                 pass

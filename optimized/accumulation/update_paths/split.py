@@ -13,11 +13,13 @@ The host buffers keep their full size: they stay the checkpoint's and the reader
 is copied back into them (master, moments, and with the delayed update the cast buffer) only when something
 reads them (``master``, ``optimizer_state()``, ``apply_delayed_update()``), and reloaded from them when a
 checkpoint or ``load_state_dict`` installs new values. The gradient of the device side reaches the device from
-the host accumulator at the boundary (the stream-out of backward is shared with the host side).
+the host accumulator once, at the boundary the cut is made; from the next accumulation on it is accumulated on the
+device (``StreamedUpdate.device_grad``) and never crosses to the host, so only the host side's gradient streams out.
 
 ``gpu_share: "auto"`` decides at the second boundary, before its update (the first step carries one-off start-up
 costs; until then the host updates everything, and the device side is then copied from the host's buffers): it
-times the host kernel and the device step on a sample (the second of two runs each), takes the second step's
+takes the host kernel's time per element from the first boundary's whole update and times the device step on a
+sample (the second of two runs), takes the second step's
 device work from its first backward to the boundary (synchronized) and counts what the host side can run beside
 -- with the delayed
 update the whole step, otherwise the next micro-batch's forward, taken as a third of a micro-batch's forward and
@@ -49,8 +51,12 @@ from reference.contract.accumulation_step import OptimizerState
 
 __all__ = ["SplitDelayedHostUpdate", "SplitHostUpdate"]
 
-#: Elements the "auto" measurement steps on each side (or the whole partition when smaller).
-SAMPLE_ELEMENTS = 1 << 20
+#: Elements the "auto" measurement steps the device side on (or the whole partition when smaller): 2^24 (256 MB of
+#: master, moments and gradient) makes the per-element time the kernels' bandwidth, not their launches (a 2^20
+#: sample, the first version's, overstated an H200's step about four times). The host side is timed on the first
+#: boundary's whole update instead (:attr:`StreamedUpdate.last_host_seconds_per_element`), falling back to a sample
+#: of this size where that update did not run.
+SAMPLE_ELEMENTS = 1 << 24
 
 _log = logging.getLogger("optimized.accumulation")
 
@@ -145,12 +151,17 @@ class SplitHostUpdate(StreamedHostUpdate):
             if self.ctx.device.type != "cpu":  # from the next accumulation on, the gradient of [0, d) stays here
                 self._update.device_grad = torch.empty(d, dtype=self.config.accum_dtype, device=self.ctx.device)
         side = self._side
-        host_grad = self._update.grad_for_boundary()  # every D2H has landed, queued kernels have run
+        host_grad = self._update.host_side_gradient()  # every D2H has landed, queued kernels have run
         grad = self._update.device_gradient(side.n)
         if grad is None:  # not kept on the device for this whole accumulation (the first one, a cpu run)
             grad = host_grad[: side.n]
         live = self.ctx.weights.partition()[: side.n]
+        marks = self._update.time_device_work("device_adam_s")
+        if marks is not None:
+            marks[0]()
         self._install_side(live, side, hyper, step, clip_coef, grad)
+        if marks is not None:
+            marks[1]()
         self._stale = True
 
     def _install_side(self, live: torch.Tensor, side: _DeviceSide, hyper: OptimizerConfig, step: int,
@@ -168,7 +179,10 @@ class SplitHostUpdate(StreamedHostUpdate):
         hide = step_s if self.lags_parameters else step_s / (3 * cfg.gradient_accumulation_steps)
         P = ctx.layout.partition_size
         n = max(1, min(P, SAMPLE_ELEMENTS))
-        mine = (self._time_host(n) / n, self._time_device(n) / n, hide)
+        host = self._update.last_host_seconds_per_element
+        if host is None:
+            host = self._time_host(n) / n
+        mine = (host, self._time_device(n) / n, hide)
         every = ctx.comm.all_gather_objects(mine, "gpu_share auto measurement")
         measurement = SplitMeasurement(
             host_s_per_element=max(m[0] for m in every), device_s_per_element=max(m[1] for m in every),
