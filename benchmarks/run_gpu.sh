@@ -108,10 +108,12 @@ part bench-zero-offload "${T_BZO:-330}" "${zo[@]}" --model 886m --out "$out/zero
 # last so a cut keeps ours (the JSON is rewritten after every arm). Needs DeepSpeed's wheels as for the parts
 # below. CONV_ARMS / CONV_STEPS / CONV_MODEL change the arms, boundaries and shape (3b: about 3.4x the step time,
 # so split its arms over calls). The -split arm needs R28 (gpu_share) and reports itself absent without it.
+# CONV_EXTRA adds arguments (e.g. "--gpu-memory-budget-gib 7" for the split arm) and CONV_TAG suffixes the output
+# folder, so that a second invocation of the part (SKIP_BUILD=1) keeps the first one's files.
 part bench-zero-converge "${T_BZC:-470}" python3 benchmarks/bench_zero_offload.py --mode converge --device cuda \
   --model "${CONV_MODEL:-886m}" --seq 1024 --steps "${CONV_STEPS:-120}" --target 2.0 --lr 3e-4 --arm-seconds 80 \
   --timeout 200 --arms "${CONV_ARMS:-ours-s2,ours-s2-offload,ours-s2-offload-split,ours-s2-offload-dpu-warmup,ours-s2-offload-dpu,ds-z2-offload}" \
-  --out "$out/zero_converge"
+  ${CONV_EXTRA:-} --out "$out/zero_converge${CONV_TAG:-}"
 wanted bench-zero-converge && grep -E "per boundary|split:|warm-up:" "$out/bench-zero-converge.log"
 # R27's remaining overhead (docs/benchmarks.md, run J: 89.5 ms over the no-offload step, 45 ms of it not
 # attributed) looked like host-core contention between the CPU Adam and the training thread: the R27 arm with
