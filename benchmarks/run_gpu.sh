@@ -127,7 +127,7 @@ dpu_threads() {
 export -f dpu_threads
 part bench-zero-offload-dpu-threads "${T_BZT:-240}" bash -c 'dpu_threads "$0"' "$out"
 part bench-zero-offload-s3 "${T_BZ3:-270}" "${zo[@]}" --model 886m --out "$out/zero_offload_s3" \
-  --arms ours-s3-offload,ours-s3-offload-dpu,ds-z3-offload
+  --arms "${S3_ARMS:-ours-s3-offload,ours-s3-offload-dpu,ds-z3-offload}"
 part bench-zero-offload-more "${T_BZM:-360}" "${zo[@]}" --model 886m --out "$out/zero_offload_more" \
   --arms ours-s3,fsdp2,fsdp2-offload
 # The largest model that trains with offload (host memory bounds it), with default settings: the engine pins its own
