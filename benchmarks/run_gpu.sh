@@ -99,7 +99,7 @@ zo=(python3 benchmarks/bench_zero_offload.py --device cuda --steps 5 --warmup 2 
 # Stage 2 first (no offload, offload, offload + delayed update R27, DeepSpeed), then stage 3 in a part of its own:
 # seven arms at ~70 s do not fit one 600 s call.
 part bench-zero-offload "${T_BZO:-330}" "${zo[@]}" --model 886m --out "$out/zero_offload" \
-  --arms ours-s2,ours-s2-offload,ours-s2-offload-dpu,ds-z2-offload
+  --arms "${S2_ARMS:-ours-s2,ours-s2-offload,ours-s2-offload-dpu,ds-z2-offload}"
 # Time to loss (issue 27 item 6): each arm trains the 886M model on the bigram chain (1,024 ids, 4 successors each,
 # floor ln 4 = 1.39; sequence 1024, batch 4, 2 micro-batches, AdamW lr 3e-4, clip 1.0) for 120 boundaries and
 # reports the median step, the loss after them and the wall time to loss 2.0, with our offloaded arms' per-phase
