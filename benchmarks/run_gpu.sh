@@ -100,6 +100,9 @@ zo=(python3 benchmarks/bench_zero_offload.py --device cuda --steps 5 --warmup 2 
 # seven arms at ~70 s do not fit one 600 s call.
 part bench-zero-offload "${T_BZO:-330}" "${zo[@]}" --model 886m --out "$out/zero_offload" \
   --arms "${S2_ARMS:-ours-s2,ours-s2-offload,ours-s2-offload-dpu,ds-z2-offload}"
+# Issue 27's ~3B shape (3b preset: hidden 3200, 24 layers, sequence 2048, batch 4, 2 micro-batches), step mode.
+part bench-zero-offload-3b "${T_BZ3B:-330}" "${zo[@]}" --model 3b --out "$out/zero_offload_3b" \
+  --arms "${S2_ARMS:-ours-s2,ours-s2-offload,ours-s2-offload-split,ds-z2-offload}"
 # Time to loss (issue 27 item 6): each arm trains the 886M model on the bigram chain (1,024 ids, 4 successors each,
 # floor ln 4 = 1.39; sequence 1024, batch 4, 2 micro-batches, AdamW lr 3e-4, clip 1.0) for 120 boundaries and
 # reports the median step, the loss after them and the wall time to loss 2.0, with our offloaded arms' per-phase
