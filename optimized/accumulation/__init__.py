@@ -11,6 +11,7 @@ this package is the optimized implementation's own code.
 from __future__ import annotations
 
 from optimized import cpu_adam as native_cpu_adam
+from optimized.accumulation import device_adam as fused_device_adam
 from optimized.accumulation.collectives import CollectiveError, Collectives, fold_in_rank_order
 from optimized.accumulation.engine import DEFAULT_BUCKET_ELEMENTS, StepOutcome, ZeroEngine
 from optimized.accumulation.lr import EngineOptimizer
@@ -113,6 +114,7 @@ __all__ = [
     "ZeroEngine",
     "compute_loss",
     "fold_in_rank_order",
+    "fused_device_adam",
     "micro_batch",
     "native_cpu_adam",
     "run_on_ranks",

@@ -5,7 +5,11 @@ AdamW run in the native kernel (:mod:`optimized.cpu_adam`): one pass, the clippi
 it, and -- for a bf16 model -- the bf16 copy of the updated weights written in that same pass. The kernel is
 bitwise equal to the reference formula, so this choice never changes a result on the host.
 
-Everything else (SGD, masters on a device) runs :func:`torch_step`: the reference's torch-op sequence operation
+An Adam/AdamW master on a device steps in one fused pass (:mod:`optimized.accumulation.device_adam`, Triton)
+where that kernel is available and has matched :func:`torch_step` bitwise on the device (``HOSTOFFLOAD_DEVICE_ADAM``
+decides; the same bits either way, a fraction of the memory traffic).
+
+Everything else (SGD, device masters without the fused kernel) runs :func:`torch_step`: the reference's torch-op sequence operation
 for operation (same roundings, same correctly rounded sqrt), but in place and over chunks of
 :data:`CHUNK_ELEMENTS`, so its temporaries stay a few chunks in size instead of several copies of the master
 (the reference's out-of-place sequence, with its fp64 square root, would need about five master-sized buffers).
@@ -19,6 +23,7 @@ import math
 import torch
 
 from optimized import cpu_adam
+from optimized.accumulation import device_adam
 from reference.contract.accumulation_config import OptimizerConfig
 from reference.contract.accumulation_step import OptimizerState, state_buffer_names
 
@@ -119,7 +124,7 @@ def step_master(
     """Clip (R15: multiply by ``clip_coef`` rounded to fp32) and step (R16) ``master`` in place.
 
     ``grad`` is fp32 on ``master``'s device and is not modified. Returns True when ``bf16_out`` was filled
-    with the updated weights (native path only); the caller casts otherwise.
+    with the updated weights (the native and fused kernels fill it in their pass); the caller casts otherwise.
     """
     if uses_native(config, master) and grad.is_contiguous():
         state.step += 1
@@ -134,5 +139,14 @@ def step_master(
             bf16_out=bf16_out,
         )
         return bf16_out is not None
+    if (master.is_contiguous() and grad.is_contiguous() and grad.device == master.device
+            and device_adam.use_for(config, master)):
+        state.step += 1
+        fill = bf16_out is not None and bf16_out.device == master.device and bf16_out.is_contiguous()
+        device_adam.adam_step(
+            config, master, grad, state.buffers["exp_avg"], state.buffers["exp_avg_sq"], state.step,
+            grad_scale=clip_coef, bf16_out=bf16_out if fill else None,
+        )
+        return fill
     torch_step(config, master, grad, state, clip_coef=clip_coef)
     return False

@@ -202,6 +202,21 @@ def cpu_adam_threads() -> int | None:
     return read_int(CPU_ADAM_THREADS_ENV, 1, None)
 
 
+# -- which kernel steps an Adam master on a device (optional) ------------------------------------------------------
+
+DEVICE_ADAM_ENV = "HOSTOFFLOAD_DEVICE_ADAM"
+DEVICE_ADAM_MODES: tuple[str, ...] = ("auto", "fused", "torch")
+
+
+def device_adam() -> str:
+    """How an implementation steps an Adam/AdamW fp32 master that lives on a device
+    (``HOSTOFFLOAD_DEVICE_ADAM``): ``auto`` (default) a fused one-pass kernel where the implementation has one and
+    it matches the torch-op sequence bitwise on that device, else torch ops; ``fused`` requires the kernel (an
+    error where it is missing or fails its check); ``torch`` the torch-op sequence. Every choice computes the same
+    bits; only the time differs."""
+    return read_choice(DEVICE_ADAM_ENV, DEVICE_ADAM_MODES, "auto")
+
+
 # -- read by the conformance harness (they configure the judge, not the judged; parsed by their readers) ---------
 
 ACCUMULATION_BACKEND_ENV = "HOSTOFFLOAD_ACCUMULATION_BACKEND"
@@ -266,6 +281,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(PIN_POPULATE_THREADS_ENV, "native pinning", "an int >= 0 (0: automatic)", "0", "page-population threads"),
     Variable(PIN_REGISTER_OVERLAP_ENV, "native pinning", _BOOL, "on", "register with the device while populating"),
     Variable(CPU_ADAM_THREADS_ENV, "native optimizer", "an int >= 1", "the cores this process may use", "CPU Adam"),
+    Variable(DEVICE_ADAM_ENV, "native optimizer", ", ".join(DEVICE_ADAM_MODES), "auto", "Adam on device masters"),
     Variable(ACCUMULATION_BACKEND_ENV, "conformance", "gloo, nccl, auto", "gloo", "transport of the rank pool"),
     Variable(ACCUMULATION_TIMEOUT_ENV, "conformance", "a number >= 1 (seconds)", "60", "collective timeout"),
     Variable(ACCUMULATION_POOL_SIZE_ENV, "conformance", "a number >= 1", "4", "ranks the host pool starts with"),

@@ -71,11 +71,13 @@ class _DeviceSide:
         self.master = master[:n].to(device, copy=True)
         self.state = OptimizerState(0, {k: v[:n].to(device, copy=True) for k, v in state.buffers.items()})
 
-    def step(self, hyper: OptimizerConfig, t: int, clip_coef: float | None, grad: torch.Tensor) -> None:
-        """R15 + R16 with step count ``t`` on the device side (``grad``: its accumulated gradient, any device)."""
+    def step(self, hyper: OptimizerConfig, t: int, clip_coef: float | None, grad: torch.Tensor,
+             out: torch.Tensor | None = None) -> bool:
+        """R15 + R16 with step count ``t`` on the device side (``grad``: its accumulated gradient, any device).
+        ``out``: bf16 weights the kernel may write in its pass; True when it did (else the caller casts)."""
         self.state.step = t - 1  # step_master advances it to t
         g32 = grad.to(device=self.master.device, dtype=torch.float32)
-        step_master(hyper, self.master, g32, self.state, clip_coef=clip_coef)
+        return step_master(hyper, self.master, g32, self.state, clip_coef=clip_coef, bf16_out=out)
 
     def cast(self) -> torch.Tensor:
         return self.master.to(self.model_dtype)
@@ -166,9 +168,11 @@ class SplitHostUpdate(StreamedHostUpdate):
 
     def _install_side(self, live: torch.Tensor, side: _DeviceSide, hyper: OptimizerConfig, step: int,
                       clip_coef: float | None, grad: torch.Tensor) -> None:
-        """R13 steps (4) and (5) for the device side: update, then its weights become the live parameters."""
-        side.step(hyper, step, clip_coef, grad)
-        live.copy_(side.cast())
+        """R13 steps (4) and (5) for the device side: update, then its weights become the live parameters
+        (written by the fused kernel in its pass where it can, else cast)."""
+        fits = live.dtype == torch.bfloat16 and live.is_contiguous() and live.device == side.master.device
+        if not side.step(hyper, step, clip_coef, grad, out=live if fits else None):
+            live.copy_(side.cast())
 
     def _choose(self) -> SplitDecision:
         """The "auto" decision (module docstring), the same on every rank."""

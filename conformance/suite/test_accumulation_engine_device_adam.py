@@ -1,0 +1,171 @@
+"""A fused device Adam / AdamW kernel (an implementation's optional ``fused_device_adam``) against R16, bitwise.
+
+The bound is zero ulps, as for the native CPU kernel: a one-pass kernel that performs R16's operations one IEEE
+fp32 rounding at a time (no contraction into FMAs, the correctly rounded square root and division) computes what
+the reference's torch sequence computes, so any difference is a bug, not a tolerance. The tensors live on the
+accelerator under test: on the cpu accelerator an implementation may run its kernel in an interpreter (the
+optimized one runs its Triton kernel in Triton's), which holds the kernel's *operation sequence* to the formula;
+on a GPU the same tests hold the compiled kernel to it.
+
+An implementation that chooses the kernel at run time must also refuse one that differs: its ``self_check``
+is given a kernel one ulp off and must report it, and on a device where the real kernel passes it must be
+used (``use_for``), else the speed it exists for is silently lost.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conformance.accumulation_assertions import assert_tensor_equal
+from conformance.accumulation_strategies import optimizer_configs
+from reference.contract.errors import ConfigurationError
+
+pytestmark = pytest.mark.conformance_area("accumulation")
+
+
+def _kernel(area_api):
+    kernel = getattr(area_api, "fused_device_adam", None)
+    if kernel is None:
+        pytest.skip("this implementation declares no fused device Adam (fused_device_adam)")
+    if not kernel.available():
+        pytest.skip("the fused device Adam's compiler (Triton for the optimized implementation) is not installed")
+    return kernel
+
+
+def _values(n: int, gen: torch.Generator, scale: float) -> torch.Tensor:
+    x = torch.randn(n, generator=gen) * scale
+    x[:: max(1, n // 7)] = 0.0  # exact zeros: sqrt(0), 0/denom
+    return x
+
+
+@given(
+    cfg=optimizer_configs(types=("adam", "adamw")),
+    n=st.sampled_from((1, 7, 1023, 1024, 1025, 4099)),
+    steps=st.integers(1, 3),
+    clip=st.sampled_from((None, 0.37)),
+    seed=st.integers(0, 2**16),
+    data=st.data(),
+)
+def test_R16_fused_device_adam_equals_reference_formula_bitwise(
+    area_api, reference_api, accelerator, cfg, n, steps, clip, seed, data
+):
+    """R16/R15: Adam and AdamW (with and without weight decay), the clipping coefficient applied inside the
+    kernel, several steps (bias corrections), sizes around the kernel's block: master and both moments equal
+    the reference formula bitwise on the accelerator's device; the gradient is not modified."""
+    kernel = _kernel(area_api)
+    device = accelerator.device()
+    gen = torch.Generator().manual_seed(seed)
+    p0 = _values(n, gen, 1.0)
+    grads = [_values(n, gen, 10.0 ** data.draw(st.integers(-6, 1))) for _ in range(steps)]
+    expected = p0.clone()
+    state = reference_api.init_state(cfg, expected)
+    for g in grads:
+        reference_api.optimizer_step(cfg, expected, torch.mul(g, clip) if clip is not None else g, state)
+    p, m, v = p0.to(device), torch.zeros(n, device=device), torch.zeros(n, device=device)
+    for t, g in enumerate(grads, start=1):
+        g = g.to(device)
+        g_before = g.clone()
+        kernel.adam_step(cfg, p, g, m, v, t, grad_scale=clip)
+        assert_tensor_equal(g, g_before, "gradient must stay unmodified")
+    what = f"{cfg.type} wd={cfg.weight_decay} n={n} steps={steps} clip={clip} on {device}"
+    assert_tensor_equal(p.cpu(), expected, f"{what}: master")
+    assert_tensor_equal(m.cpu(), state.buffers["exp_avg"], f"{what}: exp_avg")
+    assert_tensor_equal(v.cpu(), state.buffers["exp_avg_sq"], f"{what}: exp_avg_sq")
+
+
+@pytest.mark.parametrize("n", [1, 9, 5000])
+def test_R13_fused_device_bf16_copy_equals_cast_of_updated_master(area_api, reference_api, accelerator, n):
+    """R13 step 5: the bf16 weights the kernel writes in its pass equal ``master.to(torch.bfloat16)`` of the
+    updated master: ties to even both ways, infinities, NaN (whatever its payload, a NaN stays a NaN), the
+    largest finite values (which round to infinity) and subnormals."""
+    kernel = _kernel(area_api)
+    device = accelerator.device()
+    cfg = reference_api.OptimizerConfig(type="adamw", lr=1e-2, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(n)
+    p0 = torch.randn(n, generator=gen) * 1e3
+    # Without weight decay a zero gradient leaves an element exactly as it was (m = v = 0, the update 0 / eps),
+    # so these special values are the updated master's: the ties below are ties when the kernel casts them.
+    special = torch.tensor([1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8, float("inf"), -float("inf"), float("nan"), 3.4e38,
+                            1e-40, -(1.0 + 2.0**-8)])
+    # A NaN with an all-ones payload (a GPU's canonical NaN): rounding its bits to nearest would carry into the
+    # sign and make it -0.0.
+    special[4] = torch.tensor(0x7FFFFFFF, dtype=torch.int32).view(torch.float32)
+    k = min(n, special.numel())
+    p0[:k] = special[:k]
+    g = torch.randn(n, generator=gen)
+    g[:k] = 0.0
+    p, m, v = p0.to(device), torch.zeros(n, device=device), torch.zeros(n, device=device)
+    out = torch.empty(n, dtype=torch.bfloat16, device=device)
+    kernel.adam_step(cfg, p, g.to(device), m, v, 1, bf16_out=out)
+    assert_tensor_equal(out.cpu(), p.cpu().to(torch.bfloat16), "fused bf16 copy of the updated master")
+
+
+def test_R16_fused_device_adam_self_check_refuses_a_kernel_one_ulp_off(area_api, reference_api, accelerator):
+    """The run-time check that guards the kernel's use finds a kernel whose master is one ulp off in a single
+    element (and passes the real one), so that a compiler that rounds differently on some device falls back to
+    the torch sequence instead of changing results."""
+    kernel = _kernel(area_api)
+    if not hasattr(kernel, "self_check"):
+        pytest.skip("this implementation's fused device Adam has no run-time check (self_check)")
+    device = accelerator.device()
+    cfg = reference_api.OptimizerConfig(type="adamw", lr=1e-3, weight_decay=0.01)
+
+    def one_ulp_off(config, p, g, m, v, t, grad_scale=None, bf16_out=None):
+        kernel.adam_step(config, p, g, m, v, t, grad_scale=grad_scale, bf16_out=bf16_out)
+        p[p.numel() // 2] = torch.nextafter(p[p.numel() // 2], torch.tensor(float("inf"), device=p.device))
+
+    assert kernel.self_check(device, cfg) is None, "the real kernel must pass its own check"
+    reason = kernel.self_check(device, cfg, step_fn=one_ulp_off)
+    assert reason is not None and "master" in reason, f"a kernel one ulp off was accepted: {reason!r}"
+
+
+def test_R16_fused_device_adam_is_used_where_it_passes(area_api, reference_api, accelerator, monkeypatch):
+    """On a device (not the cpu, whose masters take the CPU kernel) the kernel is chosen for Adam/AdamW masters
+    when it passes its check; ``HOSTOFFLOAD_DEVICE_ADAM=torch`` turns it off, and an unknown value is a
+    ConfigurationError naming the variable and its values."""
+    kernel = _kernel(area_api)
+    if not hasattr(kernel, "use_for"):
+        pytest.skip("this implementation's fused device Adam declares no run-time choice (use_for)")
+    device = accelerator.device()
+    cfg = reference_api.OptimizerConfig(type="adamw")
+    master = torch.zeros(8, device=device)
+    monkeypatch.setenv("HOSTOFFLOAD_DEVICE_ADAM", "torch")
+    assert kernel.use_for(cfg, master) is False
+    monkeypatch.setenv("HOSTOFFLOAD_DEVICE_ADAM", "fastest")
+    with pytest.raises(ConfigurationError, match=r"HOSTOFFLOAD_DEVICE_ADAM.*auto, fused, torch"):
+        kernel.use_for(cfg, master)
+    monkeypatch.setenv("HOSTOFFLOAD_DEVICE_ADAM", "auto")
+    assert kernel.use_for(reference_api.OptimizerConfig(type="sgd"), master) is False
+    expected = device.type != "cpu" and kernel.self_check(device, cfg) is None
+    assert kernel.use_for(cfg, master) is expected
+    if device.type != "cpu":
+        assert expected, f"the fused device Adam fails its check on {device}: {kernel.self_check(device, cfg)}"
+
+
+@pytest.mark.parametrize(
+    ("call", "words"),
+    [
+        (lambda k, c, t: k.adam_step(c, t, t[:-1].clone(), t.clone(), t.clone(), 1), ["grad", "exactly"]),
+        (lambda k, c, t: k.adam_step(c, t.double(), t, t, t, 1), ["param", "float32"]),
+        (lambda k, c, t: k.adam_step(c, t, t, t, t, 0), ["step", ">= 1"]),
+        (lambda k, c, t: k.adam_step(c.__class__(type="sgd"), t, t, t, t, 1), ["config.type", "adam, adamw"]),
+        (lambda k, c, t: k.adam_step(c, t, t, t, t, 1, bf16_out=torch.empty_like(t)), ["bf16_out", "bfloat16"]),
+        (lambda k, c, t: k.adam_step(c, t, t[::2], t, t, 1), ["grad", "contiguous"]),
+    ],
+    ids=["size", "dtype", "step", "optimizer", "bf16_out", "strided"],
+)
+def test_R16_fused_device_adam_rejects_bad_arguments(area_api, reference_api, accelerator, call, words):
+    """R16 (kernel inputs): wrong sizes, dtypes, layouts, step counts, optimizer types and output buffers raise
+    ConfigurationError naming the argument and what is allowed; nothing is written."""
+    kernel = _kernel(area_api)
+    cfg = reference_api.OptimizerConfig(type="adamw")
+    t = torch.arange(16, dtype=torch.float32, device=accelerator.device())
+    before = t.clone()
+    with pytest.raises(ConfigurationError) as info:
+        call(kernel, cfg, t)
+    for word in words:
+        assert word in str(info.value), f"{word!r} not in {info.value}"
+    assert_tensor_equal(t, before, "the param after a refused call")

@@ -1,0 +1,229 @@
+"""Adam / AdamW on a device master in one pass (Triton), bitwise the torch-op sequence it replaces.
+
+Why: :func:`optimizers.torch_step` writes R16 as a sequence of elementwise torch ops plus an fp64 square root, so
+every element's update moves about 230 bytes of device memory (16 passes, each reading and writing whole
+vectors; on an H200 the split update's device side took 4.7e-11 s per element, docs/benchmarks.md run U), where
+the update itself needs to read master, gradient and moments and write master and moments: 28 bytes, 30 with the
+bf16 weights written in the same pass. The no-offload path (``DeviceUpdate``) and R28's device side both step
+their masters through this module when it is in use.
+
+**Bitwise.** The kernel (``_device_adam_kernel.adam_kernel``) performs R16's operations in torch_step's order,
+each one IEEE fp32 operation with one rounding: it is compiled with FP contraction off (``enable_fp_fusion=False``:
+no multiply-add becomes an FMA), its square root and division are the correctly rounded ones (``sqrt_rn``,
+``div_rn``, which is what torch_step's fp64 root rounded to fp32 is), and its constants are the fp32 roundings of
+the same double expressions torch_step passes as Python scalars (torch rounds a scalar to the tensor's fp32 where
+it meets it). The bf16 copy is rounded to nearest even in integer arithmetic, as torch's cast.
+
+**Trust, then verify on the device.** Arithmetic reasoning is not a proof for a compiler on a device this
+library has not seen, so the first use on each device runs the kernel and torch_step side by side on a probe
+(:func:`self_check`: values across magnitudes, zeros, subnormal gradients, clipping, both optimizers, several
+steps) and compares bits. ``HOSTOFFLOAD_DEVICE_ADAM`` decides what happens: ``auto`` (default) uses the kernel
+where Triton is installed and the check passes on that device, and otherwise torch_step (a failed check is logged
+once, with the first differing element); ``fused`` requires the kernel (an error naming the variable where
+Triton is missing or the check fails); ``torch`` never uses it.
+
+On CPU tensors the same kernel runs in Triton's interpreter (numpy, fp32 operation by operation): far too slow
+for training and never chosen for it (CPU masters take the native CPU Adam), but it lets the CPU suite hold the
+kernel's operation sequence to the reference formula bitwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import threading
+
+import torch
+
+from reference.contract import envvars
+from reference.contract.accumulation_config import OptimizerConfig
+from reference.contract.errors import ConfigurationError
+
+__all__ = ["BLOCK", "adam_step", "available", "self_check", "use_for"]
+
+#: Elements per Triton program.
+BLOCK = 1024
+
+_log = logging.getLogger("optimized.accumulation")
+_lock = threading.Lock()
+_kernels: dict[str, object] = {}
+#: per device (str), the self-check's verdict: None (passed) or why it failed
+_verdicts: dict[str, str | None] = {}
+
+
+def available() -> bool:
+    """Whether Triton is importable here (the kernel can be built)."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _kernel(interpret: bool):
+    """The decorated kernel: compiled for a device, or Triton's interpreter for CPU tensors (built once)."""
+    key = "interpret" if interpret else "jit"
+    with _lock:
+        if key not in _kernels:
+            from optimized.accumulation._device_adam_kernel import adam_kernel
+
+            if interpret:
+                from triton.runtime.interpreter import InterpretedFunction
+
+                _kernels[key] = InterpretedFunction(adam_kernel)
+            else:
+                import triton
+
+                _kernels[key] = triton.jit(adam_kernel)
+        return _kernels[key]
+
+
+def _f32(x: float) -> float:
+    """``x`` rounded to fp32 (to nearest), as torch rounds a Python scalar where it meets an fp32 tensor."""
+    return float(torch.tensor(x, dtype=torch.float32))
+
+
+def _check_flat(name: str, t: object, dtype: torch.dtype, like: torch.Tensor | None) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise ConfigurationError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype or not t.is_contiguous():
+        raise ConfigurationError(
+            f"{name} must be a contiguous tensor of dtype {dtype}; got dtype={t.dtype}, contiguous={t.is_contiguous()}"
+        )
+    if like is not None and t.device != like.device:
+        raise ConfigurationError(f"{name} is on {t.device}; allowed: the param's device, {like.device}")
+    if like is not None and t.numel() != like.numel():
+        raise ConfigurationError(f"{name} has {t.numel()} elements; allowed: exactly {like.numel()} (the param's size)")
+    return t
+
+
+def adam_step(
+    config: OptimizerConfig,
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    step: int,
+    *,
+    grad_scale: float | None = None,
+    bf16_out: torch.Tensor | None = None,
+) -> None:
+    """One Adam/AdamW step (``config.type``) on flat contiguous fp32 tensors of one device, in place, queued on
+    that device's current stream; ``step`` is the 1-based ``t``. ``grad_scale``: R15's clipping coefficient
+    (the gradient is multiplied by it rounded to fp32; ``grad`` is not modified). ``bf16_out``: receives the
+    updated weights cast to bf16 (round to nearest even) in the same pass. CPU tensors run in Triton's
+    interpreter (for verification only)."""
+    if not available():
+        raise ConfigurationError("the fused device Adam needs Triton (pip install triton); it is not installed")
+    if config.type not in ("adam", "adamw"):
+        raise ConfigurationError(f"config.type={config.type!r} has no fused device kernel; allowed values: adam, adamw")
+    if type(step) is not int or step < 1:
+        raise ConfigurationError(f"step={step!r} must be an int >= 1 (the 1-based step count t)")
+    _check_flat("param", param, torch.float32, None)
+    for name, t in (("grad", grad), ("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
+        _check_flat(name, t, torch.float32, param)
+    out = param  # any pointer of the right device when there is no output (HAS_OUT=False never touches it)
+    if bf16_out is not None:
+        out = _check_flat("bf16_out", bf16_out, torch.bfloat16, param).view(torch.int16)
+    n = param.numel()
+    if n == 0:
+        return
+    beta1, beta2 = config.betas
+    wd, lr = config.weight_decay, config.lr
+    decoupled = config.type == "adamw"
+    # torch_step's double expressions, each rounded to fp32 as torch rounds the scalar it is given.
+    consts = [
+        _f32(1.0 if grad_scale is None else float(grad_scale)), _f32(1.0 - lr * wd), _f32(wd),
+        _f32(beta1), _f32(1.0 - beta1), _f32(beta2), _f32(1.0 - beta2),
+        _f32(1.0 / math.sqrt(1.0 - beta2**step)), _f32(config.eps), _f32(lr / (1.0 - beta1**step)),
+    ]
+    flags = dict(HAS_CLIP=grad_scale is not None, DECOUPLED=decoupled and wd > 0, L2=not decoupled and wd > 0,
+                 HAS_OUT=bf16_out is not None, BLOCK=BLOCK)
+    grid = (-(-n // BLOCK),)
+    if param.device.type == "cpu":
+        _kernel(True)[grid](param, grad, exp_avg, exp_avg_sq, out, n, *consts, **flags)
+        return
+    # Triton launches on the current device: make it the tensors' one.
+    with torch.cuda.device(param.device) if param.device.type == "cuda" else contextlib.nullcontext():
+        _kernel(False)[grid](param, grad, exp_avg, exp_avg_sq, out, n, *consts, **flags, num_warps=4,
+                             enable_fp_fusion=False)
+
+
+def _probe(device: torch.device, n: int = 1 << 16) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The self-check's inputs: master values from 1e-30 to 1e3 and zeros; gradients across magnitudes with
+    zeros and subnormals (a flush-to-zero build differs there); three steps' worth."""
+    gen = torch.Generator().manual_seed(20261205)
+    scales = 10.0 ** torch.randint(-30, 4, (n,), generator=gen).double()
+    master = (torch.randn(n, generator=gen, dtype=torch.float64) * scales).float()
+    master[::97] = 0.0
+    grads = []
+    for k in range(3):
+        g_scales = 10.0 ** torch.randint(-40, 3, (n,), generator=gen).double()
+        g = (torch.randn(n, generator=gen, dtype=torch.float64) * g_scales).float()
+        g[k::89] = 0.0
+        g[k + 1 :: 101] = 1e-41  # subnormal
+        grads.append(g.to(device))
+    return master.to(device), grads
+
+
+def self_check(device: torch.device | str, config: OptimizerConfig, step_fn=None) -> str | None:
+    """Run ``step_fn`` (default :func:`adam_step`) and torch_step side by side on the probe for three steps, with
+    and without clipping, and compare master, moments and the bf16 copy bitwise. None: identical; else a
+    one-line reason (the first differing element, or the exception)."""
+    from optimized.accumulation.optimizers import init_state, torch_step
+
+    step_fn = adam_step if step_fn is None else step_fn
+    device = torch.device(device)
+    try:
+        for clip in (None, 0.37):
+            master, grads = _probe(device)
+            mine, theirs = master.clone(), master.clone()
+            s_mine, s_theirs = init_state(config, mine), init_state(config, theirs)
+            out = torch.empty(master.numel(), dtype=torch.bfloat16, device=device)
+            for t, g in enumerate(grads, start=1):
+                torch_step(config, theirs, g, s_theirs, clip_coef=clip)
+                step_fn(config, mine, g, s_mine.buffers["exp_avg"], s_mine.buffers["exp_avg_sq"], t,
+                        grad_scale=clip, bf16_out=out)
+                for what, a, b in (("master", mine, theirs), ("bf16 weights", out, theirs.to(torch.bfloat16)),
+                                   *((k, s_mine.buffers[k], s_theirs.buffers[k]) for k in s_theirs.buffers)):
+                    differs = (a.view(torch.int16 if a.dtype == torch.bfloat16 else torch.int32)
+                               != b.view(torch.int16 if b.dtype == torch.bfloat16 else torch.int32))
+                    if bool(differs.any()):
+                        i = int(differs.nonzero()[0])
+                        return (f"{what} differs at step {t} (clip={clip}), element {i}: "
+                                f"{a[i].item()!r} against torch's {b[i].item()!r}")
+    except Exception as e:  # noqa: BLE001 - any failure of the kernel means: do not use it here
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def use_for(config: OptimizerConfig, master: torch.Tensor) -> bool:
+    """Whether a device master steps through the kernel (the module docstring's rule), deciding once per device."""
+    mode = envvars.device_adam()
+    if mode == "torch" or master.device.type == "cpu" or config.type not in ("adam", "adamw"):
+        return False
+    if not available():
+        if mode == "fused":
+            raise ConfigurationError(
+                f"{envvars.DEVICE_ADAM_ENV}=fused needs Triton, which is not installed; allowed values: "
+                f"{', '.join(envvars.DEVICE_ADAM_MODES)} (auto falls back to torch ops)"
+            )
+        return False
+    key = str(master.device)
+    with _lock:
+        known = key in _verdicts
+    if not known:
+        verdict = self_check(master.device, config)
+        with _lock:
+            _verdicts[key] = verdict
+        if verdict is not None and mode == "auto":
+            _log.warning("fused device Adam disabled on %s (its results differ from torch's ops: %s); using torch ops",
+                         key, verdict)
+    verdict = _verdicts[key]
+    if verdict is not None and mode == "fused":
+        raise ConfigurationError(
+            f"{envvars.DEVICE_ADAM_ENV}=fused: the fused device Adam fails its check on {key} ({verdict}); "
+            f"allowed values: {', '.join(envvars.DEVICE_ADAM_MODES)}"
+        )
+    return verdict is None
