@@ -54,7 +54,7 @@ suite accumulation-engine "${T_ACE:-300}" conformance.suite.test_accumulation_en
   conformance.suite.test_accumulation_engine_surface conformance.suite.test_accumulation_engine_examples \
   conformance.suite.test_accumulation_engine_faults conformance.suite.test_accumulation_engine_scenarios \
   conformance.suite.test_accumulation_engine_overlap conformance.suite.test_accumulation_delayed_update \
-  conformance.suite.test_accumulation_split_update
+  conformance.suite.test_accumulation_split_update conformance.suite.test_accumulation_engine_device_adam
 # examples/train_zero_resume.py on NCCL, world size 1: 3 steps, save, resume to 6; then 6 uninterrupted steps.
 # The two "final checksum" lines must be equal.
 zero_resume() {
@@ -87,6 +87,11 @@ part bench-offload "${T_BOFF:-140}" python3 benchmarks/bench_offload.py \
 part bench-zero-adam "${T_BZA:-150}" python3 benchmarks/bench_zero.py cpu-adam --sizes "${ADAM_SIZES:-1e7,1e8,1e9}" --iters 5 --out "$out/zero"
 part bench-zero-engine "${T_BZE:-50}" python3 benchmarks/bench_zero.py engine --device cuda --dtype bf16 --layers 12 \
   --hidden 1024 --heads 16 --seq 1024 --vocab 32000 --batch 8 --gas 4 --iters 5 --out "$out/zero"
+# Adam on device masters (no offload, the split's device side): the fused Triton kernel against the torch-op
+# sequence it replaces (same bits, checked) and torch's fused AdamW (the user's alternative), 1e6 to 8.9e8 elements.
+part bench-device-adam "${T_BDA:-120}" python3 benchmarks/bench_device_adam.py --device cuda \
+  --sizes "${DA_SIZES:-1e6,1e7,1e8,6.4e8,8.9e8}" --iters 10 --out "$out/device_adam.json"
+wanted bench-device-adam && cat "$out/bench-device-adam.log"
 # The host's memory bandwidth, the floor under the CPU Adam's time (30 bytes of optimizer traffic per parameter).
 part host-bandwidth "${T_HBW:-60}" python3 benchmarks/host_memory_bandwidth.py --gib 4 --params 886e6
 wanted host-bandwidth && cat "$out/host-bandwidth.log"
