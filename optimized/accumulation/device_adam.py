@@ -48,8 +48,9 @@ BLOCK = 1024
 _log = logging.getLogger("optimized.accumulation")
 _lock = threading.Lock()
 _kernels: dict[str, object] = {}
-#: per device (str), the self-check's verdict: None (passed) or why it failed
-_verdicts: dict[str, str | None] = {}
+#: per (device, optimizer type, weight decay on): the self-check's verdict, None (passed) or why it failed. The
+#: kernel's code differs by those (AdamW's decay, Adam's L2 term), so each variant is checked where it is used.
+_verdicts: dict[tuple[str, str, bool], str | None] = {}
 
 
 def available() -> bool:
@@ -193,7 +194,7 @@ def self_check(device: torch.device | str, config: OptimizerConfig, step_fn=None
                         i = int(differs.nonzero()[0])
                         return (f"{what} differs at step {t} (clip={clip}), element {i}: "
                                 f"{a[i].item()!r} against torch's {b[i].item()!r}")
-    except Exception as e:  # noqa: BLE001 - any failure of the kernel means: do not use it here
+    except Exception as e:  # any failure of the kernel means: do not use it here
         return f"{type(e).__name__}: {e}"
     return None
 
@@ -210,7 +211,7 @@ def use_for(config: OptimizerConfig, master: torch.Tensor) -> bool:
                 f"{', '.join(envvars.DEVICE_ADAM_MODES)} (auto falls back to torch ops)"
             )
         return False
-    key = str(master.device)
+    key = (str(master.device), config.type, config.weight_decay > 0)
     with _lock:
         known = key in _verdicts
     if not known:
@@ -218,12 +219,12 @@ def use_for(config: OptimizerConfig, master: torch.Tensor) -> bool:
         with _lock:
             _verdicts[key] = verdict
         if verdict is not None and mode == "auto":
-            _log.warning("fused device Adam disabled on %s (its results differ from torch's ops: %s); using torch ops",
-                         key, verdict)
+            _log.warning("fused device Adam (%s, weight decay %s) disabled on %s (its results differ from torch's "
+                         "ops: %s); using torch ops", config.type, config.weight_decay, key[0], verdict)
     verdict = _verdicts[key]
     if verdict is not None and mode == "fused":
         raise ConfigurationError(
-            f"{envvars.DEVICE_ADAM_ENV}=fused: the fused device Adam fails its check on {key} ({verdict}); "
+            f"{envvars.DEVICE_ADAM_ENV}=fused: the fused device Adam fails its check on {key[0]} ({verdict}); "
             f"allowed values: {', '.join(envvars.DEVICE_ADAM_MODES)}"
         )
     return verdict is None

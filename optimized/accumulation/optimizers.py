@@ -9,8 +9,8 @@ An Adam/AdamW master on a device steps in one fused pass (:mod:`optimized.accumu
 where that kernel is available and has matched :func:`torch_step` bitwise on the device (``HOSTOFFLOAD_DEVICE_ADAM``
 decides; the same bits either way, a fraction of the memory traffic).
 
-Everything else (SGD, device masters without the fused kernel) runs :func:`torch_step`: the reference's torch-op sequence operation
-for operation (same roundings, same correctly rounded sqrt), but in place and over chunks of
+Everything else (SGD, device masters without the fused kernel) runs :func:`torch_step`: the reference's torch-op
+sequence operation for operation (same roundings, same correctly rounded sqrt), but in place and over chunks of
 :data:`CHUNK_ELEMENTS`, so its temporaries stay a few chunks in size instead of several copies of the master
 (the reference's out-of-place sequence, with its fp64 square root, would need about five master-sized buffers).
 Elementwise arithmetic does not depend on where a chunk starts, so chunking changes no bit.
