@@ -228,6 +228,11 @@ def _build_ours(arm: str, model, device, shape: tuple, opts, row: dict) -> Train
         report = getattr(engine, "split_report", None)  # R28's measurement, where the engine has one
         if callable(report):
             row["split"] = report()
+        try:  # which kernel stepped the device masters (a tree without the fused device Adam has no module)
+            from optimized.accumulation import device_adam
+        except ImportError:
+            return
+        row["device_adam"] = {"triton": device_adam.available(), "checks": device_adam.verdicts()}
 
     return Trainer(step=lambda micro: _engine_step(engine, micro), set_lr=engine.set_lr,
                    after_boundary=after_boundary, timings=engine.offload_timings, finish=finish)

@@ -40,7 +40,7 @@ from reference.contract import envvars
 from reference.contract.accumulation_config import OptimizerConfig
 from reference.contract.errors import ConfigurationError
 
-__all__ = ["BLOCK", "adam_step", "available", "self_check", "use_for"]
+__all__ = ["BLOCK", "adam_step", "available", "self_check", "use_for", "verdicts"]
 
 #: Elements per Triton program.
 BLOCK = 1024
@@ -228,3 +228,10 @@ def use_for(config: OptimizerConfig, master: torch.Tensor) -> bool:
             f"allowed values: {', '.join(envvars.DEVICE_ADAM_MODES)}"
         )
     return verdict is None
+
+
+def verdicts() -> dict[str, str]:
+    """What the self-checks of this process found, for reports: ``"cuda:0/adamw/decay"`` -> ``"passed"`` or why
+    the kernel is not used there."""
+    with _lock:
+        return {f"{d}/{t}/{'decay' if w else 'no decay'}": v or "passed" for (d, t, w), v in _verdicts.items()}
