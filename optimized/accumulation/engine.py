@@ -564,8 +564,9 @@ class ZeroEngine(ScheduledEngine):
 
     def offload_timings(self) -> dict[str, float] | None:
         """Where the streamed offloaded update spent its time since the last call (seconds: ``cpu_adam_s``,
-        ``wait_s`` -- the training thread blocked on it --, ``d2h_s``, ``h2d_s``), or None when the update is
-        not streamed (no cpu offload, stage 0/1, SGD). Synchronizes; meant for benchmarks."""
+        ``wait_s`` -- the training thread blocked on it --, ``d2h_s``, ``h2d_s`` ...; without offload on a GPU
+        only ``device_adam_s``), or None where there is nothing to report (a cpu run without offload, a host update
+        that is not streamed: stage 0/1, SGD). Synchronizes; meant for benchmarks."""
         path = self.__dict__.get("_path")
         return None if path is None else path.offload_timings()
 
