@@ -9,6 +9,7 @@ test_accumulation_rejections.py.
 
 from __future__ import annotations
 
+import torch
 from hypothesis import strategies as st
 
 from reference.accumulation import (
@@ -193,3 +194,11 @@ def split_update_scenarios(draw: st.DrawFn, world_sizes: tuple[int, ...] = (1, 2
         seed=draw(st.integers(0, 2**16)),
         name="drawn-split",
     )
+
+
+def optimizer_values(n: int, gen: torch.Generator, scale: float) -> torch.Tensor:
+    """``n`` normal values times ``scale`` with exact zeros every ``n // 7`` (sqrt(0) and 0 / denom in R16): the
+    inputs the optimizer-kernel tests (native CPU, fused device) hold to the formula."""
+    x = torch.randn(n, generator=gen) * scale
+    x[:: max(1, n // 7)] = 0.0
+    return x

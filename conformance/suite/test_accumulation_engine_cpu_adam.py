@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance.accumulation_assertions import assert_tensor_equal
-from conformance.accumulation_strategies import optimizer_configs
+from conformance.accumulation_strategies import optimizer_configs, optimizer_values
 from reference.contract.errors import ConfigurationError
 
 pytestmark = pytest.mark.conformance_area("accumulation")
@@ -26,12 +26,6 @@ def _kernel(area_api):
     if kernel is None or not kernel.available():
         pytest.skip("this implementation has no native CPU Adam kernel")
     return kernel
-
-
-def _values(n: int, gen: torch.Generator, scale: float) -> torch.Tensor:
-    x = torch.randn(n, generator=gen) * scale
-    x[:: max(1, n // 7)] = 0.0  # exact zeros: sqrt(0), 0/denom
-    return x
 
 
 @given(
@@ -48,8 +42,8 @@ def test_R16_native_adam_equals_reference_formula_bitwise(area_api, reference_ap
     threads: master and both moments equal the reference formula bitwise; the gradient is not modified."""
     kernel = _kernel(area_api)
     gen = torch.Generator().manual_seed(seed)
-    p0 = _values(n, gen, 1.0)
-    grads = [_values(n, gen, 10.0 ** data.draw(st.integers(-6, 1))) for _ in range(steps)]
+    p0 = optimizer_values(n, gen, 1.0)
+    grads = [optimizer_values(n, gen, 10.0 ** data.draw(st.integers(-6, 1))) for _ in range(steps)]
     expected = p0.clone()
     state = reference_api.init_state(cfg, expected)
     for g in grads:
@@ -156,7 +150,7 @@ _NAMES = ("master", "exp_avg", "exp_avg_sq", "bf16 copy")
 
 def _step_inputs(seed: int, n: int = _POOL_N) -> tuple[torch.Tensor, list[torch.Tensor]]:
     gen = torch.Generator().manual_seed(seed)
-    return _values(n, gen, 1.0), [_values(n, gen, 10.0**-k) for k in range(3)]
+    return optimizer_values(n, gen, 1.0), [optimizer_values(n, gen, 10.0**-k) for k in range(3)]
 
 
 def _run_steps(kernel, cfg, p0, grads, threads: int, with_bf16: bool = False) -> list[torch.Tensor]:

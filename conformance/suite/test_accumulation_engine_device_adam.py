@@ -20,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance.accumulation_assertions import assert_tensor_equal
-from conformance.accumulation_strategies import optimizer_configs
+from conformance.accumulation_strategies import optimizer_configs, optimizer_values
 from reference.contract.errors import ConfigurationError
 
 pytestmark = pytest.mark.conformance_area("accumulation")
@@ -33,12 +33,6 @@ def _kernel(area_api):
     if not kernel.available():
         pytest.skip("the fused device Adam's compiler (Triton for the optimized implementation) is not installed")
     return kernel
-
-
-def _values(n: int, gen: torch.Generator, scale: float) -> torch.Tensor:
-    x = torch.randn(n, generator=gen) * scale
-    x[:: max(1, n // 7)] = 0.0  # exact zeros: sqrt(0), 0/denom
-    return x
 
 
 @given(
@@ -58,8 +52,8 @@ def test_R16_fused_device_adam_equals_reference_formula_bitwise(
     kernel = _kernel(area_api)
     device = accelerator.device()
     gen = torch.Generator().manual_seed(seed)
-    p0 = _values(n, gen, 1.0)
-    grads = [_values(n, gen, 10.0 ** data.draw(st.integers(-6, 1))) for _ in range(steps)]
+    p0 = optimizer_values(n, gen, 1.0)
+    grads = [optimizer_values(n, gen, 10.0 ** data.draw(st.integers(-6, 1))) for _ in range(steps)]
     expected = p0.clone()
     state = reference_api.init_state(cfg, expected)
     for g in grads:
