@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 import threading
 
 import torch
@@ -51,6 +52,16 @@ _kernels: dict[str, object] = {}
 #: per (device, optimizer type, weight decay on): the self-check's verdict, None (passed) or why it failed. The
 #: kernel's code differs by those (AdamW's decay, Adam's L2 term), so each variant is checked where it is used.
 _verdicts: dict[tuple[str, str, bool], str | None] = {}
+
+
+def _after_fork_in_child() -> None:
+    """A fork while another thread held the lock (building the kernel, recording a verdict) would leave it held
+    forever in the child: the child starts with a new one. The verdicts stay true of the same devices."""
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def available() -> bool:
