@@ -88,6 +88,16 @@ class BucketRange:
         return self.hi - self.lo
 
 
+def _check_separate(weights: torch.Tensor, source: torch.Tensor, accumulator: torch.Tensor,
+                    delayed_accumulator: torch.Tensor) -> None:
+    """R27 needs the live weights, the update's source and both accumulators in buffers of their own (the worker
+    writes one while the forward reads another)."""
+    for a, b in ((weights, source), (accumulator, delayed_accumulator), (weights, delayed_accumulator)):
+        if a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr():
+            raise ValueError("delayed update: the live weights, the update's source and both accumulators "
+                             "must be separate buffers")
+
+
 class StreamedUpdate:
     """The host accumulator, the per-bucket norm pieces and the pipelined CPU update of one rank.
 
@@ -129,11 +139,7 @@ class StreamedUpdate:
         self._accumulators = [accumulator, delayed_accumulator]
         self._current = 0
         if self.delayed:
-            source = master if cast_out is None else cast_out
-            for a, b in ((weights, source), (accumulator, delayed_accumulator), (weights, delayed_accumulator)):
-                if a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr():
-                    raise ValueError("delayed update: the live weights, the update's source and both accumulators "
-                                     "must be separate buffers")
+            _check_separate(weights, master if cast_out is None else cast_out, accumulator, delayed_accumulator)
         self.ranges = [BucketRange(i, lo, hi) for i, (lo, hi) in enumerate(ranges)]
         #: R28 (the split path): the partition's elements below this are updated on the device; the worker
         #: updates, publishes and copies out ``[host_from, P)`` only
@@ -174,19 +180,24 @@ class StreamedUpdate:
         if self.on_device:
             # Leave one core to the thread that launches the next forward's kernels.
             self._threads = max(1, self._threads - 1)
-            longest = max((b.length for b in self.ranges), default=0)
-            # Two staging buffers: the stream adds into one while the other's D2H drains.
-            self._staging = [torch.empty(longest, dtype=accum_dtype, device=device) for _ in range(2)]
-            self._turn = 0
-            self._d2h_stream = torch.cuda.Stream(device)
-            #: brings a bucket's running sum up from the host on a copy engine of its own, so that it runs beside
-            #: the previous bucket's D2H instead of after it (one stream would serialize the two directions)
-            self._up_stream = torch.cuda.Stream(device)
-            self._h2d_stream = torch.cuda.Stream(device)
-            #: per staging slot, the event after the last D2H that read it (an upload into it waits for it)
-            self._slot_free: list[torch.cuda.Event | None] = [None, None]
-            self._d2h_done: list[torch.cuda.Event | None] = [None] * len(self.ranges)
-            self._h2d_done: list[torch.cuda.Event | None] = [None] * len(self.ranges)
+            self._init_device_streams()
+
+    def _init_device_streams(self) -> None:
+        """A device run's staging buffers, copy streams and per-bucket events."""
+        device = self.device
+        longest = max((b.length for b in self.ranges), default=0)
+        # Two staging buffers: the stream adds into one while the other's D2H drains.
+        self._staging = [torch.empty(longest, dtype=self.accum_dtype, device=device) for _ in range(2)]
+        self._turn = 0
+        self._d2h_stream = torch.cuda.Stream(device)
+        #: brings a bucket's running sum up from the host on a copy engine of its own, so that it runs beside
+        #: the previous bucket's D2H instead of after it (one stream would serialize the two directions)
+        self._up_stream = torch.cuda.Stream(device)
+        self._h2d_stream = torch.cuda.Stream(device)
+        #: per staging slot, the event after the last D2H that read it (an upload into it waits for it)
+        self._slot_free: list[torch.cuda.Event | None] = [None, None]
+        self._d2h_done: list[torch.cuda.Event | None] = [None] * len(self.ranges)
+        self._h2d_done: list[torch.cuda.Event | None] = [None] * len(self.ranges)
 
     # ---- backward: accumulate (R10) and stream out ----------------------------------------------------------
     def begin_backward(self) -> None:
