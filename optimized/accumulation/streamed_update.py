@@ -63,8 +63,13 @@ __all__ = ["TIMING_KEYS", "BucketRange", "StreamedUpdate"]
 #: ``wait_s`` (the training thread blocked on an update), ``d2h_s`` (gradients out), ``grad_up_s`` (running sums
 #: back up for the next backward's add), ``h2d_s`` (weights in) -- the copies on their streams, summed per bucket,
 #: overlapping other work --, ``grad_exposed_s`` (how long the gradient stream ran on after the boundary's
-#: backward: the boundary waits for it) and ``device_adam_s`` (R28's device side, on the training stream).
-TIMING_KEYS = ("cpu_adam_s", "wait_s", "d2h_s", "grad_up_s", "h2d_s", "grad_exposed_s", "device_adam_s")
+#: backward: the boundary waits for it), ``device_adam_s`` (R28's device side, on the training stream) and
+#: ``gpu_idle_s``: how long the training stream sat idle because of the update -- ``wait_s`` is the *thread's*
+#: blocked time, and the thread launches ahead of the GPU, so the GPU may run queued work through much of it. Per
+#: wait, an event recorded before the thread blocks (done when the work queued before the wait is) and one after
+#: it and after the stream's wait for the bucket's H2D; the gap between them is the stream's idle time.
+TIMING_KEYS = ("cpu_adam_s", "wait_s", "d2h_s", "grad_up_s", "h2d_s", "grad_exposed_s", "device_adam_s",
+               "gpu_idle_s")
 
 
 def _sum_squares(values: torch.Tensor) -> torch.Tensor:
@@ -499,7 +504,9 @@ class StreamedUpdate:
             return
         # R27: with the delayed update the weights are the previous boundary's, in place once published.
         gate = self._published[index] if self.delayed else self._done[index]
+        idle = None
         if not gate.is_set():
+            idle = self._idle_mark()
             t0 = time.perf_counter()
             gate.wait()
             self._times["wait_s"] += time.perf_counter() - t0
@@ -509,6 +516,23 @@ class StreamedUpdate:
             if event is not None:
                 torch.cuda.current_stream(self.device).wait_event(event)
                 self._h2d_done[index] = None
+        if idle is not None:
+            idle()
+
+    def _idle_mark(self) -> Callable[[], None] | None:
+        """Before the training thread blocks (device runs, timings on): record an event on the current stream and
+        return the function that records its partner once the stream may go on (``gpu_idle_s``)."""
+        if not (self.on_device and self._timing):
+            return None
+        stream = torch.cuda.current_stream(self.device)
+        before, after = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        before.record(stream)
+
+        def resume() -> None:
+            after.record(stream)
+            self._copy_events.append(("gpu_idle_s", before, after))
+
+        return resume
 
     def wait_range(self, lo: int, hi: int) -> None:
         """Wait for the buckets overlapping ``[lo, hi)`` (partition coordinates) only."""
@@ -531,7 +555,9 @@ class StreamedUpdate:
         pending, self._pending = self._pending, None
         if pending is None:
             return
+        idle = None
         if not pending.done():  # counted like the per-bucket waits (the next backward, or the next boundary)
+            idle = self._idle_mark()
             t0 = time.perf_counter()
             concurrent.futures.wait([pending])
             self._times["wait_s"] += time.perf_counter() - t0
@@ -540,6 +566,8 @@ class StreamedUpdate:
         for b in self.ranges:
             self.wait_bucket(b.index)
         self._pending = None
+        if idle is not None:
+            idle()
         self._raise_error()
 
     def _raise_error(self) -> None:
