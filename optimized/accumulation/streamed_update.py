@@ -180,6 +180,8 @@ class StreamedUpdate:
         self._copy_events: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
         #: copy timing events are recorded only once someone asked for timings (they pile up until read)
         self._timing = False
+        #: inside :meth:`wait_all`'s own ``gpu_idle_s`` mark (the per-bucket waits then record none)
+        self._idle_outer = False
         self._last_host_rate: float | None = None
         self._threads = cpu_adam.default_threads()
         if self.on_device:
@@ -514,6 +516,8 @@ class StreamedUpdate:
         if self.on_device:
             event = self._h2d_done[index]
             if event is not None:
+                if idle is None:  # the thread did not block, but the stream may still wait for the copy
+                    idle = self._idle_mark()
                 torch.cuda.current_stream(self.device).wait_event(event)
                 self._h2d_done[index] = None
         if idle is not None:
@@ -522,7 +526,7 @@ class StreamedUpdate:
     def _idle_mark(self) -> Callable[[], None] | None:
         """Before the training thread blocks (device runs, timings on): record an event on the current stream and
         return the function that records its partner once the stream may go on (``gpu_idle_s``)."""
-        if not (self.on_device and self._timing):
+        if not (self.on_device and self._timing) or self._idle_outer:
             return None
         stream = torch.cuda.current_stream(self.device)
         before, after = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -563,8 +567,12 @@ class StreamedUpdate:
             self._times["wait_s"] += time.perf_counter() - t0
         pending.result()
         self._pending = pending  # so wait_bucket still orders the H2D events
-        for b in self.ranges:
-            self.wait_bucket(b.index)
+        self._idle_outer = idle is not None  # the buckets' H2D waits are inside this wait's mark
+        try:
+            for b in self.ranges:
+                self.wait_bucket(b.index)
+        finally:
+            self._idle_outer = False
         self._pending = None
         if idle is not None:
             idle()
