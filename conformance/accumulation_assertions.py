@@ -417,3 +417,13 @@ def summation_error_bound(scenario: Scenario, local: list[list[torch.Tensor]]) -
     u = 2.0**-8 if coarse == torch.bfloat16 else 2.0**-24
     tiny = torch.finfo(coarse).tiny
     return 2 * (2 * n * w + 2 * n + 2 * w + 4) * u * s + 2 * n * w * tiny
+
+
+def reference_optimizer_steps(reference_api, cfg, p0: torch.Tensor, grads: list[torch.Tensor], clip: float | None):
+    """The oracle's master and optimizer state after one R16 step per gradient from ``p0`` (each gradient
+    multiplied by ``clip`` first, R15): what the optimizer-kernel tests (native CPU, fused device) compare with."""
+    expected = p0.clone()
+    state = reference_api.init_state(cfg, expected)
+    for g in grads:
+        reference_api.optimizer_step(cfg, expected, torch.mul(g, clip) if clip is not None else g, state)
+    return expected, state

@@ -19,7 +19,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.accumulation_assertions import assert_tensor_equal
+from conformance.accumulation_assertions import assert_tensor_equal, reference_optimizer_steps
 from conformance.accumulation_strategies import optimizer_configs, optimizer_values
 from reference.contract.errors import ConfigurationError
 
@@ -54,10 +54,7 @@ def test_R16_fused_device_adam_equals_reference_formula_bitwise(
     gen = torch.Generator().manual_seed(seed)
     p0 = optimizer_values(n, gen, 1.0)
     grads = [optimizer_values(n, gen, 10.0 ** data.draw(st.integers(-6, 1))) for _ in range(steps)]
-    expected = p0.clone()
-    state = reference_api.init_state(cfg, expected)
-    for g in grads:
-        reference_api.optimizer_step(cfg, expected, torch.mul(g, clip) if clip is not None else g, state)
+    expected, state = reference_optimizer_steps(reference_api, cfg, p0, grads, clip)
     p, m, v = p0.to(device), torch.zeros(n, device=device), torch.zeros(n, device=device)
     for t, g in enumerate(grads, start=1):
         g = g.to(device)

@@ -30,6 +30,7 @@ kernel's operation sequence to the reference formula bitwise.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -64,8 +65,10 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+@functools.cache
 def available() -> bool:
-    """Whether Triton is importable here (the kernel can be built)."""
+    """Whether Triton is importable here (the kernel can be built). Asked once: ``step_master`` asks at every
+    device step, and a failed import searches ``sys.path`` each time."""
     try:
         import triton  # noqa: F401
     except ImportError:

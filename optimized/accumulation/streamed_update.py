@@ -180,8 +180,6 @@ class StreamedUpdate:
         self._copy_events: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
         #: copy timing events are recorded only once someone asked for timings (they pile up until read)
         self._timing = False
-        #: inside :meth:`wait_all`'s own ``gpu_idle_s`` mark (the per-bucket waits then record none)
-        self._idle_outer = False
         self._last_host_rate: float | None = None
         self._threads = cpu_adam.default_threads()
         if self.on_device:
@@ -500,15 +498,16 @@ class StreamedUpdate:
     def in_flight(self) -> bool:
         return self._pending is not None
 
-    def wait_bucket(self, index: int) -> None:
-        """Bucket ``index``'s weights are in place for work queued on the current stream from now on."""
+    def wait_bucket(self, index: int, mark_idle: bool = True) -> None:
+        """Bucket ``index``'s weights are in place for work queued on the current stream from now on
+        (``mark_idle`` False: a caller's own ``gpu_idle_s`` mark covers this wait)."""
         if self._pending is None:
             return
         # R27: with the delayed update the weights are the previous boundary's, in place once published.
         gate = self._published[index] if self.delayed else self._done[index]
         idle = None
         if not gate.is_set():
-            idle = self._idle_mark()
+            idle = self._idle_mark() if mark_idle else None
             t0 = time.perf_counter()
             gate.wait()
             self._times["wait_s"] += time.perf_counter() - t0
@@ -516,7 +515,7 @@ class StreamedUpdate:
         if self.on_device:
             event = self._h2d_done[index]
             if event is not None:
-                if idle is None:  # the thread did not block, but the stream may still wait for the copy
+                if idle is None and mark_idle:  # the thread did not block; the stream may wait for the copy
                     idle = self._idle_mark()
                 torch.cuda.current_stream(self.device).wait_event(event)
                 self._h2d_done[index] = None
@@ -526,7 +525,7 @@ class StreamedUpdate:
     def _idle_mark(self) -> Callable[[], None] | None:
         """Before the training thread blocks (device runs, timings on): record an event on the current stream and
         return the function that records its partner once the stream may go on (``gpu_idle_s``)."""
-        if not (self.on_device and self._timing) or self._idle_outer:
+        if not (self.on_device and self._timing):
             return None
         stream = torch.cuda.current_stream(self.device)
         before, after = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -567,12 +566,8 @@ class StreamedUpdate:
             self._times["wait_s"] += time.perf_counter() - t0
         pending.result()
         self._pending = pending  # so wait_bucket still orders the H2D events
-        self._idle_outer = idle is not None  # the buckets' H2D waits are inside this wait's mark
-        try:
-            for b in self.ranges:
-                self.wait_bucket(b.index)
-        finally:
-            self._idle_outer = False
+        for b in self.ranges:  # with a mark of its own, the buckets' H2D waits are inside it
+            self.wait_bucket(b.index, mark_idle=idle is None)
         self._pending = None
         if idle is not None:
             idle()

@@ -169,7 +169,7 @@ class DeviceUpdate(WholePartitionUpdate):
             return None
         events, self._adam_events = self._adam_events or [], []
         torch.cuda.synchronize(self.ctx.device)
-        return {"device_adam_s": sum(b.elapsed_time(e) for b, e in events) / 1e3, "wait_s": 0.0}
+        return {"device_adam_s": sum(b.elapsed_time(e) for b, e in events) / 1e3}
 
 
 class HostUpdate(WholePartitionUpdate):
