@@ -136,6 +136,31 @@ def test_R16_fused_device_adam_is_used_where_it_passes(area_api, reference_api, 
         assert expected, f"the fused device Adam fails its check on {device}: {kernel.self_check(device, cfg)}"
 
 
+def test_R16_fused_device_adam_prepare_decides_as_use_for(area_api, reference_api, accelerator, monkeypatch):
+    """An implementation may make the run-time choice ahead of training (``prepare(config, device)``: engines call
+    it at construction so that the first step does not carry the check and the kernel's first launches). It must
+    answer what ``use_for`` answers for a master on that device in each mode and optimizer, refuse an unknown
+    ``HOSTOFFLOAD_DEVICE_ADAM`` as ``use_for`` does (on every device), and where it answers True the kernel has
+    been checked on that device (``verdicts()`` names it)."""
+    kernel = _kernel(area_api)
+    if not hasattr(kernel, "prepare"):
+        pytest.skip("this implementation's fused device Adam declares no ahead-of-time choice (prepare)")
+    device = accelerator.device()
+    master = torch.zeros(8, device=device)
+    configs = [reference_api.OptimizerConfig(type="adamw"), reference_api.OptimizerConfig(type="adam"),
+               reference_api.OptimizerConfig(type="adam", weight_decay=0.01), reference_api.OptimizerConfig(type="sgd")]
+    for mode in ("torch", "auto"):
+        monkeypatch.setenv("HOSTOFFLOAD_DEVICE_ADAM", mode)
+        for cfg in configs:
+            assert kernel.prepare(cfg, device) is kernel.use_for(cfg, master), f"{mode}, {cfg.type}"
+    monkeypatch.setenv("HOSTOFFLOAD_DEVICE_ADAM", "fastest")
+    with pytest.raises(ConfigurationError, match=r"HOSTOFFLOAD_DEVICE_ADAM.*auto, fused, torch"):
+        kernel.prepare(configs[0], device)
+    monkeypatch.setenv("HOSTOFFLOAD_DEVICE_ADAM", "auto")
+    if kernel.prepare(configs[0], device):
+        assert any(k.startswith(f"{master.device}/adamw") for k in kernel.verdicts()), kernel.verdicts()
+
+
 @pytest.mark.parametrize(
     ("call", "words"),
     [

@@ -42,7 +42,7 @@ from reference.contract import envvars
 from reference.contract.accumulation_config import OptimizerConfig
 from reference.contract.errors import ConfigurationError
 
-__all__ = ["BLOCK", "adam_step", "available", "self_check", "use_for", "verdicts"]
+__all__ = ["BLOCK", "adam_step", "available", "prepare", "self_check", "use_for", "verdicts"]
 
 #: Elements per Triton program.
 BLOCK = 1024
@@ -215,8 +215,19 @@ def self_check(device: torch.device | str, config: OptimizerConfig, step_fn=None
 
 def use_for(config: OptimizerConfig, master: torch.Tensor) -> bool:
     """Whether a device master steps through the kernel (the module docstring's rule), deciding once per device."""
+    return _decide(config, master.device)
+
+
+def _device_key(device: torch.device) -> str:
+    """``cuda`` and ``cuda:0`` are one device to the verdicts (a master's device always carries its index)."""
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return str(device)
+
+
+def _decide(config: OptimizerConfig, device: torch.device) -> bool:
     mode = envvars.device_adam()
-    if mode == "torch" or master.device.type == "cpu" or config.type not in ("adam", "adamw"):
+    if mode == "torch" or device.type == "cpu" or config.type not in ("adam", "adamw"):
         return False
     if not available():
         if mode == "fused":
@@ -225,11 +236,11 @@ def use_for(config: OptimizerConfig, master: torch.Tensor) -> bool:
                 f"{', '.join(envvars.DEVICE_ADAM_MODES)} (auto falls back to torch ops)"
             )
         return False
-    key = (str(master.device), config.type, config.weight_decay > 0)
+    key = (_device_key(device), config.type, config.weight_decay > 0)
     with _lock:
         known = key in _verdicts
     if not known:
-        verdict = self_check(master.device, config)
+        verdict = self_check(device, config)
         with _lock:
             _verdicts[key] = verdict
         if verdict is not None and mode == "auto":
@@ -242,6 +253,29 @@ def use_for(config: OptimizerConfig, master: torch.Tensor) -> bool:
             f"allowed values: {', '.join(envvars.DEVICE_ADAM_MODES)}"
         )
     return verdict is None
+
+
+def prepare(config: OptimizerConfig, device: torch.device | str) -> bool:
+    """Make :func:`use_for`'s decision for masters on ``device`` now and launch each variant of the kernel once,
+    so that training does not pay for them; returns that decision.
+
+    Why: the first use in a process runs the self-check and Triton builds (or loads from its cache) one program
+    per specialization -- with or without clipping, with or without the bf16 copy, a size that is a multiple of
+    16 or not. Where the first use falls inside training it stalls one step by about a second (H200, run Z1: the
+    split's cut boundary took 1967 ms against a 218 ms median, 822 ms before the kernel existed). Engines call this
+    at construction, beside their other start-up costs; an unusable ``HOSTOFFLOAD_DEVICE_ADAM=fused`` then fails
+    there too, before any buffer is pinned."""
+    device = torch.device(device)
+    if not _decide(config, device):
+        return False
+    for n in (32, 33):  # Triton specializes an int argument on divisibility by 16
+        master = torch.zeros(n, dtype=torch.float32, device=device)
+        grad, exp_avg, exp_avg_sq = (torch.zeros_like(master) for _ in range(3))
+        out = torch.empty(n, dtype=torch.bfloat16, device=device)
+        for clip in (None, 1.0):
+            for bf16_out in (None, out):
+                adam_step(config, master, grad, exp_avg, exp_avg_sq, 1, grad_scale=clip, bf16_out=bf16_out)
+    return True
 
 
 def verdicts() -> dict[str, str]:

@@ -36,6 +36,7 @@ import time
 import torch
 
 from optimized import cpu_adam
+from optimized.accumulation import device_adam
 from optimized.accumulation.optimizers import step_master
 from optimized.accumulation.update_paths.base import UpdateContext
 from optimized.accumulation.update_paths.streamed import DelayedHostUpdate, StreamedHostUpdate
@@ -101,6 +102,8 @@ class SplitHostUpdate(StreamedHostUpdate):
     """R28 on the synchronous streamed path (see the module docstring)."""
 
     def __init__(self, ctx: UpdateContext) -> None:
+        # The device side's kernel checked and launched now: "auto" first uses it at the cut (device_adam.prepare).
+        device_adam.prepare(ctx.config.optimizer, ctx.device)
         self._side: _DeviceSide | None = None
         self._stale = False  # the host buffers' first n elements are older than the device side
         super().__init__(ctx)

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from optimized.accumulation import device_adam
 from optimized.accumulation.optimizers import native_adam, step_master
 from optimized.accumulation.partition import owners
 from optimized.accumulation.swap import StateSwapper
@@ -147,6 +148,8 @@ class DeviceUpdate(WholePartitionUpdate):
     masters_on_host = False
 
     def __init__(self, ctx: UpdateContext) -> None:
+        # The fused kernel's check and first launches now, not in the first training step (device_adam.prepare).
+        device_adam.prepare(ctx.config.optimizer, ctx.device)
         super().__init__(ctx)
         #: once :meth:`offload_timings` was called on a GPU run: (begin, end) events around each optimizer step
         self._adam_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] | None = None
