@@ -90,9 +90,9 @@ def _unknown_device_adam_mode(group, impl, extra: dict) -> tuple[tuple[str, str]
 @pytest.mark.parametrize("extra", [{}, {"offload_optimizer": "cpu", "gpu_share": 0.5}], ids=["no-offload", "split"])
 def test_an_unknown_device_adam_mode_is_refused_at_construction(impl, extra):
     """An engine that steps masters on the device (no offload; R28's device side) with a fused kernel chosen by
-    ``HOSTOFFLOAD_DEVICE_ADAM`` decides at construction (the first training step must not carry the kernel's check): an unknown value is a
-    ConfigurationError there naming the variable and its values, with no pinned memory left behind -- not an error
-    at the first boundary, minutes into a run."""
+    ``HOSTOFFLOAD_DEVICE_ADAM`` decides at construction (the first training step must not carry the kernel's
+    check): an unknown value is a ConfigurationError there naming the variable and its values, with no pinned
+    memory left behind -- not an error at the first boundary, minutes into a run."""
     if getattr(impl.load("accumulation"), "fused_device_adam", None) is None:
         pytest.skip("this implementation declares no fused device Adam (fused_device_adam)")
     got, before, after = engine_api(impl).run_on_ranks(_unknown_device_adam_mode, 1, impl, extra)[0]
