@@ -27,6 +27,7 @@ import torch
 
 from reference.contract import envvars
 from reference.contract.accumulation_config import OptimizerConfig
+from reference.contract.accumulation_step import check_adam_kernel_call
 from reference.contract.errors import ConfigurationError
 
 try:
@@ -115,10 +116,7 @@ def adam_step(
     use, as ``torch.mul(grad, coef)`` would; ``grad`` itself is not modified). ``bf16_out``: a bf16 tensor of
     the same size that receives the updated weights cast with round-to-nearest-even, in the same pass.
     """
-    if config.type not in ("adam", "adamw"):
-        raise ConfigurationError(f"config.type={config.type!r} is not handled natively; allowed values: adam, adamw")
-    if type(step) is not int or step < 1:
-        raise ConfigurationError(f"step={step!r} must be an int >= 1 (the 1-based step count t)")
+    check_adam_kernel_call(config, step, "is not handled natively")
     n = _check_flat("param", param, torch.float32, None).numel()
     _check_flat("grad", grad, torch.float32, n)
     _check_flat("exp_avg", exp_avg, torch.float32, n)

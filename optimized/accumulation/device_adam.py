@@ -40,6 +40,7 @@ import torch
 
 from reference.contract import envvars
 from reference.contract.accumulation_config import OptimizerConfig
+from reference.contract.accumulation_step import ADAM_KERNEL_TYPES, check_adam_kernel_call
 from reference.contract.errors import ConfigurationError
 
 __all__ = ["BLOCK", "adam_step", "available", "prepare", "self_check", "use_for", "verdicts"]
@@ -131,10 +132,7 @@ def adam_step(
     interpreter (for verification only)."""
     if not available():
         raise ConfigurationError("the fused device Adam needs Triton (pip install triton); it is not installed")
-    if config.type not in ("adam", "adamw"):
-        raise ConfigurationError(f"config.type={config.type!r} has no fused device kernel; allowed values: adam, adamw")
-    if type(step) is not int or step < 1:
-        raise ConfigurationError(f"step={step!r} must be an int >= 1 (the 1-based step count t)")
+    check_adam_kernel_call(config, step, "has no fused device kernel")
     _check_flat("param", param, torch.float32, None)
     for name, t in (("grad", grad), ("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
         _check_flat(name, t, torch.float32, param)
@@ -227,7 +225,7 @@ def _device_key(device: torch.device) -> str:
 
 def _decide(config: OptimizerConfig, device: torch.device) -> bool:
     mode = envvars.device_adam()
-    if mode == "torch" or device.type == "cpu" or config.type not in ("adam", "adamw"):
+    if mode == "torch" or device.type == "cpu" or config.type not in ADAM_KERNEL_TYPES:
         return False
     if not available():
         if mode == "fused":

@@ -14,8 +14,12 @@ from dataclasses import dataclass, field
 import torch
 
 from reference.contract.accumulation_config import OptimizerConfig
+from reference.contract.errors import ConfigurationError
 
-__all__ = ["CLIP_EPSILON", "OptimizerState", "StepOutcome", "state_buffer_names"]
+__all__ = [
+    "ADAM_KERNEL_TYPES", "CLIP_EPSILON", "OptimizerState", "StepOutcome", "check_adam_kernel_call",
+    "state_buffer_names",
+]
 
 #: Added to the norm in the clipping coefficient (R15) so a zero gradient never divides by zero.
 CLIP_EPSILON = 1e-6
@@ -53,3 +57,19 @@ def state_buffer_names(config: OptimizerConfig) -> tuple[str, ...]:
     if config.type == "sgd":
         return ("momentum_buffer",) if config.momentum > 0 else ()
     return ("exp_avg", "exp_avg_sq")
+
+
+#: The optimizer types a one-pass Adam kernel (the native CPU one, a fused device one) implements.
+ADAM_KERNEL_TYPES = ("adam", "adamw")
+
+
+def check_adam_kernel_call(config: OptimizerConfig, step: int, refusal: str) -> None:
+    """The arguments every one-pass Adam kernel refuses alike: an optimizer it does not implement (``refusal``
+    completes the sentence after ``config.type=...``, naming the kernel) and a step count that is not R16's
+    1-based ``t``."""
+    if config.type not in ADAM_KERNEL_TYPES:
+        raise ConfigurationError(
+            f"config.type={config.type!r} {refusal}; allowed values: {', '.join(ADAM_KERNEL_TYPES)}"
+        )
+    if type(step) is not int or step < 1:
+        raise ConfigurationError(f"step={step!r} must be an int >= 1 (the 1-based step count t)")
