@@ -72,19 +72,20 @@ def test_an_unavailable_device_is_refused_naming_what_is_available(impl):
     assert "device" in got[1] and device in got[1] and "cpu" in got[1], got[1]
 
 
-def _unknown_device_adam_mode(group, impl, extra: dict) -> tuple[tuple[str, str] | None, int, int]:
+def _unknown_device_adam_mode(group, impl, extra: dict) -> tuple[tuple[str, str] | None, int, int, list[str]]:
     import os
 
     from conformance.accumulation_engines import pinned_stats_of
+    from conformance.observation import Observation
 
     stats = pinned_stats_of(impl)
-    before = stats().allocations
+    before, seen = stats().allocations, Observation.now()
     os.environ["HOSTOFFLOAD_DEVICE_ADAM"] = "fastest"
     try:
         got = _attempt(lambda: engine_class(impl)(ModelSpec().build(1), {**CONFIG, **extra}, process_group=group))
     finally:
         del os.environ["HOSTOFFLOAD_DEVICE_ADAM"]
-    return got, before, stats().allocations
+    return got, before, stats().allocations, Observation.now().leaks_since(seen)
 
 
 @pytest.mark.parametrize("extra", [{}, {"offload_optimizer": "cpu", "gpu_share": 0.5}], ids=["no-offload", "split"])
@@ -92,13 +93,15 @@ def test_an_unknown_device_adam_mode_is_refused_at_construction(impl, extra):
     """An engine that steps masters on the device (no offload; R28's device side) with a fused kernel chosen by
     ``HOSTOFFLOAD_DEVICE_ADAM`` decides at construction (the first training step must not carry the kernel's
     check): an unknown value is a ConfigurationError there naming the variable and its values, with no pinned
-    memory left behind -- not an error at the first boundary, minutes into a run."""
+    memory, locked page, file descriptor or thread left behind -- not an error at the first boundary, minutes
+    into a run."""
     if getattr(impl.load("accumulation"), "fused_device_adam", None) is None:
         pytest.skip("this implementation declares no fused device Adam (fused_device_adam)")
-    got, before, after = engine_api(impl).run_on_ranks(_unknown_device_adam_mode, 1, impl, extra)[0]
+    got, before, after, leaks = engine_api(impl).run_on_ranks(_unknown_device_adam_mode, 1, impl, extra)[0]
     assert got is not None and got[0] == "ConfigurationError", got
     assert "HOSTOFFLOAD_DEVICE_ADAM" in got[1] and "auto, fused, torch" in got[1], got[1]
     assert after == before, f"pinned allocations {before} -> {after} after the refused construction"
+    assert not leaks, f"the refused construction left behind (seen by the OS): {leaks}"
 
 
 def _forward_after_destroy(group, impl) -> tuple[str, str] | None:
