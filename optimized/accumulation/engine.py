@@ -48,7 +48,7 @@ import torch.distributed as dist
 from torch import nn
 
 from optimized.accumulation import checkpoint as ckpt
-from optimized.accumulation.collectives import Collectives
+from optimized.accumulation.collectives import HANDOFF, Collectives
 from optimized.accumulation.construction import build_module, check_same_model_on_every_rank, resolve_device
 from optimized.accumulation.gradients import GradientHooks, plan_buckets
 from optimized.accumulation.host_buffers import HostBuffers
@@ -511,6 +511,7 @@ class ZeroEngine(ScheduledEngine):
         """Remove every hook, unpin every pinned buffer the engine allocated, close the ``nvme`` swap handle and
         delete its files, and drop all state. Never communicates, so it is safe after another rank failed. The
         engine cannot be used afterwards."""
+        HANDOFF.drain()  # the transport's threads let go of this engine's tensors before they are unpinned
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
