@@ -88,13 +88,18 @@ def _unknown_device_adam_mode(group, impl, extra: dict) -> tuple[tuple[str, str]
     return got, before, stats().allocations, Observation.now().leaks_since(seen)
 
 
-@pytest.mark.parametrize("extra", [{}, {"offload_optimizer": "cpu", "gpu_share": 0.5}], ids=["no-offload", "split"])
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"offload_optimizer": "cpu", "gpu_share": 0.5}, {"offload_optimizer": "cpu"}],
+    ids=["no-offload", "split", "host-update"],
+)
 def test_an_unknown_device_adam_mode_is_refused_at_construction(impl, extra):
     """An engine that steps masters on the device (no offload; R28's device side) with a fused kernel chosen by
     ``HOSTOFFLOAD_DEVICE_ADAM`` decides at construction (the first training step must not carry the kernel's
     check): an unknown value is a ConfigurationError there naming the variable and its values, with no pinned
     memory, locked page, file descriptor or thread left behind -- not an error at the first boundary, minutes
-    into a run."""
+    into a run. An engine that updates every master on the host (share 0) refuses it too: the variable is
+    wrong whatever the config, and a user who sets it expects it to be read."""
     if getattr(impl.load("accumulation"), "fused_device_adam", None) is None:
         pytest.skip("this implementation declares no fused device Adam (fused_device_adam)")
     got, before, after, leaks = engine_api(impl).run_on_ranks(_unknown_device_adam_mode, 1, impl, extra)[0]

@@ -58,6 +58,7 @@ from optimized.accumulation.partition import FlatLayout, build_layout
 from optimized.accumulation.stage3 import Stage3Parameters
 from optimized.accumulation.update_paths import UpdateContext, UpdatePath, update_path_class
 from optimized.accumulation.weights import LiveWeights
+from reference.contract import envvars
 from reference.contract.accumulation_config import AccumulationConfig
 from reference.contract.accumulation_schedule import AccumulationSchedule, ScheduledEngine
 from reference.contract.accumulation_step import OptimizerState, StepOutcome
@@ -98,6 +99,9 @@ def _check_engine_arguments(bucket_elements: object, record_gradients: object, p
     for name, value in (("record_gradients", record_gradients), ("prefetch", prefetch)):
         if type(value) is not bool:
             raise ConfigurationError(f"{name}={value!r} must be a bool; allowed values: True, False")
+    # Every engine refuses a bad HOSTOFFLOAD_DEVICE_ADAM, not only those whose update path steps a master on the
+    # device (which decide at construction, device_adam.prepare): a typo must not wait for a config change.
+    envvars.device_adam()
 
 
 class ZeroEngine(ScheduledEngine):
