@@ -30,6 +30,7 @@ thread, which owns the GIL, release the last reference.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import os
 import pickle
 import threading
@@ -257,8 +258,9 @@ class Collectives:
         padded[: payload.numel()].copy_(payload)
         gathered = torch.empty(self.world * longest, dtype=torch.uint8, device=dev)
         self.all_gather_into(gathered, padded, what)
-        rows = gathered.view(self.world, longest).cpu()
-        return [pickle.loads(bytes(rows[r, : lengths[r]].tolist())) for r in range(self.world)]
+        rows = gathered.view(self.world, longest).cpu().contiguous()
+        # each row's bytes straight from its memory (a manifest can be large; .tolist() is a Python int per byte)
+        return [pickle.loads(ctypes.string_at(rows[r].data_ptr(), lengths[r])) for r in range(self.world)]
 
     def barrier(self, what: str = "barrier") -> None:
         if self.world > 1:
