@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 import torch
 
 from optimized import cpu_adam
+from optimized.accumulation.device_spans import DeviceSpans, timing_event
 from reference.contract.accumulation_config import OptimizerConfig
 from reference.contract.accumulation_partition import FlatLayout
 
@@ -177,8 +178,9 @@ class StreamedUpdate:
         self._executor: ThreadPoolExecutor | None = None
         #: seconds spent, since the last :meth:`take_timings`: the CPU Adam (worker), the caller blocked in waits
         self._times = dict.fromkeys(TIMING_KEYS, 0.0)
-        self._copy_events: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
-        #: copy timing events are recorded only once someone asked for timings (they pile up until read)
+        #: device-side spans (copies, exposed waits, the split's device Adam), recorded only once someone asked
+        #: for timings (they pile up until read)
+        self._spans = DeviceSpans(self.device)
         self._timing = False
         self._last_host_rate: float | None = None
         self._threads = cpu_adam.default_threads()
@@ -248,17 +250,15 @@ class StreamedUpdate:
                 stage.add_(red[cut - b.lo :])
             if want_sums:
                 self._sum_pieces(b, cut, kept, stage)
-            event = torch.cuda.Event(enable_timing=True)
             if stage is not None:
-                begin = torch.cuda.Event(enable_timing=True)
-                begin.record(stream)
+                begin = timing_event(stream)
                 self.accumulator[cut : b.hi].copy_(stage, non_blocking=True)
-                event.record(stream)
+                event = timing_event(stream)
                 self._slot_free[slot] = event
                 if self._timing:
-                    self._copy_events.append(("d2h_s", begin, event))
+                    self._spans.add("d2h_s", begin, event)
             else:
-                event.record(stream)
+                event = timing_event(stream)
         reduced.record_stream(stream)
         self._d2h_done[index] = event
 
@@ -275,13 +275,11 @@ class StreamedUpdate:
             if before is not None:
                 up.wait_event(before)
         with torch.cuda.stream(up):
-            begin = torch.cuda.Event(enable_timing=True)
-            begin.record(up)
+            begin = timing_event(up)
             self._staging[slot][: hi - lo].copy_(self.accumulator[lo:hi], non_blocking=True)
-            done = torch.cuda.Event(enable_timing=True)
-            done.record(up)
+            done = timing_event(up)
         if self._timing:
-            self._copy_events.append(("grad_up_s", begin, done))
+            self._spans.add("grad_up_s", begin, done)
         return slot, done
 
     def _sum_pieces(self, b: BucketRange, cut: int, kept: torch.Tensor | None, rest: torch.Tensor | None) -> None:
@@ -305,11 +303,8 @@ class StreamedUpdate:
         self._sums_fresh = summed
         if summed and self.on_device and self._timing:
             # How long the boundary waits for the gradient stream after backward's last kernel (clamped at 0).
-            ended = torch.cuda.Event(enable_timing=True)
-            ended.record(torch.cuda.current_stream(self.device))
-            out = torch.cuda.Event(enable_timing=True)
-            out.record(self._d2h_stream)
-            self._copy_events.append(("grad_exposed_s", ended, out))
+            ended = timing_event(torch.cuda.current_stream(self.device))
+            self._spans.add("grad_exposed_s", ended, timing_event(self._d2h_stream))
 
     # ---- the boundary --------------------------------------------------------------------------------------
     def wait_transfers_out(self) -> None:
@@ -480,13 +475,11 @@ class StreamedUpdate:
         if self.on_device and dst.device.type != "cpu":
             with torch.cuda.device(self.device), torch.cuda.stream(self._h2d_stream):
                 self._h2d_stream.wait_event(self._fence)
-                begin = torch.cuda.Event(enable_timing=True)
-                begin.record(self._h2d_stream)
+                begin = timing_event(self._h2d_stream)
                 dst.copy_(src, non_blocking=True)
-                event = torch.cuda.Event(enable_timing=True)
-                event.record(self._h2d_stream)
+                event = timing_event(self._h2d_stream)
             if self._timing:
-                self._copy_events.append(("h2d_s", begin, event))
+                self._spans.add("h2d_s", begin, event)
             if publish:
                 self._publish_read[b.index] = event
             self._h2d_done[b.index] = event
@@ -525,17 +518,7 @@ class StreamedUpdate:
     def _idle_mark(self) -> Callable[[], None] | None:
         """Before the training thread blocks (device runs, timings on): record an event on the current stream and
         return the function that records its partner once the stream may go on (``gpu_idle_s``)."""
-        if not (self.on_device and self._timing):
-            return None
-        stream = torch.cuda.current_stream(self.device)
-        before, after = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        before.record(stream)
-
-        def resume() -> None:
-            after.record(stream)
-            self._copy_events.append(("gpu_idle_s", before, after))
-
-        return resume
+        return self.time_device_work("gpu_idle_s")
 
     def wait_range(self, lo: int, hi: int) -> None:
         """Wait for the buckets overlapping ``[lo, hi)`` (partition coordinates) only."""
@@ -585,23 +568,16 @@ class StreamedUpdate:
         (bench_zero_offload.py)."""
         self._timing = True
         self.wait_all()
-        if self._copy_events:
-            torch.cuda.synchronize(self.device)
-            for key, begin, end in self._copy_events:
-                self._times[key] += max(0.0, begin.elapsed_time(end) / 1e3)
-            self._copy_events.clear()
+        self._spans.collect(self._times)
         out, self._times = self._times, dict.fromkeys(self._times, 0.0)
         return out
 
-    def time_device_work(self, key: str) -> tuple[Callable[[], None], Callable[[], None]] | None:
-        """``(begin, end)`` markers that time work queued on the current stream between them under ``key``
-        (device runs once timings were asked for), else None."""
+    def time_device_work(self, key: str) -> Callable[[], None] | None:
+        """Start timing, under ``key``, what the current stream runs (or waits) from now until the returned
+        function is called (device runs once timings were asked for), else None."""
         if not (self.on_device and self._timing):
             return None
-        stream = torch.cuda.current_stream(self.device)
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        self._copy_events.append((key, begin, end))
-        return (lambda: begin.record(stream)), (lambda: end.record(stream))
+        return self._spans.open(key, torch.cuda.current_stream(self.device))
 
     @property
     def last_host_seconds_per_element(self) -> float | None:

@@ -161,12 +161,10 @@ class SplitHostUpdate(StreamedHostUpdate):
         if grad is None:  # not kept on the device for this whole accumulation (the first one, a cpu run)
             grad = host_grad[: side.n]
         live = self.ctx.weights.partition()[: side.n]
-        marks = self._update.time_device_work("device_adam_s")
-        if marks is not None:
-            marks[0]()
+        timed = self._update.time_device_work("device_adam_s")
         self._install_side(live, side, hyper, step, clip_coef, grad)
-        if marks is not None:
-            marks[1]()
+        if timed is not None:
+            timed()
         self._stale = True
 
     def _install_side(self, live: torch.Tensor, side: _DeviceSide, hyper: OptimizerConfig, step: int,

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from optimized.accumulation import device_adam
+from optimized.accumulation.device_spans import DeviceSpans
 from optimized.accumulation.optimizers import native_adam, step_master
 from optimized.accumulation.partition import owners
 from optimized.accumulation.swap import StateSwapper
@@ -151,17 +152,15 @@ class DeviceUpdate(WholePartitionUpdate):
         # The fused kernel's check and first launches now, not in the first training step (device_adam.prepare).
         device_adam.prepare(ctx.config.optimizer, ctx.device)
         super().__init__(ctx)
-        #: once :meth:`offload_timings` was called on a GPU run: (begin, end) events around each optimizer step
-        self._adam_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] | None = None
+        #: once :meth:`offload_timings` was called on a GPU run: the spans of each optimizer step
+        self._spans: DeviceSpans | None = None
 
     def _optimizer_step(self, hyper: OptimizerConfig, g32: torch.Tensor, clip_coef: float | None) -> bool:
-        if self._adam_events is None:
+        if self._spans is None:
             return super()._optimizer_step(hyper, g32, clip_coef)
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
+        timed = self._spans.open("device_adam_s", torch.cuda.current_stream(self.ctx.device))
         wrote_lp = super()._optimizer_step(hyper, g32, clip_coef)
-        end.record()
-        self._adam_events.append((begin, end))
+        timed()
         return wrote_lp
 
     def offload_timings(self) -> dict[str, float] | None:
@@ -170,9 +169,9 @@ class DeviceUpdate(WholePartitionUpdate):
         offloaded paths' timelines. None on the cpu accelerator."""
         if self.ctx.device.type != "cuda":
             return None
-        events, self._adam_events = self._adam_events or [], []
-        torch.cuda.synchronize(self.ctx.device)
-        return {"device_adam_s": sum(b.elapsed_time(e) for b, e in events) / 1e3}
+        if self._spans is None:
+            self._spans = DeviceSpans(self.ctx.device)
+        return self._spans.collect({"device_adam_s": 0.0})
 
 
 class HostUpdate(WholePartitionUpdate):
