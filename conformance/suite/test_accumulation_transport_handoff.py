@@ -1,15 +1,18 @@
-"""The optimized engine's transport handoff (``optimized.accumulation.collectives``): no tensor handed to a
+"""An engine's transport handoff (the area module's optional ``transport_handoff``): no tensor handed to a
 collective is last released by a transport thread.
 
 Why it matters: ``work.wait()`` returns while a gloo worker still references the work's tensors; if Python let
 go of them first, the worker's release frees the Python object and needs the GIL, and during interpreter exit
 that kills the process ("terminate called without an active exception") after the script finished. The race is
 timing-dependent (about 1 in 5 two-rank exits after 50 asynchronous broadcasts of temporaries on a 2-core box
-without the handoff, none with it), so these tests check the mechanism deterministically instead: a fake
+without a handoff, none with one), so these tests check the mechanism deterministically instead: a fake
 transport keeps a C++ reference (a view) the way a gloo worker does, and releases it when the test says so.
 
-This is a test of one implementation's internals (like ``test_readme_usage`` of the README's ``optimized``
-example), not a rule of the contract: a third-party engine is judged by its exits elsewhere.
+The handoff is an optional component an area module declares by name (as ``fused_device_adam``): an object with
+``lend(*tensors)`` (the aliases to post instead), ``held()`` and ``drain(timeout)``, serving the area's
+``Collectives(group)`` (``start_reduce_scatter``, ``all_gather_into``, ``broadcast_pieces``). An
+implementation without it is skipped here and judged by its exits elsewhere. The fake transport replaces
+torch.distributed's own functions, which is how any implementation reaches a transport.
 """
 
 from __future__ import annotations
@@ -18,10 +21,18 @@ import types
 
 import pytest
 import torch
-
-collectives = pytest.importorskip("optimized.accumulation.collectives")
+import torch.distributed as dist
 
 pytestmark = pytest.mark.conformance_area("accumulation")
+
+
+def _declared(impl, *names: str) -> list:
+    area = impl.load("accumulation")
+    found = [getattr(area, name, None) for name in names]
+    missing = [n for n, f in zip(names, found, strict=True) if f is None]
+    if missing:
+        pytest.skip(f"{impl.name} declares no {', '.join(missing)} in its accumulation area")
+    return found
 
 
 class _FakeTransport:
@@ -42,8 +53,11 @@ class _FakeTransport:
 
 
 @pytest.fixture
-def handoff():
-    h = collectives.TransportHandoff()
+def handoff(impl):
+    """The implementation's declared handoff, with nothing held at the start (earlier tests' transports are
+    gone) and drained again at the end."""
+    (h,) = _declared(impl, "transport_handoff")
+    assert h.drain(timeout=5.0) and h.held() == 0, "the handoff still holds tensors no transport references"
     yield h
     h.drain(timeout=0)
 
@@ -78,28 +92,30 @@ def test_lend_lets_go_of_released_aliases_and_ignores_other_owners(handoff):
     assert all(v.data_ptr() for v in views)
 
 
-def _fake_dist(transport: _FakeTransport) -> types.SimpleNamespace:
-    return types.SimpleNamespace(
-        group=types.SimpleNamespace(WORLD=object()),
-        get_world_size=lambda group: 2,
-        get_rank=lambda group: 0,
-        get_global_rank=lambda group, r: r,
-        get_backend=lambda group: "gloo",
-        broadcast=lambda t, src, group, async_op: transport.post(t),
-        all_to_all_single=lambda out, inp, out_splits, in_splits, group, async_op: transport.post(out, inp),
-    )
+def _fake_transport_functions(monkeypatch, transport: _FakeTransport) -> None:
+    """torch.distributed as a two-rank gloo group whose collectives post to ``transport``."""
+    for name, fake in {
+        "get_world_size": lambda group=None: 2,
+        "get_rank": lambda group=None: 0,
+        "get_global_rank": lambda group, r: r,
+        "get_backend": lambda group=None: "gloo",
+        "broadcast": lambda t, src, group=None, async_op=False: transport.post(t),
+        "all_to_all_single": lambda out, inp, out_splits=None, in_splits=None, group=None, async_op=False:
+            transport.post(out, inp),
+        "all_gather_into_tensor": lambda out, part, group=None, async_op=False: transport.post(out, part),
+        "all_gather_single": lambda out, part, group=None, async_op=False: transport.post(out, part),
+    }.items():
+        monkeypatch.setattr(dist, name, fake, raising=False)
 
 
-def test_every_collective_hands_the_transport_held_aliases(monkeypatch):
+def test_every_collective_hands_the_transport_held_aliases(impl, handoff, monkeypatch):
     """Reduce-scatter, all-gather (and so the object gather) and the stage-3 broadcasts all go through the
     handoff: the transport never receives a caller's tensor object, and each one it received stays held until
     it lets go."""
+    (collectives_class,) = _declared(impl, "Collectives")
     transport = _FakeTransport()
-    handoff = collectives.TransportHandoff()
-    monkeypatch.setattr(collectives, "HANDOFF", handoff)
-    monkeypatch.setattr(collectives, "dist", _fake_dist(transport))
-    monkeypatch.setattr(collectives, "_ALL_GATHER", lambda out, part, group: transport.post(out, part))
-    comm = collectives.Collectives(None)
+    _fake_transport_functions(monkeypatch, transport)
+    comm = collectives_class(object())
     callers = [torch.ones(4), torch.zeros(8), torch.ones(2), torch.full((3,), 2.0)]
     comm.start_reduce_scatter(callers[0], [2, 2]).result()
     comm.all_gather_into(callers[1], callers[2])

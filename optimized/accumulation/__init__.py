@@ -6,12 +6,20 @@ shared :class:`Trace`, which the conformance suite compares with the reference's
 trace types are the area's contract (``reference.contract.accumulation_config``, ``reference.contract.accumulation_*``),
 re-exported here unchanged so that the engine accepts exactly what the reference accepts; everything else in
 this package is the optimized implementation's own code.
+
+Two optional components are declared for the conformance suite to find by name (a third-party area module may
+declare them too, or not): ``fused_device_adam`` (a device Adam kernel; test_accumulation_engine_device_adam) and
+``transport_handoff``, the object through which :class:`Collectives` hands every tensor to torch.distributed --
+``lend(*tensors)`` returns the aliases to post, ``held()`` counts those a transport may still reference,
+``drain(timeout)`` waits for them -- so that no tensor is last released by a transport thread
+(test_accumulation_transport_handoff; docs/zero.md, "Exactness and the runner").
 """
 
 from __future__ import annotations
 
 from optimized import cpu_adam as native_cpu_adam
 from optimized.accumulation import device_adam as fused_device_adam
+from optimized.accumulation.collectives import HANDOFF as transport_handoff
 from optimized.accumulation.collectives import CollectiveError, Collectives, fold_in_rank_order
 from optimized.accumulation.engine import DEFAULT_BUCKET_ELEMENTS, StepOutcome, ZeroEngine
 from optimized.accumulation.lr import EngineOptimizer
@@ -123,5 +131,6 @@ __all__ = [
     "shutdown_pools",
     "step_master",
     "torch_step",
+    "transport_handoff",
     "uses_native",
 ]

@@ -44,10 +44,14 @@ import torch.distributed as dist
 from reference.contract.accumulation_norm import fold_left
 from reference.contract.errors import HostOffloadError
 
-# torch >= 2.13 renames all_gather_into_tensor (and warns on the old name); 2.4-2.12 only have the old one.
-_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
 __all__ = ["HANDOFF", "CollectiveError", "Collectives", "PendingReduce", "TransportHandoff", "fold_in_rank_order"]
+
+
+def _all_gather(output: torch.Tensor, part: torch.Tensor, group: Any) -> Any:
+    """torch.distributed's all-gather into one tensor, looked up when called: torch >= 2.13 renames
+    ``all_gather_into_tensor`` (and warns on the old name); 2.4-2.12 only have the old one."""
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return gather(output, part, group=group)
 
 
 class CollectiveError(HostOffloadError, RuntimeError):
@@ -207,7 +211,7 @@ class Collectives:
             output.copy_(part)
             return
         into, send = HANDOFF.lend(output, part)
-        self._call(what, lambda: _ALL_GATHER(into, send, group=self.group))
+        self._call(what, lambda: _all_gather(into, send, self.group))
 
     def start_broadcasts(self, pieces: Sequence[tuple[int, torch.Tensor]], what: str = "gather") -> list[Any]:
         """Post, for each ``(owner, tensor)``, the broadcast of the owner's tensor into everyone's; returns the
