@@ -608,8 +608,8 @@ def _timelines(rows: list[dict]) -> str:
     for r in rows:
         t = r.get("timeline_ms")
         if t:
-            lines.append(f"  {r['arm']} ({r['model']}) per boundary: step {t['step']:.1f} ms = compute "
-                         f"{t['compute']:.1f} (model {t.get('model', t['compute']):.1f} + gradient tail "
+            lines.append(f"  {r['arm']} ({r['model']}, gas {r.get('gas')}) per boundary: step {t['step']:.1f} ms "
+                         f"= compute {t['compute']:.1f} (model {t.get('model', t['compute']):.1f} + gradient tail "
                          f"{t.get('grad_exposed', 0.0):.1f} + device Adam {t.get('device_adam', 0.0):.1f}) + "
                          f"exposed wait {t['exposed_wait']:.1f} (GPU idle in it {t.get('gpu_idle', 0.0):.1f}); "
                          f"beside it: D2H {t['d2h']:.1f}, gradient "
@@ -640,7 +640,7 @@ def _plot(rows: list[dict], path: Path) -> bool:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in ok:
         ax.scatter(r["peak_gpu_gib"], r["step_ms"], s=40)
-        ax.annotate(f"{r['arm']} ({r['model']})", (r["peak_gpu_gib"], r["step_ms"]), fontsize=7,
+        ax.annotate(f"{r['arm']} ({r['model']}, gas {r.get('gas')})", (r["peak_gpu_gib"], r["step_ms"]), fontsize=7,
                     xytext=(4, 4), textcoords="offset points")
     ax.set_xlabel("peak GPU memory (GiB)")
     ax.set_ylabel("step time (ms)")
