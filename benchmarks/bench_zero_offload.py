@@ -510,7 +510,8 @@ def _memory_match(rows: list[dict], model: str, gas: int, args) -> dict:
     (16 bytes per element on the GPU, docs/accumulation.md R28), so matching DeepSpeed's peak GPU memory means a
     budget of what that peak leaves above our peak with everything on the host (share 0), both measured on this
     shape in this run (DeepSpeed's peak may be given instead: ``--match-memory-gib``). Setting the budget to
-    DeepSpeed's whole peak would put that much *beside* the share-0 arm's own memory, about twice DeepSpeed's.
+    DeepSpeed's whole peak would put that much *beside* the share-0 arm's own memory, about twice DeepSpeed's
+    (that reading is ``--arms ours-s2-offload-split --gpu-memory-budget-gib PEAK``).
     Returns the row fields: ``match_budget_gib`` (None, with ``match_error``, when a peak is missing); a target at
     or below the base gives a budget of 0 ("auto" then keeps everything on the host)."""
 
