@@ -12,14 +12,22 @@ peak memory and host RSS are the arm's own; a crash or OOM of one arm is reporte
 - ``fsdp2``, ``fsdp2-offload``: ``fully_shard`` per decoder layer and the root, bf16 parameters (the same
   arithmetic as the engines' bf16 model with fp32 optimizer state is not available in FSDP2's mixed precision
   policy, so FSDP2 keeps fp32 parameters and computes in bf16 -- the usual FSDP2 recipe), with and without
-  ``CPUOffloadPolicy``.
+  ``CPUOffloadPolicy``;
+- ``ours-s2-offload-matched`` (issue 40): our engine at DeepSpeed's GPU memory: ``gpu_share: "auto"`` with a
+  ``gpu_memory_budget`` of what DeepSpeed's peak leaves above our all-on-the-host arm's peak (see
+  :func:`_memory_match`; the arms it needs run first);
+- ``torchao-offload``, ``megatron-offload`` (issue 40): torchao's ``CPUOffloadOptimizer`` and Megatron-Core's
+  ``HybridDeviceOptimizer`` (``offload_fraction`` 1.0), each from a plain loop; how each keeps its weights,
+  master, gradients and clipping: ``zero_offload_peers.py``.
 
 Reported per arm: step time (mean over ``--steps`` steps run back to back after ``--warmup``; a step = gas
 forward/backward + step), tokens/s, peak
 GPU memory (``max_memory_allocated``), peak host RSS (``ru_maxrss``) and, for our offloaded arms, the breakdown
 of the streamed update (CPU Adam, D2H, H2D on their streams, and the time the training thread waited for the
-update). An arm whose package is missing is reported as ``not installed``; one that cannot run on the device as
-``needs cuda``. Output: a side-by-side table on stdout, ``bench_zero_offload.json`` and a plot
+update), and the model-FLOPs utilisation (``model_flops.py``: 6 N + 12 L h s FLOPs per token over the GPU's dense
+bf16 peak, ``--peak-tflops`` or by the device's name). ``--gas 2,8`` runs every arm at each micro-batch count (a
+row per arm, model and count). An arm whose package is missing is reported as ``not installed``; one that cannot
+run on the device as ``needs cuda``. Output: a side-by-side table on stdout, ``bench_zero_offload.json`` and a plot
 ``bench_zero_offload.png`` (step time vs peak GPU memory per arm) in ``--out``.
 
 ``--mode converge`` trains each arm instead on a learnable synthetic task with a known loss floor (a sparse
@@ -27,9 +35,9 @@ bigram chain, ``convergence.py``; fresh, seeded batches every boundary, the same
 arm the median step time, the loss after ``--steps`` boundaries and the wall time to reach ``--target``, with the
 per-phase timeline of our offloaded arms (compute, exposed wait, and beside them D2H, host Adam, H2D). Its arms by
 default: no offload, synchronous offload, the split update (``-split``: ``gpu_share`` ``--gpu-share``, R28; reported
-as absent on a tree without it), the delayed update without and with a warm-up (``-dpu``, ``-dpu-warmup``) and
-DeepSpeed ZeRO-Offload. Output: ``bench_zero_offload_converge.{json,csv,png}`` (``plot_convergence.py`` draws
-the loss against wall time per arm).
+as absent on a tree without it), the delayed update without and with a warm-up (``-dpu``, ``-dpu-warmup``),
+DeepSpeed ZeRO-Offload, the memory-matched arm and the two peers. Output:
+``bench_zero_offload_converge.{json,csv,png}`` (``plot_convergence.py`` draws the loss against wall time per arm).
 
 ``--model`` takes a preset (``tiny``: CPU smoke test; ``886m``: the issue's 886M-parameter model, sequence 2048,
 batch 4, gas 2; ``1.5b`` ... ``13b``: the same shape family, larger) or a comma list of presets; with
@@ -42,6 +50,8 @@ batch 4, gas 2; ``1.5b`` ... ``13b``: the same shape family, larger) or a comma 
         --arms ours-s2-offload,ds-z2-offload --steps 3 --out results/
     python benchmarks/bench_zero_offload.py --mode converge --device cpu --model tiny --chain-ids 64 --lr 3e-3 \\
         --steps 60 --target 3.0 --out /tmp/bzc
+    python benchmarks/bench_zero_offload.py --device cuda --model 886m --seq 1024 --gas 2,8 --arms \\
+        ours-s2,ours-s2-offload,ours-s2-offload-matched,ds-z2-offload,torchao-offload,megatron-offload --out results/
 """
 
 from __future__ import annotations
@@ -63,6 +73,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from convergence import BigramChain, Schedule, Trainer, timeline, train
+from model_flops import peak_tflops, utilisation
+from zero_offload_peers import FP32_WEIGHT_PEERS, PEER_PACKAGES, build_peer
 
 if TYPE_CHECKING:  # for annotations only: the functions import torch where they use it
     import torch
@@ -83,11 +95,18 @@ MODELS: dict[str, tuple[int, int, int, int, int, int, int, int]] = {
 
 ARMS = ["ours-s2", "ours-s2-offload", "ours-s2-offload-split", "ours-s2-offload-dpu", "ours-s2-offload-dpu-warmup",
         "ours-s3", "ours-s3-offload", "ours-s3-offload-split", "ours-s3-offload-dpu", "ours-s3-offload-dpu-warmup",
-        "ds-z2-offload", "ds-z3-offload", "fsdp2", "fsdp2-offload"]
+        "ds-z2-offload", "ds-z3-offload", "fsdp2", "fsdp2-offload",
+        "ours-s2-offload-matched", *PEER_PACKAGES]
 #: ``--mode converge``'s arms unless ``--arms`` is given (issue 27 item 6), most telling first: a run cut short by
 #: its time box keeps those.
 CONVERGE_ARMS = ["ours-s2", "ours-s2-offload", "ours-s2-offload-split", "ours-s2-offload-dpu-warmup",
-                 "ours-s2-offload-dpu", "ds-z2-offload"]
+                 "ours-s2-offload-dpu", "ds-z2-offload", "ours-s2-offload-matched", *PEER_PACKAGES]
+#: The memory-matched arm (issue 40) and what it needs measured before it: our arm with every update on the host
+#: (its peak is the base the budget adds to) and DeepSpeed's (the peak to match; not needed with
+#: ``--match-memory-gib``).
+MATCHED_ARM = "ours-s2-offload-matched"
+MATCH_BASE_ARM = "ours-s2-offload"
+MATCH_TARGET_ARM = "ds-z2-offload"
 #: The ``-dpu-warmup`` arm's undelayed boundaries on a tree whose config has no ``delayed_update_warmup``: the 30
 #: ``apply_delayed_update()`` boundaries issue 27 measured.
 DEFAULT_MANUAL_WARMUP = 30
@@ -184,6 +203,9 @@ def _ours_zero(arm: str, opts) -> tuple[dict, int]:
             off["gpu_share"] = _gpu_share(opts.gpu_share)
             if opts.gpu_memory_budget_gib is not None:
                 off["gpu_memory_budget"] = int(opts.gpu_memory_budget_gib * 2**30)
+        if arm == MATCHED_ARM:  # the budget the parent derived from the peaks (_memory_match)
+            off["gpu_share"] = "auto"
+            off["gpu_memory_budget"] = int(opts.match_budget_gib * 2**30)
         if "-dpu" in arm:
             off["delayed_parameter_update"] = True
             warm = opts.dpu_warmup if arm.endswith("-warmup") else 0
@@ -288,17 +310,28 @@ def _build_fsdp2(arm: str, model, device, opts) -> Trainer:
     return Trainer(step=step, set_lr=set_lr)
 
 
+def _package_missing(arm: str) -> bool:
+    """Whether the package a peer arm needs (DeepSpeed, torchao, Megatron-Core) cannot be imported here."""
+    package = "deepspeed" if arm.startswith("ds-") else PEER_PACKAGES.get(arm)
+    if package is None:
+        return False
+    try:
+        return importlib.util.find_spec(package) is None
+    except ModuleNotFoundError:  # a dotted name whose parent package is missing
+        return True
+
+
 def _child_setup(arm: str, model_name: str, opts, row: dict):
-    """Process group, the model (bf16 for the engines, fp32 for FSDP2's recipe) and the arm's Trainer; None
-    (with ``row["status"]`` set) when the arm cannot run here."""
+    """Process group, the model (bf16 for the engines, fp32 for FSDP2's and torchao's recipes) and the arm's
+    Trainer; None (with ``row["status"]`` set) when the arm cannot run here."""
     import torch
     import torch.distributed as dist
 
     cuda = opts.device == "cuda"
-    if arm.startswith("ds-") and importlib.util.find_spec("deepspeed") is None:
+    if _package_missing(arm):
         row["status"] = "not installed"
         return None
-    if arm.startswith(("ds-", "fsdp2")) and not cuda:
+    if arm.startswith(("ds-", "fsdp2", *PEER_PACKAGES)) and not cuda:
         row["status"] = "needs cuda"
         return None
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
@@ -313,9 +346,10 @@ def _child_setup(arm: str, model_name: str, opts, row: dict):
         os.environ.setdefault("DS_ACCELERATOR", "cuda")
     shape = _shape(opts, model_name)
     # The engines keep bf16 weights (fp32 masters are built from them): build in bf16, which also halves the host
-    # memory of model construction; FSDP2's recipe keeps fp32 parameters (bf16 compute via its policy).
+    # memory of model construction; FSDP2's and torchao's recipes keep fp32 parameters (bf16 compute via FSDP2's
+    # policy, torchao's under autocast: zero_offload_peers.py).
     default_dtype = torch.get_default_dtype()
-    if not arm.startswith("fsdp2"):
+    if not arm.startswith(("fsdp2", *FP32_WEIGHT_PEERS)):
         torch.set_default_dtype(torch.bfloat16)
     _progress(opts.t_start, f"{arm} {model_name}: building the model on {device}")
     try:
@@ -324,11 +358,15 @@ def _child_setup(arm: str, model_name: str, opts, row: dict):
     finally:
         torch.set_default_dtype(default_dtype)
     row["parameters"] = sum(p.numel() for p in model.parameters())
+    # What the model FLOPs count (model_flops.py): every weight but the input embedding's lookup table.
+    row["matmul_parameters"] = row["parameters"] - model.get_input_embeddings().weight.numel()
     _progress(opts.t_start, f"built: {row['parameters']:,} parameters; setting up the engine")
     if arm.startswith("ours"):
         trainer = _build_ours(arm, model, device, shape, opts, row)
     elif arm.startswith("ds-"):
         trainer = _build_ds(arm, model, shape, opts)
+    elif arm in PEER_PACKAGES:
+        trainer = build_peer(arm, model, opts.lr)
     else:
         trainer = _build_fsdp2(arm, model, device, opts)
     return trainer, device, shape
@@ -410,17 +448,28 @@ def _child(arm: str, model_name: str, opts, out_file: str) -> None:
                peak_gpu_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
                peak_gpu_reserved_gib=torch.cuda.max_memory_reserved() / 2**30 if cuda else None,
                host_rss_peak_gib=_rss_peak_gib())
+    row["gpu"] = torch.cuda.get_device_name(0) if cuda else None
+    hidden, layers = MODELS[model_name][:2]
+    utilisation(row, layers, hidden, opts.peak_tflops or peak_tflops(row["gpu"]))
     Path(out_file).write_text(json.dumps(row))
     dist.destroy_process_group()
 
 
-def _run_arm(arm: str, model: str, args) -> dict:
+def _run_arm(arm: str, model: str, args, gas: int, extra: dict | None = None) -> dict:
+    """Arm ``arm`` on preset ``model`` at ``gas`` micro-batches per step in a subprocess; ``extra`` adds options
+    for the child (the matched arm's budget). Returns its row (a failure's too), keyed by arm, model and gas."""
+    row = _run_child(arm, model, args, {"gas": gas, **(extra or {})})
+    row.setdefault("gas", gas)
+    return row
+
+
+def _run_child(arm: str, model: str, args, child_opts: dict) -> dict:
     if arm.endswith("-split") and not _offload_key_accepted("gpu_share", _gpu_share(args.gpu_share)):
         return {"arm": arm, "model": model, "status": "no split update (config has no gpu_share: R28)"}
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "row.json")
         opts = os.path.join(tmp, "opts.json")
-        Path(opts).write_text(json.dumps(vars(args)))
+        Path(opts).write_text(json.dumps({**vars(args), **child_opts}))
         cmd = [sys.executable, __file__, "--child", arm, "--model", model, "--child-opts", opts, "--child-out", out]
         env = dict(os.environ)
         if args.pin_backend:
@@ -456,34 +505,99 @@ def _run_arm(arm: str, model: str, args) -> dict:
         return row
 
 
+def _memory_match(rows: list[dict], model: str, gas: int, args) -> dict:
+    """The matched arm's budget at (model, gas): ``gpu_memory_budget`` counts only the device side of the split
+    (16 bytes per element on the GPU, docs/accumulation.md R28), so matching DeepSpeed's peak GPU memory means a
+    budget of what that peak leaves above our peak with everything on the host (share 0), both measured on this
+    shape in this run (DeepSpeed's peak may be given instead: ``--match-memory-gib``). Setting the budget to
+    DeepSpeed's whole peak would put that much *beside* the share-0 arm's own memory, about twice DeepSpeed's
+    (that reading is ``--arms ours-s2-offload-split --gpu-memory-budget-gib PEAK``).
+    Returns the row fields: ``match_budget_gib`` (None, with ``match_error``, when a peak is missing); a target at
+    or below the base gives a budget of 0 ("auto" then keeps everything on the host)."""
+
+    def peak(arm: str) -> float | None:
+        for r in rows:
+            if (r["arm"], r["model"], r.get("gas")) == (arm, model, gas) and r.get("peak_gpu_gib") is not None:
+                return r["peak_gpu_gib"]
+        return None
+
+    target = args.match_memory_gib if args.match_memory_gib is not None else peak(MATCH_TARGET_ARM)
+    base = peak(MATCH_BASE_ARM)
+    info = {"match_target_gib": target, "match_target_from": "--match-memory-gib" if args.match_memory_gib
+            is not None else MATCH_TARGET_ARM, "match_base_gib": base, "match_budget_gib": None}
+    if target is None or base is None:
+        missing = MATCH_BASE_ARM if base is None else MATCH_TARGET_ARM
+        info["match_error"] = (f"no peak GPU memory from {missing} at {model}, gas {gas} (not run, failed or on "
+                               f"the cpu) to match" + ("" if base is None else "; give --match-memory-gib"))
+        return info
+    info["match_budget_gib"] = max(0.0, target - base)
+    return info
+
+
+def _with_match_prerequisites(arms: list[str], args) -> list[str]:
+    """``arms`` in run order: the arms the matched arm reads (:func:`_memory_match`) moved or added before it."""
+    if MATCHED_ARM not in arms:
+        return arms
+    needs = [MATCH_BASE_ARM] + ([MATCH_TARGET_ARM] if args.match_memory_gib is None else [])
+    added = [a for a in needs if a not in arms]
+    if added:
+        print(f"  {MATCHED_ARM} needs {', '.join(added)} measured first: added", flush=True)
+    rest = [a for a in arms if a not in needs]
+    i = rest.index(MATCHED_ARM)
+    before = [a for a in arms if a in needs] + added
+    return rest[:i] + before + rest[i:]
+
+
+def _run_matched(model: str, args, gas: int, rows: list[dict]) -> dict:
+    """The matched arm at (model, gas), its budget taken from the peaks measured before it."""
+    info = _memory_match(rows, model, gas, args)
+    if info["match_budget_gib"] is None:
+        return {"arm": MATCHED_ARM, "model": model, "gas": gas, "status": "nothing to match",
+                "error": info["match_error"], **info}
+    row = _run_arm(MATCHED_ARM, model, args, gas, {"match_budget_gib": info["match_budget_gib"]})
+    row.update(info)
+    if row.get("peak_gpu_gib") is not None and info["match_target_gib"]:
+        row["peak_vs_match_target"] = row["peak_gpu_gib"] / info["match_target_gib"]
+    return row
+
+
 def _fmt(r: dict, key: str, fmt: str) -> str:
     v = r.get(key)
     return "" if v is None else format(v, fmt)
 
 
+def _mfu(r: dict) -> str:
+    """MFU in per cent, or the model TFLOP/s where the device's peak is unknown (model_flops.py)."""
+    if r.get("mfu") is not None:
+        return f"{r['mfu'] * 100:.1f} %"
+    return f"({r['model_tflops_per_s']:.3g} TFLOP/s)" if r.get("model_tflops_per_s") is not None else ""
+
+
 def _table(rows: list[dict]) -> str:
-    head = ("arm", "model", "status", "step ms", "tokens/s", "peak GPU GiB", "host RSS GiB", "pinned asked GiB",
-            "breakdown ms")
+    head = ("arm", "model", "gas", "status", "step ms", "tokens/s", "MFU", "peak GPU GiB", "host RSS GiB",
+            "pinned asked GiB", "breakdown ms")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         bd = r.get("breakdown_ms")
         bd_text = ", ".join(f"{k} {v:.1f}" for k, v in bd.items()) if bd else ""
-        lines.append("| " + " | ".join([r["arm"], r["model"], r["status"], _fmt(r, "step_ms", ".1f"),
-                                          _fmt(r, "tokens_per_s", ".0f"), _fmt(r, "peak_gpu_gib", ".2f"),
+        lines.append("| " + " | ".join([r["arm"], r["model"], _fmt(r, "gas", "d"), r["status"],
+                                          _fmt(r, "step_ms", ".1f"), _fmt(r, "tokens_per_s", ".0f"), _mfu(r),
+                                          _fmt(r, "peak_gpu_gib", ".2f"),
                                           _fmt(r, "host_rss_peak_gib", ".2f"),
                                           _fmt(r, "host_pinned_requested_gib", ".2f"), bd_text]) + " |")
     return "\n".join(lines)
 
 
 def _converge_table(rows: list[dict]) -> str:
-    head = ("arm", "model", "status", "boundaries", "median step ms", "loss after N", "time to target s",
-            "boundaries to target", "peak GPU GiB", "setup s")
+    head = ("arm", "model", "gas", "status", "boundaries", "median step ms", "tokens/s", "MFU", "loss after N",
+            "time to target s", "boundaries to target", "peak GPU GiB", "setup s")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         reached = r.get("time_to_target_s")
         to_target = format(reached, ".1f") if reached is not None else ("not reached" if "curve" in r else "")
-        lines.append("| " + " | ".join([r["arm"], r["model"], r["status"], _fmt(r, "boundaries", "d"),
-                                          _fmt(r, "median_step_ms", ".1f"), _fmt(r, "final_loss", ".3f"),
+        lines.append("| " + " | ".join([r["arm"], r["model"], _fmt(r, "gas", "d"), r["status"],
+                                          _fmt(r, "boundaries", "d"), _fmt(r, "median_step_ms", ".1f"),
+                                          _fmt(r, "tokens_per_s", ".0f"), _mfu(r), _fmt(r, "final_loss", ".3f"),
                                           to_target, _fmt(r, "steps_to_target", "d"), _fmt(r, "peak_gpu_gib", ".2f"),
                                           _fmt(r, "setup_s", ".1f")]) + " |")
     return "\n".join(lines)
@@ -495,8 +609,8 @@ def _timelines(rows: list[dict]) -> str:
     for r in rows:
         t = r.get("timeline_ms")
         if t:
-            lines.append(f"  {r['arm']} ({r['model']}) per boundary: step {t['step']:.1f} ms = compute "
-                         f"{t['compute']:.1f} (model {t.get('model', t['compute']):.1f} + gradient tail "
+            lines.append(f"  {r['arm']} ({r['model']}, gas {r.get('gas')}) per boundary: step {t['step']:.1f} ms "
+                         f"= compute {t['compute']:.1f} (model {t.get('model', t['compute']):.1f} + gradient tail "
                          f"{t.get('grad_exposed', 0.0):.1f} + device Adam {t.get('device_adam', 0.0):.1f}) + "
                          f"exposed wait {t['exposed_wait']:.1f} (GPU idle in it {t.get('gpu_idle', 0.0):.1f}); "
                          f"beside it: D2H {t['d2h']:.1f}, gradient "
@@ -505,6 +619,13 @@ def _timelines(rows: list[dict]) -> str:
             lines.append(f"  {r['arm']} ({r['model']}) split: {r['split']}")
         if r.get("dpu_warmup_by"):
             lines.append(f"  {r['arm']} ({r['model']}) warm-up: {r['dpu_warmup_by']}")
+        if r.get("match_budget_gib") is not None:
+            ratio = r.get("peak_vs_match_target")
+            lines.append(f"  {r['arm']} ({r['model']}, gas {r['gas']}) matched: peak to match "
+                         f"{r['match_target_gib']:.2f} GiB ({r['match_target_from']}) - share-0 peak "
+                         f"{r['match_base_gib']:.2f} GiB ({MATCH_BASE_ARM}) = gpu_memory_budget "
+                         f"{r['match_budget_gib']:.2f} GiB" + (f"; its peak {ratio:.2f}x the peak to match"
+                                                              if ratio is not None else ""))
     return "\n".join(lines)
 
 
@@ -520,7 +641,7 @@ def _plot(rows: list[dict], path: Path) -> bool:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in ok:
         ax.scatter(r["peak_gpu_gib"], r["step_ms"], s=40)
-        ax.annotate(f"{r['arm']} ({r['model']})", (r["peak_gpu_gib"], r["step_ms"]), fontsize=7,
+        ax.annotate(f"{r['arm']} ({r['model']}, gas {r.get('gas')})", (r["peak_gpu_gib"], r["step_ms"]), fontsize=7,
                     xytext=(4, 4), textcoords="offset points")
     ax.set_xlabel("peak GPU memory (GiB)")
     ax.set_ylabel("step time (ms)")
@@ -533,7 +654,7 @@ def _plot(rows: list[dict], path: Path) -> bool:
 
 def _write_results(out: Path, rows: list[dict], args) -> Path:
     """``bench_zero_offload.json`` (``--mode step``) or ``bench_zero_offload_converge.json`` and ``.csv`` (one
-    line per arm and boundary: arm, model, boundary, wall_s, loss) in ``out``: the run's metadata and every row
+    line per arm and boundary: arm, model, gas, boundary, wall_s, loss) in ``out``: the run's metadata and every row
     measured so far (rewritten after every arm, so a run cut short by an outer time box keeps what it measured)."""
     out.mkdir(parents=True, exist_ok=True)
     meta = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -557,10 +678,10 @@ def _write_results(out: Path, rows: list[dict], args) -> Path:
     path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     with open(out / "bench_zero_offload_converge.csv", "w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(["arm", "model", "boundary", "wall_s", "loss"])
+        w.writerow(["arm", "model", "gas", "boundary", "wall_s", "loss"])
         for r in rows:
             for k, wall, loss in r.get("curve", []):
-                w.writerow([r["arm"], r["model"], k, f"{wall:.4f}", f"{loss:.5f}"])
+                w.writerow([r["arm"], r["model"], r.get("gas"), k, f"{wall:.4f}", f"{loss:.5f}"])
     return path
 
 
@@ -575,7 +696,9 @@ def _parser() -> argparse.ArgumentParser:
                                                  f"mode; {', '.join(CONVERGE_ARMS)} in converge mode)")
     ap.add_argument("--seq", type=int, default=None, help="override the preset's sequence length")
     ap.add_argument("--batch", type=int, default=None, help="override the preset's micro-batch size")
-    ap.add_argument("--gas", type=int, default=None, help="override the preset's micro-batches per step")
+    ap.add_argument("--gas", default=None,
+                    help="micro-batches per step (gradient accumulation): a count or a comma list of counts "
+                         "(e.g. 2,8: every arm runs at each, a row per count); default: the preset's")
     ap.add_argument("--sweep", nargs="?", const="up", choices=["up", "down"], default=None,
                     help="run the arms over the --model list in order. up (the default): each arm stops at its "
                          "first failure; down (list the models largest first): each arm stops at its first "
@@ -598,6 +721,12 @@ def _parser() -> argparse.ArgumentParser:
                     help="the -split arms' offload_optimizer.gpu_share: 'auto' or a share in [0, 1] (R28)")
     ap.add_argument("--gpu-memory-budget-gib", type=float, default=None,
                     help="the -split arms' offload_optimizer.gpu_memory_budget, GiB (default: the engine's)")
+    ap.add_argument("--match-memory-gib", type=float, default=None,
+                    help=f"the peak GPU memory {MATCHED_ARM} is matched to, GiB (default: {MATCH_TARGET_ARM}'s "
+                         f"peak measured in this run at the same model and gas)")
+    ap.add_argument("--peak-tflops", type=float, default=None,
+                    help="the GPU's dense bf16 peak for the MFU column, TFLOP/s (default: by the device's name, "
+                         "model_flops.py: H100 SXM and H200 989, H100 NVL 835, H100 PCIe 756, A100 312)")
     ap.add_argument("--dpu-warmup", type=int, default=None,
                     help="the -dpu-warmup arm's undelayed boundaries (default: the engine's delayed_update_warmup "
                          f"default; {DEFAULT_MANUAL_WARMUP} by apply_delayed_update() on a tree without that key). "
@@ -636,10 +765,20 @@ def _check_args(ap: argparse.ArgumentParser, args) -> tuple[list[str], list[str]
     for name in ("steps", "warmup", "smooth", "chain_ids", "successors"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} {getattr(args, name)}: allowed values: an int >= 1")
-    for name in ("seq", "batch", "gas", "adam_threads", "dpu_warmup"):
+    for name in ("seq", "batch", "adam_threads", "dpu_warmup"):
         value, low = getattr(args, name), 0 if name == "dpu_warmup" else 1
         if value is not None and value < low:
             ap.error(f"--{name.replace('_', '-')} {value}: allowed values: an int >= {low}")
+    try:
+        args.gas_counts = [int(g) for g in args.gas.split(",") if g.strip()] if args.gas else [None]
+    except ValueError:
+        args.gas_counts = []
+    if not args.gas_counts or any(g is not None and g < 1 for g in args.gas_counts):
+        ap.error(f"--gas {args.gas!r}: allowed values: an int >= 1 or a comma list of them")
+    for name in ("match_memory_gib", "peak_tflops"):
+        value = getattr(args, name)
+        if value is not None and not value > 0:
+            ap.error(f"--{name.replace('_', '-')} {value}: allowed values: a number > 0")
     if args.lr_warmup < 0 or not args.lr >= 0:
         ap.error("--lr and --lr-warmup: allowed values: numbers >= 0")
     if args.gpu_share != "auto":
@@ -649,7 +788,7 @@ def _check_args(ap: argparse.ArgumentParser, args) -> tuple[list[str], list[str]
             ap.error(f"--gpu-share {args.gpu_share!r}: allowed values: 'auto' or a number in [0, 1]")
     if converge and args.sweep:
         ap.error("--sweep: allowed in --mode step only")
-    return models, arms
+    return models, _with_match_prerequisites(arms, args)
 
 
 def _report(rows: list[dict], args) -> None:
@@ -697,17 +836,19 @@ def main() -> None:
         sys.exit("bench_zero_offload.py needs transformers (pip install 'hostoffload[hf]')")
     rows = []
     for arm in arms:
-        for m in models:
-            row = _run_arm(arm, m, args)
-            rows.append(row)
-            step = row.get("median_step_ms", row.get("step_ms"))
-            extra = f"  loss {row['final_loss']:.3f}" if "final_loss" in row else ""
-            print(f"  {arm:<26} {m:<6} {row['status']:<14} {step if step is not None else float('nan'):9.1f} ms"
-                  + extra, flush=True)
-            if args.out:
-                _write_results(Path(args.out), rows, args)
-            if (args.sweep == "up" and row["status"] != "ok") or (args.sweep == "down" and row["status"] == "ok"):
-                break
+        for gas_count in args.gas_counts:
+            for m in models:
+                gas = gas_count or MODELS[m][7]
+                row = _run_matched(m, args, gas, rows) if arm == MATCHED_ARM else _run_arm(arm, m, args, gas)
+                rows.append(row)
+                step = row.get("median_step_ms", row.get("step_ms"))
+                extra = f"  loss {row['final_loss']:.3f}" if "final_loss" in row else ""
+                print(f"  {arm:<26} {m:<6} gas {gas:<3} {row['status']:<14} "
+                      f"{step if step is not None else float('nan'):9.1f} ms" + extra, flush=True)
+                if args.out:
+                    _write_results(Path(args.out), rows, args)
+                if (args.sweep == "up" and row["status"] != "ok") or (args.sweep == "down" and row["status"] == "ok"):
+                    break
     _report(rows, args)
 
 

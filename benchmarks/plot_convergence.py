@@ -21,11 +21,15 @@ def plot(report: dict, path: str) -> None:
 
     task = report["meta"]["task"]
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    for i, row in enumerate(r for r in report["rows"] if r.get("curve")):
+    rows = [r for r in report["rows"] if r.get("curve")]
+    several_gas = len({r.get("gas") for r in rows}) > 1  # a --gas sweep: say which count each line is
+    for i, row in enumerate(rows):
         color = f"C{i % 10}"
         walls = [wall for _, wall, _ in row["curve"]]
         losses = [loss for _, _, loss in row["curve"]]
-        label = f"{row['arm']} ({row['median_step_ms']:.0f} ms/step)" if row.get("median_step_ms") else row["arm"]
+        label = row["arm"] + (f" gas {row['gas']}" if several_gas else "")
+        if row.get("median_step_ms"):
+            label += f" ({row['median_step_ms']:.0f} ms/step)"
         ax.plot(walls, losses, color=color, lw=1.2, label=label)
         if row.get("time_to_target_s") is not None:
             ax.scatter([row["time_to_target_s"]], [task["target"]], color=color, s=30, zorder=3)

@@ -105,6 +105,22 @@ zo=(python3 benchmarks/bench_zero_offload.py --device cuda --steps 5 --warmup 2 
 # seven arms at ~70 s do not fit one 600 s call.
 part bench-zero-offload "${T_BZO:-330}" "${zo[@]}" --model 886m --out "$out/zero_offload" \
   --arms "${S2_ARMS:-ours-s2,ours-s2-offload,ours-s2-offload-dpu,ds-z2-offload}"
+# Issue 40's comparison in one 600 s device call: the 886M model at sequence 1024, batch 4, 2 micro-batches (the
+# issue's table) with our engine without offload, with every update on the host (share 0), and at DeepSpeed's peak
+# GPU memory (-matched: "auto" with the gpu_memory_budget that DeepSpeed's peak leaves above share 0's, so those two
+# run first), DeepSpeed ZeRO-2 + offload, torchao's CPUOffloadOptimizer and Megatron-Core's HybridDeviceOptimizer
+# (offload_fraction 1.0), each arm 2 warm-up + I40_STEPS timed steps. All peers need their wheels installed first as
+# said above (torchao and megatron_core are in .whl/ beside DeepSpeed's); a missing one prints "not installed".
+# Estimate: ours ~50 s per arm with setup, DeepSpeed ~90 s (its CPU Adam's JIT build), the peers ~40-60 s each
+# (pinning 7 GB of host copies, Megatron's import): ~350 s, plus the build. I40_GAS="2,8" runs the accumulation
+# sweep (each arm at 2 and at 8 micro-batches: about twice the time, so a call of its own; I40_ARMS splits the arms
+# over calls, keeping ours-s2-offload and ds-z2-offload before the matched arm or giving I40_EXTRA="--match-memory-gib
+# X"). The "matched:" lines say the peak matched, the base and the budget.
+part bench-zero-offload-i40 "${T_I40:-520}" python3 benchmarks/bench_zero_offload.py --device cuda --model 886m \
+  --seq 1024 --batch 4 --gas "${I40_GAS:-2}" --steps "${I40_STEPS:-5}" --warmup 2 --timeout 180 \
+  --arms "${I40_ARMS:-ours-s2,ours-s2-offload,ds-z2-offload,ours-s2-offload-matched,torchao-offload,megatron-offload}" \
+  ${I40_EXTRA:-} --out "$out/zero_offload_i40${I40_TAG:-}"
+wanted bench-zero-offload-i40 && grep -E "matched:|per boundary|split:" "$out/bench-zero-offload-i40.log"
 # Issue 27's ~3B shape (3b preset: hidden 3200, 24 layers, sequence 2048, batch 4, 2 micro-batches), step mode.
 part bench-zero-offload-3b "${T_BZ3B:-330}" "${zo[@]}" --model 3b --out "$out/zero_offload_3b" \
   --arms "${S2_ARMS:-ours-s2,ours-s2-offload,ours-s2-offload-split,ds-z2-offload}"
