@@ -12,8 +12,9 @@ for files (the file object it returns is a buffered writer over a recording raw 
 fsynced is recorded as that directory), ``os.sync``, ``os.rename`` / ``os.replace``, ``os.mkdir``,
 ``os.unlink`` / ``os.remove`` / ``os.rmdir``. Events are tuples ``(op, path)``, ``("write", path, offset,
 bytes)`` or ``("rename", src, dst)``, with absolute paths; only paths under the directory are recorded. An
-implementation that writes through native code bypasses ``open()``; :func:`durability_violations` then reports
-that it saw no write of a file the checkpoint holds (the rule cannot be judged blind).
+implementation that writes through native code bypasses ``open()``: a save with no write seen is not judged
+(the test skips, saying so), and a file of the checkpoint with no write seen is reported by
+:func:`durability_violations` (the rule cannot be judged blind).
 """
 
 from __future__ import annotations
