@@ -100,6 +100,9 @@ class FilesystemFaults:
         self.on_kill = on_kill
         self.fired = False
         self.count = 0
+        #: ``kill`` faults: (operation, path) of each step counted so far (for a rename: its destination), so a
+        #: counting pass (``at=0``) tells which step a later save must be killed at to stop before a given call
+        self.steps: list[tuple[str, str]] = []
         self._written = 0
         self._snapshot: str | None = None
         self._saved: dict[tuple[Any, str], Any] = {}
@@ -111,7 +114,7 @@ class FilesystemFaults:
         def faulty_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
             writing = any(c in mode for c in "wax+")
             if writing and _under(file, self.root):
-                self._mutation(file)
+                self._mutation(file, "open")
                 return _FaultyFile(real_open(file, mode, *args, **kwargs), self, os.fspath(file))
             return real_open(file, mode, *args, **kwargs)
 
@@ -135,7 +138,7 @@ class FilesystemFaults:
     def _wrap_path(self, real: Any) -> Any:
         def call(path: Any, *args: Any, **kwargs: Any) -> Any:
             if _under(path, self.root, kwargs.get("dir_fd")):
-                self._mutation(path)
+                self._mutation(path, real.__name__)
             return real(path, *args, **kwargs)
 
         return call
@@ -147,7 +150,7 @@ class FilesystemFaults:
             except (OSError, AttributeError):
                 target = None
             if target is not None and _under(target, self.root):
-                self._mutation(target)
+                self._mutation(target, "fsync")
             return real(fd)
 
         return call
@@ -155,7 +158,7 @@ class FilesystemFaults:
     def _wrap_rename(self, real: Any) -> Any:
         def call(src: Any, dst: Any, *args: Any, **kwargs: Any) -> Any:
             if _under(src, self.root) or _under(dst, self.root):
-                self._mutation(dst)
+                self._mutation(dst, "rename")
                 if self.kind == "rename" and not self.fired:
                     self.count += 1
                     if self.count == self.at:
@@ -169,10 +172,11 @@ class FilesystemFaults:
         self.fired = True
         raise OSError(code, os.strerror(code), path)
 
-    def _mutation(self, path: Any) -> None:
+    def _mutation(self, path: Any, op: str) -> None:
         if self.kind != "kill" or self.fired:
             return
         self.count += 1
+        self.steps.append((op, os.path.abspath(os.fspath(path))))
         if self.count == self.at:
             self.fired = True
             if self.on_kill is not None:

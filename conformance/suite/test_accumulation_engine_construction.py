@@ -46,6 +46,31 @@ def test_ranks_with_different_models_fail_at_construction_on_every_rank(impl):
         assert "inp.weight" in got[1] and "rank" in got[1], f"rank {r}: the first differing parameter: {got[1]}"
 
 
+def _one_extra_trailing_parameter(group, impl, longer: int) -> tuple[str, str] | None:
+    import torch.distributed as dist
+
+    model = ModelSpec().build(1)
+    if dist.get_rank(group) == longer:
+        tail = torch.nn.Module()  # a submodule added last: its parameter comes last in named_parameters()
+        tail.register_parameter("extra", torch.nn.Parameter(torch.zeros(3)))
+        model.add_module("tail", tail)
+        assert [n for n, _ in model.named_parameters()][-1] == "tail.extra"
+    return _attempt(lambda: engine_class(impl)(model, CONFIG, process_group=group))
+
+
+@pytest.mark.parametrize("longer", [1, 0], ids=["rank1-longer", "rank0-longer"])
+def test_ranks_whose_models_differ_only_by_a_trailing_parameter_fail_at_construction(impl, longer):
+    """The same model on both ranks except one extra parameter registered last on one of them: every parameter
+    both ranks have agrees, so a check that compares only the parameters both lists hold (or only the first)
+    lets the engine build, and its flat buffers differ in size between the ranks at the first collective. Every
+    rank raises a ConfigurationError at construction naming the extra parameter and the ranks."""
+    out = engine_api(impl).run_on_ranks(_one_extra_trailing_parameter, 2, impl, longer)
+    for r, got in enumerate(out):
+        assert got is not None, f"rank {r}: the engine was built although rank {longer} has one more parameter"
+        assert got[0] == "ConfigurationError", f"rank {r}: {got}"
+        assert "tail.extra" in got[1] and "rank" in got[1], f"rank {r}: the message must name 'tail.extra': {got[1]}"
+
+
 def _not_a_module(group, impl) -> tuple[str, str] | None:
     return _attempt(lambda: engine_class(impl)("resnet", CONFIG, process_group=group))
 

@@ -13,10 +13,20 @@ The handoff is an optional component an area module declares by name (as ``fused
 ``Collectives(group)`` (``start_reduce_scatter``, ``all_gather_into``, ``broadcast_pieces``). An
 implementation without it is skipped here and judged by its exits elsewhere. The fake transport replaces
 torch.distributed's own functions, which is how any implementation reaches a transport.
+
+Fork: a transport's threads do not exist in a forked child, so nothing the parent's transport references can
+ever be released there. A child starts with nothing held (its ``drain`` returns at once, and the handoff serves
+the child's own collectives), and the fork changes nothing in the parent (what its transport still references
+stays held). :mod:`conformance.probes.handoff_fork` observes both in a fresh interpreter, also with a thread
+lending and draining at the moment of each fork.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import types
 
 import pytest
@@ -129,3 +139,49 @@ def test_every_collective_hands_the_transport_held_aliases(impl, handoff, monkey
     assert handoff.held() == 5, "every tensor the transport references must be held until it lets go"
     transport.finish()
     assert handoff.drain(timeout=5.0) and handoff.held() == 0
+
+
+_fork_reports: dict[str, dict] = {}
+
+
+@pytest.fixture
+def fork_report(impl) -> dict:
+    """The fork probe's observations for this implementation (one probe run serves the module's fork tests)."""
+    _declared(impl, "transport_handoff")
+    module = impl.areas["accumulation"]
+    if module not in _fork_reports:
+        proc = subprocess.run([sys.executable, "-m", "conformance.probes.handoff_fork", module],
+                              env={**os.environ, "HOSTOFFLOAD_ACCELERATOR": "cpu"}, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, f"the fork probe failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        _fork_reports[module] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return _fork_reports[module]
+
+
+def test_a_forked_child_starts_with_nothing_held_and_the_parent_keeps_its_own(fork_report):
+    """After ``fork()`` with an alias lent and still referenced by the parent's transport: the child holds
+    nothing (else its ``drain`` -- at interpreter exit too -- waits for a transport thread that does not exist
+    there) and can lend and drain its own tensors; the parent still holds the alias (a drain that succeeds
+    while the transport references it is the crash the handoff prevents) until its transport lets go."""
+    s = fork_report["single"]
+    assert s["start_drained"] and s["parent_before"] == 1, f"premise: one alias held before the fork: {s}"
+    child = s["child"]
+    assert child["ok"], f"the forked child failed: {child.get('error')}"
+    assert child["held_at_start"] == 0, f"the child inherited {child['held_at_start']} held tensors"
+    assert child["drained_at_once"], "drain() in the child waited for the parent's transport"
+    assert (child["own_held"], child["own_drained"], child["end_held"]) == (1, True, 0), (
+        f"the handoff does not serve the child's own transport: {child}"
+    )
+    assert s["parent_after"] == 1, f"the fork changed what the parent holds: {s['parent_after']} held, expected 1"
+    assert not s["parent_drain_while_referenced"], "after the fork, the parent let go of an alias its transport holds"
+    assert s["parent_drained"] and s["parent_end_held"] == 0, f"the parent did not drain once released: {s}"
+
+
+def test_a_fork_while_another_thread_lends_leaves_the_child_a_usable_handoff(fork_report):
+    """Forks while a worker thread lends and drains without pause: a lock the worker held at the fork must not be
+    inherited locked (the child would hang at its first lend), and every child starts with nothing held."""
+    children = fork_report["threaded"]
+    for i, child in enumerate(children):
+        assert child["ok"], f"fork {i}: the child failed: {child.get('error')}"
+        assert child["held_at_start"] == 0, f"fork {i}: the child inherited {child['held_at_start']} held tensors"
+        assert (child["own_held"], child["own_drained"], child["end_held"]) == (1, True, 0), f"fork {i}: {child}"
