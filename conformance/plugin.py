@@ -150,6 +150,11 @@ def print_discovered(config: pytest.Config) -> None:
           f"accelerators {[a.name for a in sel['accelerators']]}, hypothesis profile {sel['profile']}")
 
 
+def selected_implementations(config: pytest.Config) -> list[Implementation]:
+    """The implementations this run judges (for a suite module that parametrizes over what they declare)."""
+    return list(config.stash[_SELECTION_KEY]["implementations"])
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     sel = metafunc.config.stash[_SELECTION_KEY]
     if "impl" in metafunc.fixturenames:
