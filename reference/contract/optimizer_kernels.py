@@ -25,7 +25,8 @@ Why each field exists:
   and a rule the suite judges it by, never a new call signature.
 
 The call every kernel accepts: ``step(config, param, grad, exp_avg, exp_avg_sq, t, *, grad_scale=None)`` plus
-``variant=`` when it declares variants; ``config`` is an :class:`~reference.contract.accumulation_config.OptimizerConfig`
+``variant=`` when it declares variants; ``config`` is an
+:class:`~reference.contract.accumulation_config.OptimizerConfig`
 of a type in ``optimizers``; tensors are flat, contiguous and of one device; ``grad`` is never modified; ``t`` is
 R16's 1-based step; ``grad_scale`` is R15's clipping coefficient (the gradient is multiplied by it rounded to fp32
 first). Bad arguments raise :class:`~reference.contract.errors.ConfigurationError` naming the argument, and
