@@ -30,7 +30,7 @@ import pytest
 
 from conformance import discovery, option_checks, profiles, rule_ledger
 from conformance.accumulation_engines import native_pinning  # noqa: F401 (a fixture the engine tests share)
-from conformance.expectations import SKIP_PREFIX, Expectations
+from conformance.expectations import SKIP_PREFIX, Expectations, expectation_id
 from conformance.report import XPASS_STRICT, ReportCollector, build_report, totals_line, write_report
 from reference.contract.accelerators import Accelerator
 from reference.contract.envvars import ACCELERATOR_ENV
@@ -392,6 +392,7 @@ def record_report(item: pytest.Item, rep: pytest.TestReport) -> None:
             message=_failure_message(rep) if failing else "",
             reproduce=reproduce_command(item, item.config) if failing else "",
             rules=_rules(item),
+            test_id=expectation_id(item) if failing else "",
         )
 
 

@@ -46,9 +46,12 @@ class Failure:
     when: str
     message: str
     reproduce: str
+    #: The id an xfails or skips file lists this test by (conformance.expectations), whatever pytest's node id.
+    test_id: str = ""
 
     def as_dict(self) -> dict[str, str]:
-        return {"nodeid": self.nodeid, "when": self.when, "message": self.message, "reproduce": self.reproduce}
+        return {"nodeid": self.nodeid, "id": self.test_id or self.nodeid, "when": self.when, "message": self.message,
+                "reproduce": self.reproduce}
 
 
 @dataclass
@@ -114,6 +117,7 @@ class ReportCollector:
         message: str = "",
         reproduce: str = "",
         rules: tuple[str, ...] = (),
+        test_id: str = "",
     ) -> None:
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome={outcome!r} is not allowed; allowed values: {', '.join(OUTCOMES)}")
@@ -123,7 +127,7 @@ class ReportCollector:
         if outcome == "skipped" and reason:
             cell.skip_reasons[reason] = cell.skip_reasons.get(reason, 0) + 1
         if outcome in ("failed", "errors", "xpassed_strict"):
-            cell.failures.append(Failure(nodeid, when, first_lines(message), reproduce))
+            cell.failures.append(Failure(nodeid, when, first_lines(message), reproduce, test_id))
         self.ledger.record(nodeid, rules, outcome, reason)
 
     def add_property(self, name: str, value: int) -> None:
@@ -315,6 +319,8 @@ def render_markdown(report: dict[str, Any], image: str | None = None) -> str:
                 kind = "listed as an expected failure, but passed"
             lines += ["", f"### `{f['nodeid']}` ({kind})", "", "```", f["message"] or "(no message)", "```", ""]
             lines += ["Reproduce:", "", "```bash", f["reproduce"], "```"]
+            if f.get("id"):
+                lines += ["", f"Id for `--conformance-xfails` / `--conformance-skips`: `{f['id']}`"]
     return "\n".join(lines) + "\n"
 
 
