@@ -117,22 +117,22 @@ def test_xfails_file_counts_the_known_failure_and_a_listed_pass_fails_the_run(ex
     assert (t["xfailed"], t["xpassed"], t["xpassed_strict"], data["verdict"]) == (1, 1, 0, "passed"), t
     assert "non-strict" in md, md
 
-    proc, data, _md = _kernel_run(example_env, tmp_path)  # without the file, the known gap is a failure
-    assert proc.returncode == 1 and data["totals"]["failed"] == 1, data["totals"]
 
-
-def test_skips_file_and_id_prefixes(example_env, tmp_path):
-    """A prefix ending where a part of the id ends lists every test under it (here: the five bad-argument cases,
-    skipped and counted apart from other skips); a prefix that ends inside a test's name lists nothing (the other
-    test runs and passes) and is warned about at the top of the report, as is an entry for no test at all."""
+def test_skips_file_id_prefixes_and_the_known_failure_without_xfails(example_env, tmp_path):
+    """Without an xfails file the example's known gap is a real failure, reported under the very id its xfails file
+    lists. A skips entry ending where a part of the id ends lists the test with all its parameters (skipped, and
+    counted apart from other skips); one that ends inside a test's name lists nothing (those tests run) and is
+    warned about at the top of the report, as is an entry for no test at all."""
     skips = tmp_path / "skips.txt"
-    bad_arguments = f"{KERNEL_TESTS}::test_R16_declared_kernel_rejects_bad_arguments"
-    inside_a_name = f"{KERNEL_TESTS}::test_R16_declared_kernel_meets"
-    skips.write_text(f"{bad_arguments}\n\n# no such test\n{inside_a_name}\nconformance/suite/test_gone.py\n")
+    drawn = f"{KERNEL_TESTS}::test_R16_declared_kernel_meets_the_reference_as_it_claims"
+    inside_a_name = f"{KERNEL_TESTS}::test_R16_declared_kernel_rejects"
+    skips.write_text(f"{drawn}\n\n# no such test\n{inside_a_name}\nconformance/suite/test_gone.py\n")
     proc, data, md = _kernel_run(example_env, tmp_path, "--conformance-skips", str(skips))
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-2000:]
     t = data["totals"]
-    assert (t["skipped_by_file"], t["passed"], t["skipped"]) == (5, 1, 0), t
+    assert (t["skipped_by_file"], t["passed"], t["failed"], t["skipped"]) == (1, 4, 1, 0), t
+    (cell,) = [r for r in data["matrix"] if r["implementation"] == "example"]
+    assert [f["id"] for f in cell["failures"]] == [KNOWN_FAILURE], cell["failures"]
     unmatched = data["expectations"]["skips"]["unmatched"]
     assert [u.rsplit(": ", 1)[1] for u in unmatched] == [inside_a_name, "conformance/suite/test_gone.py"], unmatched
     top = md.split("| area |")[0]
