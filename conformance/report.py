@@ -276,8 +276,8 @@ def render_markdown(report: dict[str, Any], image: str | None = None) -> str:
         "",
         f"**Verdict: {report['verdict']}** - {totals_line(report)}",
         "",
-        f"Judged by the hostoffload conformance suite {suite.get('version', '?')} (tests digest "
-        f"{suite.get('digest', '?')}) against the rule set {suite.get('rule_set_compact', '?')}.",
+        f"**Judged by:** hostoffload conformance suite {suite.get('version', '?')}, tests digest "
+        f"`{suite.get('digest', '?')}`, rule set {suite.get('rule_set_compact', '?')}",
         "",
         *_unjudged_lines(report),
         *_expectation_lines(report),
