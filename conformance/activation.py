@@ -39,6 +39,9 @@ OPTIONS: tuple[tuple[str, str], ...] = (
     ("conformance_report", "--conformance-report"),
     ("conformance_profile", "--conformance-profile"),
     ("conformance_isolation", "--conformance-isolation"),
+    ("conformance_xfails", "--conformance-xfails"),
+    ("conformance_skips", "--conformance-skips"),
+    ("conformance_xfails_nonstrict", "--conformance-xfails-nonstrict"),
 )
 
 #: ``--conformance-isolation`` values (conformance.isolation reads the option; it is declared here with the others
@@ -82,6 +85,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="run tests of the implementation under test in a child process, so a crash fails one test: auto "
         "(default: tests marked isolated, and every test of an implementation that does not opt out), all, off",
+    )
+    group.addoption(
+        "--conformance-xfails",
+        metavar="FILE",
+        help="tests expected to fail: one test id or id prefix per line ('#' comments); counted as xfailed, and a "
+        "listed test that passes fails the run (strict) unless --conformance-xfails-nonstrict",
+    )
+    group.addoption(
+        "--conformance-skips",
+        metavar="FILE",
+        help="tests not to run: one test id or id prefix per line ('#' comments); counted apart from other skips",
+    )
+    group.addoption(
+        "--conformance-xfails-nonstrict",
+        action="store_true",
+        help="a test listed in --conformance-xfails that passes is reported (xpassed) without failing the run",
     )
 
 

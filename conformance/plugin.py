@@ -28,9 +28,10 @@ from typing import Any
 
 import pytest
 
-from conformance import discovery, option_checks, profiles
+from conformance import discovery, option_checks, profiles, rule_ledger
 from conformance.accumulation_engines import native_pinning  # noqa: F401 (a fixture the engine tests share)
-from conformance.report import ReportCollector, build_report, totals_line, write_report
+from conformance.expectations import SKIP_PREFIX, Expectations, expectation_id
+from conformance.report import XPASS_STRICT, ReportCollector, build_report, totals_line, write_report
 from reference.contract.accelerators import Accelerator
 from reference.contract.envvars import ACCELERATOR_ENV
 from reference.contract.errors import ConfigurationError
@@ -39,6 +40,9 @@ from reference.contract.implementation import Implementation
 _COLLECTOR_KEY = pytest.StashKey[ReportCollector]()
 _SELECTION_KEY = pytest.StashKey[dict[str, Any]]()
 _CELL_KEY = pytest.StashKey[tuple[str, str, str]]()
+_RULES_KEY = pytest.StashKey[tuple[str, ...]]()
+_EXPECTATIONS_KEY = pytest.StashKey[Expectations]()
+_RULE_SET_KEY = pytest.StashKey[dict[str, Any]]()
 
 #: Harness parts with hooks of their own (crash isolation: conformance.isolation; its option lives in
 #: conformance.activation with the others, so it exists before the command line is parsed).
@@ -57,12 +61,41 @@ def pytest_configure(config: pytest.Config) -> None:
         seed = _configure_seed(config, profile)
         selection = _select(config)
         _check_report_option(config)
+        config.stash[_EXPECTATIONS_KEY] = Expectations.from_options(config)
     except ConfigurationError as exc:
         # A usage error: pytest prints the one line and exits with status 4, before collecting anything.
         raise pytest.UsageError(str(exc)) from None
     config.stash[_SELECTION_KEY] = {**selection, "profile": profile, "seed": seed}
     config.stash[_COLLECTOR_KEY] = ReportCollector()
+    config.stash[_RULE_SET_KEY] = _rule_set()
     _register_harness_plugins(config)
+
+
+def _rule_set() -> dict[str, Any]:
+    """The suite's version and the rules it judges, for the report's header: what a vendor pins."""
+    rules, source = rule_ledger.rule_set()
+    prefixes = sorted({r.rstrip("0123456789") for r in rules}, key=len, reverse=True)
+    return {"version": _suite_version(), "digest": rule_ledger.suite_digest(), "rule_set": rules,
+            "rule_set_compact": rule_ledger.compact(rules), "rules_source": source, "prefixes": prefixes}
+
+
+def _suite_version() -> str:
+    """The version of the suite this run imported: its source tree's pyproject.toml where it runs from one (an
+    installed distribution of another version may sit beside it), else the installed distribution's."""
+    import re
+    from pathlib import Path
+
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    if pyproject.is_file():
+        found = re.search(r'^version = "([^"]+)"', pyproject.read_text(), re.MULTILINE)
+        if found:
+            return f"{found.group(1)} (source tree {pyproject.parent})"
+    try:
+        from importlib.metadata import version
+
+        return version("hostoffload")
+    except Exception:  # the report must never fail the run
+        return "unknown"
 
 
 def _register_harness_plugins(config: pytest.Config) -> None:
@@ -72,15 +105,22 @@ def _register_harness_plugins(config: pytest.Config) -> None:
 
     capability_marks.register(config)
     if not config.pluginmanager.has_plugin("hostoffload-capability-marks"):
-        config.pluginmanager.register(_CapabilityMarksPlugin(), "hostoffload-capability-marks")
+        config.pluginmanager.register(_CollectionMarksPlugin(config), "hostoffload-capability-marks")
 
 
-class _CapabilityMarksPlugin:
+class _CollectionMarksPlugin:
+    """Marks added once collection (and ``-k`` deselection) is done: ``requires(...)`` skips, then the vendor's
+    xfails and skips files (conformance.expectations), so an entry is matched against the tests that will run."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         from conformance import capability_marks
 
         capability_marks.apply(items)
+        self.config.stash[_EXPECTATIONS_KEY].apply(items)
 
 
 def _configure_profile(config: pytest.Config) -> str:
@@ -148,6 +188,11 @@ def print_discovered(config: pytest.Config) -> None:
         print(f"  {acc.name}: {acc.describe()}")
     print(f"selected: implementations {[i.name for i in sel['implementations']]}, "
           f"accelerators {[a.name for a in sel['accelerators']]}, hypothesis profile {sel['profile']}")
+
+
+def selected_implementations(config: pytest.Config) -> list[Implementation]:
+    """The implementations this run judges (for a suite module that parametrizes over what they declare)."""
+    return list(config.stash[_SELECTION_KEY]["implementations"])
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -279,11 +324,20 @@ def _outcome(rep: pytest.TestReport) -> str | None:
     if hasattr(rep, "wasxfail"):
         return "xfailed" if rep.skipped else "xpassed" if rep.passed else "failed"
     if rep.when == "call":
+        if rep.failed and isinstance(rep.longrepr, str) and rep.longrepr.startswith(XPASS_STRICT):
+            return "xpassed_strict"
         return rep.outcome
     if rep.failed:
         return "errors"
     if rep.when == "setup" and rep.skipped:
-        return "skipped"
+        reason = _skip_reason(rep)
+        return "skipped_by_file" if reason and reason.startswith(SKIP_PREFIX) else "skipped"
+    return None
+
+
+def _skip_reason(rep: pytest.TestReport) -> str | None:
+    if isinstance(rep.longrepr, tuple):
+        return str(rep.longrepr[2]).removeprefix("Skipped: ")
     return None
 
 
@@ -327,10 +381,8 @@ def record_report(item: pytest.Item, rep: pytest.TestReport) -> None:
     key = item.stash.get(_CELL_KEY, None)
     outcome = _outcome(rep) if key is not None else None
     if outcome is not None:
-        reason = None
-        if outcome == "skipped" and isinstance(rep.longrepr, tuple):
-            reason = str(rep.longrepr[2]).removeprefix("Skipped: ")
-        failing = outcome in ("failed", "errors")
+        reason = _skip_reason(rep) if outcome in ("skipped", "skipped_by_file") else None
+        failing = outcome in ("failed", "errors", "xpassed_strict")
         item.config.stash[_COLLECTOR_KEY].record(
             key,
             outcome,
@@ -339,7 +391,17 @@ def record_report(item: pytest.Item, rep: pytest.TestReport) -> None:
             when=rep.when,
             message=_failure_message(rep) if failing else "",
             reproduce=reproduce_command(item, item.config) if failing else "",
+            rules=_rules(item),
+            test_id=expectation_id(item) if failing else "",
         )
+
+
+def _rules(item: pytest.Item) -> tuple[str, ...]:
+    """The rules ``item`` judges (cited by its name or docstring), read once per test."""
+    if _RULES_KEY not in item.stash:
+        prefixes = item.config.stash[_RULE_SET_KEY]["prefixes"] if _RULE_SET_KEY in item.config.stash else ()
+        item.stash[_RULES_KEY] = rule_ledger.rules_of(item, prefixes)
+    return item.stash[_RULES_KEY]
 
 
 def _meta(session: pytest.Session, exitstatus: int) -> dict[str, Any]:
@@ -357,6 +419,8 @@ def _meta(session: pytest.Session, exitstatus: int) -> dict[str, Any]:
         "accelerators": [a.name for a in sel["accelerators"]],
         "unavailable_accelerators": [a.name for a in sel["unavailable"]],
         "accelerator_capabilities": {a.name: a.describe() for a in sel["accelerators"]},
+        "suite": {k: v for k, v in config.stash[_RULE_SET_KEY].items() if k != "prefixes"},
+        "expectations": config.stash[_EXPECTATIONS_KEY].summary(),
     }
 
 
@@ -390,6 +454,12 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     )
     for name, value in config.stash[_COLLECTOR_KEY].properties.items():
         terminalreporter.write_line(f"{name}: {value}")
+    for warning in config.stash[_EXPECTATIONS_KEY].warnings():
+        terminalreporter.write_line(f"warning: {warning}", yellow=True)
+    for package, entry in config.stash[_COLLECTOR_KEY].ledger.summary()["missing_packages"].items():
+        left = entry["rules_not_judged"] + entry["rules_partly_judged"]
+        terminalreporter.write_line(f"not judged: optional package {package} is missing ({entry['tests']} tests; "
+                                    f"rules {', '.join(left) or 'none cited'})", yellow=True)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -24,8 +24,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-#: What a test's report can count as, in the order the report lists them.
-OUTCOMES = ("passed", "failed", "errors", "skipped", "xfailed", "xpassed")
+from conformance.rule_ledger import RuleLedger, compact
+
+#: What a test's report can count as, in the order the report lists them. ``xfailed`` / ``xpassed``: tests marked
+#: as expected to fail (by the suite, or listed in ``--conformance-xfails``) that failed / passed;
+#: ``xpassed_strict``: a listed test that passed in a strict run, which fails the run; ``skipped_by_file``: tests
+#: listed in ``--conformance-skips``, apart from the suite's own skips (conformance/expectations.py).
+OUTCOMES = ("passed", "failed", "errors", "skipped", "xfailed", "xpassed", "xpassed_strict", "skipped_by_file")
+#: Outcomes of a test that did not run to a verdict of its own.
+NOT_RUN = ("skipped", "skipped_by_file")
+#: How pytest's message for a strict expected failure that passed begins.
+XPASS_STRICT = "[XPASS(strict)]"
 #: Lines of a failure's message kept in the report (the full traceback is in pytest's output).
 MESSAGE_LINES = 8
 MESSAGE_CHARS = 1200
@@ -37,9 +46,12 @@ class Failure:
     when: str
     message: str
     reproduce: str
+    #: The id an xfails or skips file lists this test by (conformance.expectations), whatever pytest's node id.
+    test_id: str = ""
 
     def as_dict(self) -> dict[str, str]:
-        return {"nodeid": self.nodeid, "when": self.when, "message": self.message, "reproduce": self.reproduce}
+        return {"nodeid": self.nodeid, "id": self.test_id or self.nodeid, "when": self.when, "message": self.message,
+                "reproduce": self.reproduce}
 
 
 @dataclass
@@ -50,6 +62,8 @@ class Cell:
     skipped: int = 0
     xfailed: int = 0
     xpassed: int = 0
+    xpassed_strict: int = 0
+    skipped_by_file: int = 0
     skip_reasons: dict[str, int] = field(default_factory=dict)
     failures: list[Failure] = field(default_factory=list)
     #: Each test of the cell (node id) -> whether it ran to a verdict of its own (any outcome but a skip).
@@ -57,7 +71,7 @@ class Cell:
 
     @property
     def status(self) -> str:
-        if self.failed or self.errors:
+        if self.failed or self.errors or self.xpassed_strict:
             return "failed"
         if self.passed or self.xpassed:
             return "passed"
@@ -90,6 +104,7 @@ class ReportCollector:
     def __init__(self) -> None:
         self.cells: dict[tuple[str, str, str], Cell] = defaultdict(Cell)
         self.properties: dict[str, int] = defaultdict(int)
+        self.ledger = RuleLedger()
 
     def record(
         self,
@@ -101,16 +116,19 @@ class ReportCollector:
         when: str = "call",
         message: str = "",
         reproduce: str = "",
+        rules: tuple[str, ...] = (),
+        test_id: str = "",
     ) -> None:
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome={outcome!r} is not allowed; allowed values: {', '.join(OUTCOMES)}")
         cell = self.cells[key]
         setattr(cell, outcome, getattr(cell, outcome) + 1)
-        cell.tests[nodeid] = cell.tests.get(nodeid, False) or outcome != "skipped"
+        cell.tests[nodeid] = cell.tests.get(nodeid, False) or outcome not in NOT_RUN
         if outcome == "skipped" and reason:
             cell.skip_reasons[reason] = cell.skip_reasons.get(reason, 0) + 1
-        if outcome in ("failed", "errors"):
-            cell.failures.append(Failure(nodeid, when, first_lines(message), reproduce))
+        if outcome in ("failed", "errors", "xpassed_strict"):
+            cell.failures.append(Failure(nodeid, when, first_lines(message), reproduce, test_id))
+        self.ledger.record(nodeid, rules, outcome, reason)
 
     def add_property(self, name: str, value: int) -> None:
         self.properties[name] += value
@@ -165,7 +183,7 @@ def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def verdict(report: dict[str, Any]) -> str:
     """``failed`` if anything failed or errored (or pytest itself did), ``skipped`` if nothing ran, else ``passed``."""
     t = report["totals"]
-    if t["failed"] or t["errors"] or report.get("exit_status", 0) not in (0, 5):
+    if t["failed"] or t["errors"] or t.get("xpassed_strict") or report.get("exit_status", 0) not in (0, 5):
         return "failed"
     if not (t["passed"] or t["xpassed"]):
         return "skipped"
@@ -194,6 +212,7 @@ def build_report(collector: ReportCollector, meta: dict[str, Any]) -> dict[str, 
         "hardware": hardware(),
         **meta,
         "properties": dict(collector.properties),
+        "rules": collector.ledger.summary((meta.get("suite") or {}).get("rule_set")),
         "totals": totals(rows),
         "matrix": rows,
     }
@@ -212,18 +231,62 @@ def _status_text(r: dict[str, Any]) -> str:
     return f"**{r['status']}** ({r['ran']} of {r['total']} ran)"
 
 
+def _unjudged_lines(report: dict[str, Any]) -> list[str]:
+    """The top of the report: every optional package whose absence left tests unrun, with the rules it left
+    unjudged; then the rules no test of this run judged at all, whatever the reason."""
+    rules = report.get("rules") or {}
+    lines: list[str] = []
+    for package, entry in (rules.get("missing_packages") or {}).items():
+        parts = []
+        if entry["rules_not_judged"]:
+            parts.append(f"not judged: {', '.join(entry['rules_not_judged'])}")
+        if entry["rules_partly_judged"]:
+            parts.append(f"partly judged (other tests of them ran): {', '.join(entry['rules_partly_judged'])}")
+        if entry["tests_citing_no_rule"]:
+            parts.append(f"{entry['tests_citing_no_rule']} test(s) citing no rule")
+        lines.append(f"- **optional package `{package}` is missing**: {entry['tests']} test(s) not run; "
+                     f"{'; '.join(parts)}. Why: {entry['reason']}")
+    if lines:
+        lines = ["## Not judged: missing optional packages", "", *lines, ""]
+    if rules.get("rules_not_judged"):
+        lines += [f"Rules no test of this run judged (not declared, not available here or not selected; the "
+                  f"matrix gives each skip's reason): {compact(rules['rules_not_judged'])}", ""]
+    return lines
+
+
+def _expectation_lines(report: dict[str, Any]) -> list[str]:
+    exp = report.get("expectations") or {}
+    lines = []
+    for name in ("xfails", "skips"):
+        if name in exp:
+            f = exp[name]
+            how = (" (strict: a listed test that passes fails the run)" if exp.get("strict") else
+                   " (non-strict: a listed test that passes is reported, the run does not fail)") \
+                if name == "xfails" else ""
+            lines.append(f"- {name} file: `{f['file']}`, {f['entries']} entries, {f['matched_entries']} matched{how}")
+            lines += [f"  - **warning**: `{u}` matches no collected test" for u in f["unmatched"]]
+    return lines
+
+
 def render_markdown(report: dict[str, Any], image: str | None = None) -> str:
     seed = report.get("seed")
+    suite = report.get("suite") or {}
     lines = [
         "# hostoffload conformance report",
         "",
         f"**Verdict: {report['verdict']}** - {totals_line(report)}",
         "",
+        f"**Judged by:** hostoffload conformance suite {suite.get('version', '?')}, tests digest "
+        f"`{suite.get('digest', '?')}`, rule set {suite.get('rule_set_compact', '?')}",
+        "",
+        *_unjudged_lines(report),
+        *_expectation_lines(report),
         f"- command: `{report.get('command', '')}`",
         f"- hypothesis profile: {report.get('profile')}; seed: {seed if seed is not None else 'derandomized'}",
         f"- duration: {report.get('duration_s', 0):.1f} s; pytest exit status: {report.get('exit_status')}",
         f"- date: {report['date']}",
         f"- versions: {', '.join(f'{k} {v}' for k, v in report['versions'].items())}",
+        f"- rules read from: {suite.get('rules_source', '?')}",
         f"- hardware: {json.dumps(report['hardware'])}",
         f"- implementations: {', '.join(report.get('implementations', []))}",
         f"- accelerators: {', '.join(report.get('accelerators', []))}"
@@ -236,22 +299,28 @@ def render_markdown(report: dict[str, Any], image: str | None = None) -> str:
         lines += ["", f"![area x implementation x accelerator]({image})"]
     lines += [
         "",
-        "| area | implementation | accelerator | status | passed | failed | errors | skipped | skip reasons |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| area | implementation | accelerator | status | passed | failed | errors | skipped | expected failures "
+        "(xfailed / xpassed / strict xpassed) | skipped by file | skip reasons |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in report["matrix"]:
         reasons = "; ".join(f"{k} (x{v})" for k, v in r["skip_reasons"].items())
         lines.append(
             f"| {r['area']} | {r['implementation']} | {r['accelerator']} | {_status_text(r)} | {r['passed']} | "
-            f"{r['failed']} | {r['errors']} | {r['skipped']} | {reasons.replace('|', '/')} |"
+            f"{r['failed']} | {r['errors']} | {r['skipped']} | {r['xfailed']} / {r['xpassed']} / "
+            f"{r['xpassed_strict']} | {r['skipped_by_file']} | {reasons.replace('|', '/')} |"
         )
     failures = [f for r in report["matrix"] for f in r["failures"]]
     if failures:
         lines += ["", f"## Failures ({len(failures)})"]
         for f in failures:
             kind = "error in " + f["when"] if f["when"] != "call" else "failed"
+            if f["message"].startswith(XPASS_STRICT):
+                kind = "listed as an expected failure, but passed"
             lines += ["", f"### `{f['nodeid']}` ({kind})", "", "```", f["message"] or "(no message)", "```", ""]
             lines += ["Reproduce:", "", "```bash", f["reproduce"], "```"]
+            if f.get("id"):
+                lines += ["", f"Id for `--conformance-xfails` / `--conformance-skips`: `{f['id']}`"]
     return "\n".join(lines) + "\n"
 
 
@@ -288,6 +357,11 @@ def render_svg(report: dict[str, Any]) -> str:
                 f'<rect x="{x + 1}" y="{y + 1}" width="{cw - 2}" height="{ch - 2}" fill="{_COLOURS[r["status"]]}"/>'
             )
             label = f"{r['status']} {r['ran']}/{r['total']}"
+            expected = r.get("xfailed", 0) + r.get("xpassed", 0) + r.get("xpassed_strict", 0)
+            if expected:
+                label += f", {expected} xfail"
+            if r.get("skipped_by_file"):
+                label += f", {r['skipped_by_file']} listed skip"
             out.append(f'<text x="{x + cw / 2}" y="{y + ch / 2 + 4}" text-anchor="middle" fill="white">{label}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"

@@ -38,6 +38,7 @@ IMPLEMENTATION = Implementation(
         "offload": "optimized.offload",
         "io": "optimized.io",
         "accumulation": "optimized.accumulation",
+        "optimizer_kernels": "optimized.optimizer_kernels",
     },
     capabilities=Capabilities(
         pin_backends=("torch", "native"),

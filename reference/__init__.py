@@ -45,6 +45,7 @@ IMPLEMENTATION = Implementation(
         "offload": "reference.offload",
         "accumulation": "reference.accumulation",
         "io": "reference.io",
+        "optimizer_kernels": "reference.optimizer_kernels",
     },
     capabilities=Capabilities(
         pin_backends=("torch", "native"),

@@ -20,7 +20,11 @@ def _rules() -> set[int]:
 
 
 def _citations() -> dict[int, list[str]]:
-    return cited_rules("R", "test_accumulation_*.py")
+    """Citations of the accumulation tests and of the optimizer-kernel area's (R15/R16 of any declared kernel)."""
+    cited = cited_rules("R", "test_accumulation_*.py")
+    for n, where in cited_rules("R", "test_optimizer_kernels.py").items():
+        cited.setdefault(n, []).extend(where)
+    return cited
 
 
 def test_R26_every_rule_is_cited_by_a_test():

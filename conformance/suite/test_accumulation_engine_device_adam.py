@@ -19,6 +19,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from conformance import optional_packages
 from conformance.accumulation_assertions import assert_tensor_equal, reference_optimizer_steps
 from conformance.accumulation_strategies import optimizer_configs, optimizer_values
 from reference.contract.errors import ConfigurationError
@@ -26,13 +27,26 @@ from reference.contract.errors import ConfigurationError
 pytestmark = pytest.mark.conformance_area("accumulation")
 
 
-def _kernel(area_api):
+def _kernel(impl, area_api):
     kernel = getattr(area_api, "fused_device_adam", None)
     if kernel is None:
         pytest.skip("this implementation declares no fused device Adam (fused_device_adam)")
+    # The packages the implementation's optimizer_kernels area says this kernel needs (reference/contract/
+    # optimizer_kernels.py); a missing one is reported at the top of the report with the rules it leaves unjudged.
+    optional_packages.require(_declared_requirements(impl), "the fused device Adam's compiler")
     if not kernel.available():
-        pytest.skip("the fused device Adam's compiler (Triton for the optimized implementation) is not installed")
+        pytest.skip("the implementation reports its fused device Adam unavailable here (kernel.available())")
     return kernel
+
+
+def _declared_requirements(impl) -> tuple[str, ...]:
+    """The ``requires`` of the fused device Adam as the implementation declares it in its optimizer_kernels area
+    (the kernel whose step is the accumulation area's ``fused_device_adam.adam_step``); () if not declared."""
+    if not impl.provides("optimizer_kernels"):
+        return ()
+    step = impl.load("accumulation").fused_device_adam.adam_step
+    kernels = getattr(impl.load("optimizer_kernels"), "OPTIMIZER_KERNELS", ())
+    return next((k.requires for k in kernels if k.step is step), ())
 
 
 @given(
@@ -44,12 +58,12 @@ def _kernel(area_api):
     data=st.data(),
 )
 def test_R16_fused_device_adam_equals_reference_formula_bitwise(
-    area_api, reference_api, accelerator, cfg, n, steps, clip, seed, data
+    impl, area_api, reference_api, accelerator, cfg, n, steps, clip, seed, data
 ):
     """R16/R15: Adam and AdamW (with and without weight decay), the clipping coefficient applied inside the
     kernel, several steps (bias corrections), sizes around the kernel's block: master and both moments equal
     the reference formula bitwise on the accelerator's device; the gradient is not modified."""
-    kernel = _kernel(area_api)
+    kernel = _kernel(impl, area_api)
     device = accelerator.device()
     gen = torch.Generator().manual_seed(seed)
     p0 = optimizer_values(n, gen, 1.0)
@@ -68,11 +82,11 @@ def test_R16_fused_device_adam_equals_reference_formula_bitwise(
 
 
 @pytest.mark.parametrize("n", [1, 9, 5000])
-def test_R13_fused_device_bf16_copy_equals_cast_of_updated_master(area_api, reference_api, accelerator, n):
+def test_R13_fused_device_bf16_copy_equals_cast_of_updated_master(impl, area_api, reference_api, accelerator, n):
     """R13 step 5: the bf16 weights the kernel writes in its pass equal ``master.to(torch.bfloat16)`` of the
     updated master: ties to even both ways, infinities, NaN (whatever its payload, a NaN stays a NaN), the
     largest finite values (which round to infinity) and subnormals."""
-    kernel = _kernel(area_api)
+    kernel = _kernel(impl, area_api)
     device = accelerator.device()
     cfg = reference_api.OptimizerConfig(type="adamw", lr=1e-2, weight_decay=0.0)
     gen = torch.Generator().manual_seed(n)
@@ -94,11 +108,11 @@ def test_R13_fused_device_bf16_copy_equals_cast_of_updated_master(area_api, refe
     assert_tensor_equal(out.cpu(), p.cpu().to(torch.bfloat16), "fused bf16 copy of the updated master")
 
 
-def test_R16_fused_device_adam_self_check_refuses_a_kernel_one_ulp_off(area_api, reference_api, accelerator):
+def test_R16_fused_device_adam_self_check_refuses_a_kernel_one_ulp_off(impl, area_api, reference_api, accelerator):
     """The run-time check that guards the kernel's use finds a kernel whose master is one ulp off in a single
     element (and passes the real one), so that a compiler that rounds differently on some device falls back to
     the torch sequence instead of changing results."""
-    kernel = _kernel(area_api)
+    kernel = _kernel(impl, area_api)
     if not hasattr(kernel, "self_check"):
         pytest.skip("this implementation's fused device Adam has no run-time check (self_check)")
     device = accelerator.device()
@@ -113,11 +127,11 @@ def test_R16_fused_device_adam_self_check_refuses_a_kernel_one_ulp_off(area_api,
     assert reason is not None and "master" in reason, f"a kernel one ulp off was accepted: {reason!r}"
 
 
-def test_R16_fused_device_adam_is_used_where_it_passes(area_api, reference_api, accelerator, monkeypatch):
+def test_R16_fused_device_adam_is_used_where_it_passes(impl, area_api, reference_api, accelerator, monkeypatch):
     """On a device (not the cpu, whose masters take the CPU kernel) the kernel is chosen for Adam/AdamW masters
     when it passes its check; ``HOSTOFFLOAD_DEVICE_ADAM=torch`` turns it off, and an unknown value is a
     ConfigurationError naming the variable and its values."""
-    kernel = _kernel(area_api)
+    kernel = _kernel(impl, area_api)
     if not hasattr(kernel, "use_for"):
         pytest.skip("this implementation's fused device Adam declares no run-time choice (use_for)")
     device = accelerator.device()
@@ -136,13 +150,13 @@ def test_R16_fused_device_adam_is_used_where_it_passes(area_api, reference_api, 
         assert expected, f"the fused device Adam fails its check on {device}: {kernel.self_check(device, cfg)}"
 
 
-def test_R16_fused_device_adam_prepare_decides_as_use_for(area_api, reference_api, accelerator, monkeypatch):
+def test_R16_fused_device_adam_prepare_decides_as_use_for(impl, area_api, reference_api, accelerator, monkeypatch):
     """An implementation may make the run-time choice ahead of training (``prepare(config, device)``: engines call
     it at construction so that the first step does not carry the check and the kernel's first launches). It must
     answer what ``use_for`` answers for a master on that device in each mode and optimizer, refuse an unknown
     ``HOSTOFFLOAD_DEVICE_ADAM`` as ``use_for`` does (on every device), and where it answers True the kernel has
     been checked on that device (``verdicts()`` names it)."""
-    kernel = _kernel(area_api)
+    kernel = _kernel(impl, area_api)
     if not hasattr(kernel, "prepare"):
         pytest.skip("this implementation's fused device Adam declares no ahead-of-time choice (prepare)")
     device = accelerator.device()
@@ -173,10 +187,10 @@ def test_R16_fused_device_adam_prepare_decides_as_use_for(area_api, reference_ap
     ],
     ids=["size", "dtype", "step", "optimizer", "bf16_out", "strided"],
 )
-def test_R16_fused_device_adam_rejects_bad_arguments(area_api, reference_api, accelerator, call, words):
+def test_R16_fused_device_adam_rejects_bad_arguments(impl, area_api, reference_api, accelerator, call, words):
     """R16 (kernel inputs): wrong sizes, dtypes, layouts, step counts, optimizer types and output buffers raise
     ConfigurationError naming the argument and what is allowed; nothing is written."""
-    kernel = _kernel(area_api)
+    kernel = _kernel(impl, area_api)
     cfg = reference_api.OptimizerConfig(type="adamw")
     t = torch.arange(16, dtype=torch.float32, device=accelerator.device())
     before = t.clone()

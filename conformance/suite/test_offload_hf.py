@@ -7,13 +7,17 @@ import sys
 import pytest
 import torch
 
+from conformance import optional_packages
 from conformance.assertions import assert_names_argument
 
 pytestmark = pytest.mark.conformance_area("offload")
 
 
 def _transformers():
-    return pytest.importorskip("transformers", reason="transformers not installed (optional 'hf' extra)")
+    optional_packages.require(("transformers",), "the Hugging Face tests; pip install 'hostoffload[hf]'")
+    import transformers
+
+    return transformers
 
 
 def _tiny_llama(transformers, device, use_reentrant):

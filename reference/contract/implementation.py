@@ -20,7 +20,9 @@ from reference.contract import interfaces
 from reference.contract.capabilities import Capabilities
 
 #: Every area of the specification, in the order the report lists them.
-AREAS: tuple[str, ...] = ("pinning", "ranges", "offload", "accumulation", "io")
+#: ``optimizer_kernels``: Adam / AdamW kernels judged against R16 on their own (reference.contract.optimizer_kernels),
+#: so that a package shipping only a kernel can declare it.
+AREAS: tuple[str, ...] = ("pinning", "ranges", "offload", "accumulation", "io", "optimizer_kernels")
 
 
 @dataclass(frozen=True)

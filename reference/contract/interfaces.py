@@ -66,6 +66,7 @@ if TYPE_CHECKING:  # resolved at check time by contract_namespace(); importing t
     from reference.contract.offload_config import OffloadConfig
     from reference.contract.offload_hf import MissingDependencyError
     from reference.contract.offload_stats import OffloadStats
+    from reference.contract.optimizer_kernels import AdamKernel
     from reference.contract.pinning_rules import PinnedRange, PinnedStats
 
 
@@ -248,6 +249,14 @@ class IoArea(Protocol):
     def record_span(self, nbytes: int, alignment: int = 4096) -> int: ...
 
 
+# -- optimizer_kernels -----------------------------------------------------------------------------------------
+class OptimizerKernelsArea(Protocol):
+    """reference/contract/optimizer_kernels.py: the Adam / AdamW kernels an implementation declares, each judged
+    against R16 (bitwise, or within the tolerance it declares). An empty tuple declares none."""
+
+    OPTIMIZER_KERNELS: tuple[AdamKernel, ...]
+
+
 #: area -> the protocol its module satisfies (every name there is required).
 AREA_INTERFACES: dict[str, type] = {
     "pinning": PinningArea,
@@ -255,6 +264,7 @@ AREA_INTERFACES: dict[str, type] = {
     "offload": OffloadArea,
     "accumulation": AccumulationArea,
     "io": IoArea,
+    "optimizer_kernels": OptimizerKernelsArea,
 }
 #: area -> protocols whose members are checked only where the module has them.
 OPTIONAL_INTERFACES: dict[str, tuple[type, ...]] = {"ranges": (RangesStress,)}
@@ -303,6 +313,7 @@ def contract_namespace() -> dict[str, Any]:
         offload_config,
         offload_hf,
         offload_stats,
+        optimizer_kernels,
         pinning_rules,
     )
 
@@ -310,7 +321,7 @@ def contract_namespace() -> dict[str, Any]:
     for name in ("Callable", "Iterator", "Mapping"):
         namespace[name] = getattr(collections.abc, name)
     for module in (accumulation_config, accumulation_scenario, accumulation_step, errors, io_config, io_errors,
-                   io_stats, offload_config, offload_hf, offload_stats, pinning_rules):
+                   io_stats, offload_config, offload_hf, offload_stats, optimizer_kernels, pinning_rules):
         namespace.update({k: v for k, v in vars(module).items() if isinstance(v, type) and not k.startswith("_")})
     namespace.update({p.__name__: p for p in _PROTOCOLS})
     return namespace
@@ -354,7 +365,7 @@ def contract_types() -> dict[str, type]:
 
 _PROTOCOLS = (PinningArea, RangeRegistryClass, RangesArea, RangesStress, ActivationOffloadClass, OffloadArea,
               AccumulationArea, ZeroEngineClass, DistributedAccumulation, CheckpointingZeroEngineClass,
-              CheckpointingAccumulation, SwapRequestClass, SwapHandleClass, IoArea)
+              CheckpointingAccumulation, SwapRequestClass, SwapHandleClass, IoArea, OptimizerKernelsArea)
 
 __all__ = [
     "AREA_INTERFACES",
@@ -367,6 +378,7 @@ __all__ = [
     "DistributedAccumulation",
     "IoArea",
     "OffloadArea",
+    "OptimizerKernelsArea",
     "PinningArea",
     "RangeRegistryClass",
     "RangesArea",
