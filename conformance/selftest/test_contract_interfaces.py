@@ -20,8 +20,9 @@ from conformance.selftest.plugins import partial_pinning
 from conformance.selftest.runner import source_root
 from conformance.selftest.test_harness import run_pytest
 from reference.contract.capabilities import Capabilities
+from reference.contract.catalog import contract_types
 from reference.contract.implementation import Implementation
-from reference.contract.interfaces import AREA_INTERFACES, call_names, contract_types
+from reference.contract.interfaces import AREA_INTERFACES, call_names
 
 pytestmark = pytest.mark.conformance_area("harness")
 
