@@ -3,9 +3,10 @@
 The protocols of :mod:`reference.contract.interfaces` name most of them (re-exported types, parameter and result
 types); registering and erring add the rest (:class:`~reference.contract.implementation.Implementation`,
 :class:`~reference.contract.capabilities.Capabilities`, :class:`~reference.contract.accelerators.Accelerator`,
-the base errors). It sits above both ``interfaces`` and ``implementation`` (which validates declared
-``unsupported`` calls against ``interfaces``), so neither has to import the other back. docs/extending.md lists
-where each type lives; a self-test holds that list, and docs/changelog.md, to the code.
+every public error of :mod:`reference.contract.public_errors`). It sits above both ``interfaces`` and
+``implementation`` (which validates declared ``unsupported`` calls against ``interfaces``), so neither has to
+import the other back. docs/extending.md lists where each type lives; a self-test holds that list, and
+docs/changelog.md, to the code.
 
 Contract: read by the suite's self-tests (a plugin author's tooling may read it too).
 """
@@ -16,11 +17,11 @@ import inspect
 import typing
 from typing import Any
 
-from reference.contract import errors
 from reference.contract.accelerators import Accelerator
 from reference.contract.capabilities import Capabilities
 from reference.contract.implementation import Implementation
 from reference.contract.interfaces import PROTOCOLS, contract_namespace, protocol_members
+from reference.contract.public_errors import PUBLIC_ERRORS
 
 __all__ = ["contract_types"]
 
@@ -28,7 +29,7 @@ __all__ = ["contract_types"]
 def contract_types() -> dict[str, type]:
     """Every class of ``reference.contract`` a plugin author meets, by name: those the protocols name (re-exported
     types, parameter and result types) and what registering and erring take (``Implementation``,
-    ``Capabilities``, ``Accelerator``, the base errors). docs/extending.md lists where each lives, and a
+    ``Capabilities``, ``Accelerator``, every public error). docs/extending.md lists where each lives, and a
     self-test holds that list, and docs/changelog.md, to where they are (a move cannot go unannounced)."""
     namespace = contract_namespace()
     found: dict[str, type] = {}
@@ -48,7 +49,6 @@ def contract_types() -> dict[str, type]:
             if inspect.isfunction(member):
                 for hint in typing.get_type_hints(member, globalns=namespace, localns=namespace).values():
                     walk(hint)
-    for cls in (Implementation, Capabilities, Accelerator, errors.HostOffloadError, errors.UnknownPluginError,
-                errors.PinnedMemoryLockError):
+    for cls in (Implementation, Capabilities, Accelerator, *PUBLIC_ERRORS):
         found[cls.__name__] = cls
     return found

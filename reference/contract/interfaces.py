@@ -30,14 +30,17 @@ self-test ``conformance/selftest/test_contract_interfaces.py`` holds both of hos
 these protocols and their ``__all__``.
 
 Contract: read by implementations (to know what to provide), by ``Implementation`` (to validate
-``unsupported``) and by the suite. It imports nothing heavy: annotations stay strings here and are resolved
-against :func:`contract_namespace` by the checker.
+``unsupported``) and by the suite. It imports nothing heavy (of the contract, only ``io_errors``, for the io
+area's error names): annotations stay strings here and are resolved against :func:`contract_namespace` by the
+checker.
 """
 
 from __future__ import annotations
 
 import inspect
 from typing import TYPE_CHECKING, Any, Protocol
+
+from reference.contract import io_errors
 
 if TYPE_CHECKING:  # resolved at check time by contract_namespace(); importing them here would import torch
     import os
@@ -48,24 +51,11 @@ if TYPE_CHECKING:  # resolved at check time by contract_namespace(); importing t
     from reference.contract.accumulation_config import AccumulationConfig
     from reference.contract.accumulation_scenario import Scenario, Trace
     from reference.contract.accumulation_step import OptimizerState, StepOutcome
-    from reference.contract.errors import ConfigurationError, UnsupportedOperationError
+    from reference.contract.errors import ConfigurationError, MissingDependencyError, UnsupportedOperationError
     from reference.contract.io_config import SwapConfig
-    from reference.contract.io_errors import (
-        DtypeMismatchError,
-        HandleClosedError,
-        IncompleteRecordError,
-        RecordError,
-        RecordFormatError,
-        ShortFileError,
-        SizeMismatchError,
-        SwapError,
-        SwapFileNotFoundError,
-        SwapIOError,
-        SwapNoSpaceError,
-    )
+    from reference.contract.io_errors import SwapError
     from reference.contract.io_stats import SwapStats
     from reference.contract.offload_config import OffloadConfig
-    from reference.contract.offload_hf import MissingDependencyError
     from reference.contract.offload_stats import OffloadStats
     from reference.contract.pinning_rules import PinnedRange, PinnedStats
 
@@ -240,20 +230,15 @@ class IoArea(Protocol):
     SwapStats: type[SwapStats]
     HEADER_SIZE: int
     DIRECT_ALIGNMENT: int
-    SwapError: type[SwapError]
-    SwapIOError: type[SwapIOError]
-    SwapNoSpaceError: type[SwapNoSpaceError]
-    SwapFileNotFoundError: type[SwapFileNotFoundError]
-    HandleClosedError: type[HandleClosedError]
-    RecordError: type[RecordError]
-    RecordFormatError: type[RecordFormatError]
-    IncompleteRecordError: type[IncompleteRecordError]
-    ShortFileError: type[ShortFileError]
-    SizeMismatchError: type[SizeMismatchError]
-    DtypeMismatchError: type[DtypeMismatchError]
+    # ... and every error class of the area (``SwapError: type[SwapError]`` ...), added below from the one list.
 
     def record_nbytes(self, nbytes: int) -> int: ...
     def record_span(self, nbytes: int, alignment: int = 4096) -> int: ...
+
+
+# The io area offers each of its error classes by name: the contract lists them once (io_errors.__all__), so the
+# protocol's members are derived from that list instead of spelled out again.
+IoArea.__annotations__.update({name: f"type[{name}]" for name in io_errors.__all__})
 
 
 #: area -> the protocol its module satisfies (every name there is required).
