@@ -280,7 +280,8 @@ def bench_engine(args) -> list[dict]:
 
 def bench_scenarios(args) -> list[dict]:
     from conformance.accumulation_assertions import arithmetic_tolerance, assert_traces_match
-    from optimized.accumulation import run_scenario
+    from conformance.engine_runner import run_engine_scenario
+    from optimized.accumulation import ZeroEngine
     from reference.accumulation import AccumulationConfig, ModelSpec, Scenario, scenario_calls
     from reference.accumulation import run_scenario as reference_run
 
@@ -303,7 +304,7 @@ def bench_scenarios(args) -> list[dict]:
                     # placement can differ (a CPU reference adds CPU-vs-GPU bf16 matmul differences).
                     expected = reference_run(sc, device="cuda" if backend == "nccl" else "cpu")
                     t0 = time.perf_counter()
-                    actual = run_scenario(sc, backend=backend)
+                    actual = run_engine_scenario(ZeroEngine, sc, backend=backend)
                     sec = time.perf_counter() - t0
                     exact = backend == "gloo"
                     try:

@@ -80,6 +80,34 @@ class EngineUnderTest:
         rank_pool.shutdown_pools()
 
 
+class HarnessScenarioArea(ModuleType):
+    """An accumulation area module as the suite drives it when the implementation leaves ``run_scenario`` to the
+    harness (it declares ``distributed_engine`` and has no ``run_scenario`` of its own; see
+    ``reference.contract.interfaces.ScenarioRunner``): every name of the module, read through, plus
+    ``run_scenario`` on the implementation's declared ``ZeroEngine`` in the harness's rank processes."""
+
+    def __init__(self, impl: Implementation, module: ModuleType) -> None:
+        super().__init__(module.__name__, module.__doc__)
+        self._impl = impl
+        self._module = module
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._module, name)
+
+    def run_scenario(self, scenario: Any, *, backend: str | None = None,
+                     bucket_elements: int = engine_runner.SCENARIO_BUCKET_ELEMENTS) -> Any:
+        return engine_runner.run_engine_scenario(engine_class(self._impl), scenario, backend=backend,
+                                                 bucket_elements=bucket_elements)
+
+
+def scenario_area(impl: Implementation, module: ModuleType) -> ModuleType:
+    """``module`` (``impl``'s accumulation area) with a ``run_scenario``: its own where it has one, else the
+    harness's on its declared engine; without either, the module as it is (the interface test names the gap)."""
+    if hasattr(module, "run_scenario") or not impl.capabilities.distributed_engine:
+        return module
+    return HarnessScenarioArea(impl, module)
+
+
 def engine_api(impl: Implementation) -> EngineUnderTest:
     """The engine of ``impl``. Modules marked with :data:`REQUIRES_ENGINE` are skipped at collection for an
     implementation that does not declare one, so reaching this without the declaration is a harness error."""

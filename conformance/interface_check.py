@@ -34,7 +34,10 @@ def interface_problems(module: ModuleType, area: str, capabilities: Capabilities
     required = [interfaces.AREA_INTERFACES[area]]
     required += [p for (a, flag), p in interfaces.CAPABILITY_INTERFACES.items()
                  if a == area and capabilities.declares(flag)]
-    checks = [(p, True) for p in required] + [(p, False) for p in interfaces.OPTIONAL_INTERFACES.get(area, ())]
+    required += [p for (a, flag), p in interfaces.UNLESS_CAPABILITY_INTERFACES.items()
+                 if a == area and not capabilities.declares(flag)]
+    checks = [(p, True) for p in required]
+    checks += [(p, False) for p in interfaces.OPTIONAL_INTERFACES.get(area, ()) if p not in required]
     problems = []
     for protocol, must in checks:
         hints = typing.get_type_hints(protocol, globalns=namespace, localns=namespace)

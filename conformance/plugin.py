@@ -29,7 +29,10 @@ from typing import Any
 import pytest
 
 from conformance import discovery, option_checks, profiles, rule_ledger
-from conformance.accumulation_engines import native_pinning  # noqa: F401 (a fixture the engine tests share)
+from conformance.accumulation_engines import (
+    native_pinning,  # noqa: F401 (a fixture the engine tests share)
+    scenario_area,
+)
 from conformance.expectations import SKIP_PREFIX, Expectations, expectation_id
 from conformance.report import XPASS_STRICT, ReportCollector, build_report, totals_line, write_report
 from reference.contract.accelerators import Accelerator
@@ -240,7 +243,8 @@ def area_api(impl: Implementation, request: pytest.FixtureRequest) -> ModuleType
     area = area_of(request)
     if area is None:
         raise pytest.UsageError(f"{request.node.nodeid} uses area_api but its module sets no conformance_area mark")
-    return impl.load(area)
+    module = impl.load(area)
+    return scenario_area(impl, module) if area == "accumulation" else module
 
 
 @pytest.fixture

@@ -1,48 +1,12 @@
 """The error classes of hostoffload, importable from the implementation a user imports.
 
-They are the shared contract's classes (:mod:`reference.contract.errors`, :mod:`reference.contract.io_errors`),
-not copies: an ``except optimized.ConfigurationError`` catches what either implementation raises, and the
-conformance suite checks both against the same classes.
+They are the shared contract's classes, listed once in :mod:`reference.contract.public_errors` (defined in
+:mod:`reference.contract.errors` and :mod:`reference.contract.io_errors`), not copies: an
+``except optimized.ConfigurationError`` catches what either implementation raises, and the conformance suite
+checks both against the same classes.
 """
 
 from __future__ import annotations
 
-from reference.contract.errors import (
-    ConfigurationError,
-    HostOffloadError,
-    PinnedMemoryLockError,
-    UnknownPluginError,
-    UnsupportedOperationError,
-)
-from reference.contract.io_errors import (
-    DtypeMismatchError,
-    HandleClosedError,
-    IncompleteRecordError,
-    RecordError,
-    RecordFormatError,
-    ShortFileError,
-    SizeMismatchError,
-    SwapError,
-    SwapFileNotFoundError,
-    SwapIOError,
-    SwapNoSpaceError,
-)
-
-__all__ = [
-    "ConfigurationError",
-    "DtypeMismatchError",
-    "HandleClosedError",
-    "HostOffloadError",
-    "IncompleteRecordError",
-    "PinnedMemoryLockError",
-    "RecordError",
-    "RecordFormatError",
-    "ShortFileError",
-    "SizeMismatchError",
-    "SwapError",
-    "SwapFileNotFoundError",
-    "SwapIOError",
-    "SwapNoSpaceError",
-    "UnknownPluginError",
-    "UnsupportedOperationError",
-]
+from reference.contract.public_errors import *  # noqa: F403  (the one list of the project's error classes)
+from reference.contract.public_errors import __all__ as __all__

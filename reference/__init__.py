@@ -10,6 +10,7 @@ third-party one are checked against it by the conformance suite. Two layers live
   :mod:`reference.accumulation`, :mod:`reference.io`), written only against the contract. No implementation
   imports them: a bug in shared machinery would be invisible to the comparison the suite exists for.
 
+The error classes (:mod:`reference.errors`, the contract's list) are importable from here as from ``optimized``.
 The pinning API below is loaded on first use, so that importing a contract module (as ``optimized`` does) does
 not import the pinning oracle with it.
 """
@@ -21,11 +22,13 @@ from typing import Any
 
 from reference.contract.capabilities import Capabilities
 from reference.contract.implementation import Implementation
+from reference.errors import *  # noqa: F403  (the error classes, for `except reference.ConfigurationError`)
+from reference.errors import __all__ as _errors_all
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "IMPLEMENTATION",
+#: The pinning API, imported from :mod:`reference.pinning` on first use (``__getattr__`` below).
+_PINNING_API = frozenset({
     "PinnedStats",
     "is_pinned",
     "pin_empty",
@@ -33,7 +36,9 @@ __all__ = [
     "pin_memory",
     "pinned_stats",
     "unpin",
-]
+})
+
+__all__ = [*_errors_all, "IMPLEMENTATION", *sorted(_PINNING_API)]
 
 #: Registered under the ``hostoffload.implementations`` entry point as ``reference``.
 IMPLEMENTATION = Implementation(
@@ -61,9 +66,6 @@ IMPLEMENTATION = Implementation(
         crash_isolation=False,
     ),
 )
-
-
-_PINNING_API = frozenset(__all__) - {"IMPLEMENTATION"}
 
 
 def __getattr__(name: str) -> Any:

@@ -20,8 +20,9 @@ from conformance.selftest.plugins import partial_pinning
 from conformance.selftest.runner import source_root
 from conformance.selftest.test_harness import run_pytest
 from reference.contract.capabilities import Capabilities
+from reference.contract.catalog import contract_types
 from reference.contract.implementation import Implementation
-from reference.contract.interfaces import AREA_INTERFACES, call_names, contract_types
+from reference.contract.interfaces import AREA_INTERFACES, call_names
 
 pytestmark = pytest.mark.conformance_area("harness")
 
@@ -109,6 +110,8 @@ DEFECTS: list[tuple[str, Callable[[types.ModuleType], None], Capabilities, str]]
     ("accumulation", lambda m: setattr(m, "ZeroEngine", _engine_with_only_init()),
      Capabilities(distributed_engine=True), "ZeroEngine has no method backward"),
     ("accumulation", lambda m: None, Capabilities(distributed_engine=True), "accumulation.ZeroEngine: missing"),
+    # without a declared engine the harness cannot run scenarios itself: the module's own run_scenario is required
+    ("accumulation", lambda m: delattr(m, "run_scenario"), Capabilities(), "accumulation.run_scenario: missing"),
 ]
 
 
@@ -120,6 +123,17 @@ def test_the_interface_check_catches_each_departure(area, defect, caps, expected
     defect(module)
     problems = interface_problems(module, area, caps)
     assert any(expected in p for p in problems), problems
+
+
+def test_run_scenario_is_left_to_the_harness_where_an_engine_is_declared():
+    """With ``distributed_engine`` the harness runs scenarios on the declared ``ZeroEngine`` itself
+    (``conformance.accumulation_engines.scenario_area``), so the module's own ``run_scenario`` is not required; the
+    engine is."""
+    module = _copy("accumulation")
+    del module.run_scenario
+    problems = interface_problems(module, "accumulation", Capabilities(distributed_engine=True))
+    assert not [p for p in problems if "run_scenario" in p], problems
+    assert any("accumulation.ZeroEngine: missing" in p for p in problems), problems
 
 
 def test_a_call_declared_unsupported_is_not_required():

@@ -94,6 +94,34 @@ def test_contract_imports_no_oracle() -> None:
     assert not bad, "the contract must not import an oracle or an implementation:\n" + "\n".join(bad)
 
 
+def _judge_imports(tree: ast.AST) -> Iterator[tuple[str, int]]:
+    """(target, line) of every import of ``conformance`` in ``tree``, function-level ones and module paths held in
+    strings (``importlib.import_module("conformance.x")``: a lazy import that ruff's banned-API rule cannot see)."""
+    for node in ast.walk(tree):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            targets = [node.module]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if re.fullmatch(r"conformance(\.[A-Za-z_]\w*)+(:\w+)?", node.value):
+                targets = [node.value.split(":")[0]]
+        for target in targets:
+            if target.split(".")[0] == "conformance":
+                yield target, node.lineno
+
+
+def test_production_never_imports_the_judge() -> None:
+    """Neither ``optimized`` nor ``reference`` imports ``conformance``, not even lazily: the harness judges them, and
+    code that reached up into it would ship test machinery and depend on what checks it (issue 41)."""
+    root = _root()
+    bad = [f"{path.relative_to(root)}:{line} {target}"
+           for package in ("optimized", "reference") for _, path in _modules(root, package)
+           for target, line in _judge_imports(ast.parse(path.read_text(), str(path)))]
+    assert not bad, "production code imports the conformance harness (move the code into conformance/):\n" + "\n".join(
+        bad)
+
+
 # -- environment variables --------------------------------------------------------------------------------------
 
 _SCANNED = (".py", ".md", ".toml", ".ini", ".cfg", ".txt", ".cpp", ".h", ".sh")

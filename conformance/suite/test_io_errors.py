@@ -22,6 +22,7 @@ import torch
 from conformance.assertions import assert_names_argument
 from conformance.io_assertions import assert_round_trip, assert_swap_error
 from conformance.io_strategies import BAD_KNOBS
+from reference.contract import io_errors
 from reference.contract.envvars import PIN_BACKEND_ENV, PIN_REGISTER_DEVICE_ENV
 from reference.contract.errors import ConfigurationError, HostOffloadError, UnsupportedOperationError
 
@@ -297,9 +298,7 @@ def test_bad_pinning_variable_met_by_the_bounce_pool(area_api, tmp_path, monkeyp
 
 
 def test_errors_are_hostoffload_errors(area_api):
-    for name in ("SwapError", "SwapIOError", "SwapFileNotFoundError", "SwapNoSpaceError", "ShortFileError",
-                 "RecordError", "RecordFormatError", "IncompleteRecordError", "DtypeMismatchError",
-                 "SizeMismatchError", "HandleClosedError"):
+    for name in io_errors.__all__:
         assert issubclass(getattr(area_api, name), HostOffloadError), name
     assert issubclass(area_api.SwapIOError, OSError)
     assert issubclass(area_api.SwapFileNotFoundError, FileNotFoundError)

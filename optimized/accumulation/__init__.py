@@ -1,8 +1,9 @@
 """ZeRO data-parallel engine on torch.distributed (area ``accumulation``, optimized; docs/zero.md).
 
-:class:`ZeroEngine` is what training scripts use (one per rank, like DeepSpeed's engine). :func:`run_scenario`
-is the area's uniform entry point (R26): it runs a shared :class:`Scenario` on W rank processes and returns the
-shared :class:`Trace`, which the conformance suite compares with the reference's. The config, scenario and
+:class:`ZeroEngine` is what training scripts use (one per rank, like DeepSpeed's engine). The area declares it
+(``Capabilities(distributed_engine=True)``) and has no ``run_scenario`` of its own: the conformance harness runs
+a shared :class:`Scenario` on W rank processes of this engine (``conformance.engine_runner``; test machinery,
+which production code never imports) and compares the :class:`Trace` with the reference's. The config, scenario and
 trace types are the area's contract (``reference.contract.accumulation_config``, ``reference.contract.accumulation_*``),
 re-exported here unchanged so that the engine accepts exactly what the reference accepts; everything else in
 this package is the optimized implementation's own code.
@@ -54,47 +55,13 @@ from reference.contract.accumulation_scenario import (
 )
 from reference.contract.errors import CheckpointError, ConfigurationError, UnsupportedOperationError
 
-#: Names that moved to the conformance harness (the multi-process runner is test machinery); still importable from
-#: here, resolved on first use so that importing the engine does not import the harness.
-_HARNESS_NAMES = {
-    "BACKEND_ENV": "conformance.engine_runner",
-    "POOL_SIZE_ENV": "conformance.engine_runner",
-    "TIMEOUT_ENV": "conformance.engine_runner",
-    "run_on_ranks": "conformance.engine_runner",
-    "WorkerTimeoutError": "conformance.rank_pool",
-    "shutdown_pools": "conformance.rank_pool",
-}
-
-
-def __getattr__(name: str):
-    module = _HARNESS_NAMES.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
-
-
-def run_scenario(scenario: Scenario, *, backend: str | None = None, bucket_elements: int | None = None) -> Trace:
-    """R26: run ``scenario`` on W rank processes of :class:`ZeroEngine` and return its trace (the harness's
-    :func:`conformance.engine_runner.run_engine_scenario` with this engine; see docs/zero.md)."""
-    from conformance.engine_runner import SCENARIO_BUCKET_ELEMENTS, run_engine_scenario
-
-    return run_engine_scenario(
-        ZeroEngine, scenario, backend=backend,
-        bucket_elements=SCENARIO_BUCKET_ELEMENTS if bucket_elements is None else bucket_elements,
-    )
-
 __all__ = [
-    "BACKEND_ENV",
     "CONFIG_KEYS",
     "DEFAULT_BUCKET_ELEMENTS",
     "DTYPES",
     "OFFLOAD_DEVICES",
     "OFFLOAD_OPTIMIZER_DEVICES",
     "OPTIMIZERS",
-    "POOL_SIZE_ENV",
-    "TIMEOUT_ENV",
     "ZERO_STAGES",
     "AccumulationConfig",
     "ApplyDelayedUpdate",
@@ -118,17 +85,13 @@ __all__ = [
     "StepRecord",
     "Trace",
     "UnsupportedOperationError",
-    "WorkerTimeoutError",
     "ZeroEngine",
     "compute_loss",
     "fold_in_rank_order",
     "fused_device_adam",
     "micro_batch",
     "native_cpu_adam",
-    "run_on_ranks",
-    "run_scenario",
     "scenario_calls",
-    "shutdown_pools",
     "step_master",
     "torch_step",
     "transport_handoff",

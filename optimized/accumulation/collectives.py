@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from reference.contract.accumulation_norm import fold_left
-from reference.contract.errors import HostOffloadError
+from reference.contract.errors import CollectiveError
 
 __all__ = ["HANDOFF", "CollectiveError", "Collectives", "PendingReduce", "TransportHandoff", "fold_in_rank_order"]
 
@@ -52,10 +52,6 @@ def _all_gather(output: torch.Tensor, part: torch.Tensor, group: Any) -> Any:
     ``all_gather_into_tensor`` (and warns on the old name); 2.4-2.12 only have the old one."""
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     return gather(output, part, group=group)
-
-
-class CollectiveError(HostOffloadError, RuntimeError):
-    """A collective failed or timed out, usually because another rank raised or stopped calling the engine."""
 
 
 class TransportHandoff:

@@ -1,6 +1,6 @@
 """Adam / AdamW on a device master in one pass (Triton), bitwise the torch-op sequence it replaces.
 
-Why: :func:`optimizers.torch_step` writes R16 as a sequence of elementwise torch ops plus an fp64 square root, so
+Why: :func:`torch_optimizer.torch_step` writes R16 as a sequence of elementwise torch ops plus an fp64 square root, so
 every element's update moves about 230 bytes of device memory (16 passes, each reading and writing whole
 vectors; on an H200 the split update's device side took 4.7e-11 s per element, docs/benchmarks.md run U), where
 the update itself needs to read master, gradient and moments and write master and moments: 28 bytes, 30 with the
@@ -38,6 +38,7 @@ import threading
 
 import torch
 
+from optimized.accumulation.torch_optimizer import init_state, torch_step
 from reference.contract import envvars
 from reference.contract.accumulation_config import OptimizerConfig
 from reference.contract.accumulation_step import ADAM_KERNEL_TYPES, check_adam_kernel_call
@@ -184,8 +185,6 @@ def self_check(device: torch.device | str, config: OptimizerConfig, step_fn=None
     """Run ``step_fn`` (default :func:`adam_step`) and torch_step side by side on the probe for three steps, with
     and without clipping, and compare master, moments and the bf16 copy bitwise. None: identical; else a
     one-line reason (the first differing element, or the exception)."""
-    from optimized.accumulation.optimizers import init_state, torch_step
-
     step_fn = adam_step if step_fn is None else step_fn
     device = torch.device(device)
     try:

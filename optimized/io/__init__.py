@@ -8,23 +8,12 @@ imported from there, so they cannot drift); see :mod:`optimized.io.handle` for h
 from __future__ import annotations
 
 from optimized.io.handle import SwapHandle, SwapRequest
+from reference.contract import io_errors
 from reference.contract.io_config import (
     DIRECT_ALIGNMENT,
     SwapConfig,
 )
-from reference.contract.io_errors import (
-    DtypeMismatchError,
-    HandleClosedError,
-    IncompleteRecordError,
-    RecordError,
-    RecordFormatError,
-    ShortFileError,
-    SizeMismatchError,
-    SwapError,
-    SwapFileNotFoundError,
-    SwapIOError,
-    SwapNoSpaceError,
-)
+from reference.contract.io_errors import *  # noqa: F403  (the area's error classes: io_errors.__all__)
 from reference.contract.io_record import (
     HEADER_SIZE,
     record_nbytes,
@@ -33,21 +22,11 @@ from reference.contract.io_record import (
 from reference.contract.io_stats import SwapStats
 
 __all__ = [
+    *io_errors.__all__,
     "DIRECT_ALIGNMENT",
     "HEADER_SIZE",
-    "DtypeMismatchError",
-    "HandleClosedError",
-    "IncompleteRecordError",
-    "RecordError",
-    "RecordFormatError",
-    "ShortFileError",
-    "SizeMismatchError",
     "SwapConfig",
-    "SwapError",
-    "SwapFileNotFoundError",
     "SwapHandle",
-    "SwapIOError",
-    "SwapNoSpaceError",
     "SwapRequest",
     "SwapStats",
     "record_nbytes",

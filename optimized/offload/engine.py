@@ -380,7 +380,8 @@ class StreamedOffloadEngine:
                 for candidate in candidates:
                     self._issue_prefetch(candidate)
                 return
-        DeferredPrefetch(self, candidates, self._epoch, allocated).attach(node)
+        DeferredPrefetch(self.allocated_device_bytes, self.issue_planned_prefetch, candidates, self._epoch,
+                         allocated).attach(node)
 
     def _prefetch_candidates(self, seq: int) -> list[SavedActivation]:
         """The next ``prefetch_count`` offloaded activations older than ``seq`` not yet prefetched, as far as

@@ -8,18 +8,22 @@ copies issued. Where the device reports no allocation counter the engine issues 
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
-
-if TYPE_CHECKING:
-    from optimized.offload.engine import SavedActivation, StreamedOffloadEngine
 
 # How many autograd nodes after a restore get a one-shot post-hook that may issue the planned prefetch.
 _PREFETCH_HOOK_NODES = 8
 # After this many of those hooks ran without a safe moment, the planned prefetch is issued anyway: a late
 # prefetch still beats a copy on demand. Six covers one MLP block (the post-peak frees show up at the fifth).
 _PREFETCH_DEADLINE_NODES = 6
+
+
+class PlannedCopy(Protocol):
+    """What this module reads of a planned prefetch: its size (the engine's saved activation)."""
+
+    nbytes: int
 
 
 class DeferredPrefetch:
@@ -40,12 +44,19 @@ class DeferredPrefetch:
     sees the peak: the fall shows up one boundary later, which is what the "fallen since the previous sample"
     test waits for. After ``_PREFETCH_DEADLINE_NODES`` hooks without such a moment the prefetch is issued
     anyway (bounded lateness).
+
+    The engine is reached through two callbacks, bound methods of it held weakly (a hook left on a graph must not
+    keep a closed engine alive): ``allocated_bytes()``, the device bytes allocated now (None: not reported), and
+    ``issue(candidate, epoch)``, which issues a planned copy unless it became pointless. This module then knows
+    nothing of the engine, and the engine imports it without a cycle.
     """
 
     def __init__(
-        self, engine: StreamedOffloadEngine, candidates: list[SavedActivation], epoch: int, start: int
+        self, allocated_bytes: Callable[[], int | None], issue: Callable[[Any, int], None],
+        candidates: list[PlannedCopy], epoch: int, start: int,
     ) -> None:
-        self._engine = weakref.ref(engine)
+        self._allocated_bytes = weakref.WeakMethod(allocated_bytes)  # type: ignore[arg-type]
+        self._issue = weakref.WeakMethod(issue)  # type: ignore[arg-type]
         self._pending = [weakref.ref(c) for c in candidates]
         self._epoch = epoch
         self._high = start
@@ -70,10 +81,10 @@ class DeferredPrefetch:
             queue.extend(fn for fn, _ in current.next_functions)
 
     def _on_node_done(self, grad_inputs: Any, grad_outputs: Any) -> None:
-        engine = self._engine()
-        if engine is None or not self._pending:
+        allocated_bytes, issue = self._allocated_bytes(), self._issue()
+        if allocated_bytes is None or issue is None or not self._pending:
             return
-        allocated = engine.allocated_device_bytes()
+        allocated = allocated_bytes()
         if allocated is None:
             return
         self._calls += 1
@@ -89,7 +100,7 @@ class DeferredPrefetch:
             if not deadline and (after > previous or after > self._high):
                 return
             self._pending.pop(0)
-            engine.issue_planned_prefetch(candidate, self._epoch)
+            issue(candidate, self._epoch)
             allocated = after
 
 

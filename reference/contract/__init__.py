@@ -22,6 +22,8 @@ One concept per module (import each by its full path; this package re-exports no
 :mod:`~reference.contract.accelerators` the device interface, the shipped ``cpu``/``cuda`` devices, the registry
 :mod:`~reference.contract.capabilities` the typed capability declaration of an implementation
 :mod:`~reference.contract.implementation` the entry-point descriptor and lazy area loading
+:mod:`~reference.contract.interfaces`   the per-area protocols an implementation's modules satisfy
+:mod:`~reference.contract.catalog`      every contract class a plugin author meets, by name
 :mod:`~reference.contract.pinning_rules` ``PinnedRange``, ``PinnedStats`` and the pinning calls' argument checks
 :mod:`~reference.contract.offload_config` ``OffloadConfig`` and its validation
 :mod:`~reference.contract.offload_stats` ``OffloadStats`` and the recorder that defines its counters and gauges

@@ -5,6 +5,9 @@ type whatever backend is underneath. Each class also derives from the builtin a 
 (``ValueError`` for a bad value, ``MemoryError`` for memory that cannot be locked), so existing ``except``
 clauses keep working.
 
+The swap-I/O errors live in :mod:`reference.contract.io_errors`; :mod:`reference.contract.public_errors` lists
+every public error of the project once.
+
 Contract: an ``except`` clause, and every test of the suite, names these classes; two implementations can only
 be interchangeable if they raise the same ones.
 """
@@ -45,6 +48,14 @@ class UnknownPluginError(ConfigurationError):
     """A named accelerator or implementation that no installed package provides."""
 
 
+class MissingDependencyError(UnsupportedOperationError, ImportError):
+    """An optional dependency needed for a requested feature is not installed."""
+
+
+class CollectiveError(HostOffloadError, RuntimeError):
+    """A collective failed or timed out, usually because another rank raised or stopped calling the engine."""
+
+
 def allowed_values_error(name: str, value: object, allowed: Iterable[object]) -> ConfigurationError:
     """Build the standard message for a value outside an enumerated set.
 
@@ -56,8 +67,10 @@ def allowed_values_error(name: str, value: object, allowed: Iterable[object]) ->
 
 __all__ = [
     "CheckpointError",
+    "CollectiveError",
     "ConfigurationError",
     "HostOffloadError",
+    "MissingDependencyError",
     "PinnedMemoryLockError",
     "UnknownPluginError",
     "UnsupportedOperationError",

@@ -20,7 +20,8 @@ what it needs; a module may export more. What a member's annotation asks for, ex
 
 Members of :data:`OPTIONAL_INTERFACES` are checked where the module has them (``stress_registry``: a
 production build may leave it out); members of :data:`CAPABILITY_INTERFACES` are required when the
-implementation declares the capability named there.
+implementation declares the capability named there, those of :data:`UNLESS_CAPABILITY_INTERFACES` when it does
+not (``run_scenario``: with a declared ``ZeroEngine`` the harness runs scenarios on it).
 
 An implementation may declare single calls unsupported (``Implementation(unsupported={"pinning.pin_empty_like":
 "why"})``, names in :func:`call_names`): the interface check and every test marked as exercising the call are
@@ -29,14 +30,17 @@ self-test ``conformance/selftest/test_contract_interfaces.py`` holds both of hos
 these protocols and their ``__all__``.
 
 Contract: read by implementations (to know what to provide), by ``Implementation`` (to validate
-``unsupported``) and by the suite. It imports nothing heavy: annotations stay strings here and are resolved
-against :func:`contract_namespace` by the checker.
+``unsupported``) and by the suite. It imports nothing heavy (of the contract, only ``io_errors``, for the io
+area's error names): annotations stay strings here and are resolved against :func:`contract_namespace` by the
+checker.
 """
 
 from __future__ import annotations
 
 import inspect
 from typing import TYPE_CHECKING, Any, Protocol
+
+from reference.contract import io_errors
 
 if TYPE_CHECKING:  # resolved at check time by contract_namespace(); importing them here would import torch
     import os
@@ -47,24 +51,11 @@ if TYPE_CHECKING:  # resolved at check time by contract_namespace(); importing t
     from reference.contract.accumulation_config import AccumulationConfig
     from reference.contract.accumulation_scenario import Scenario, Trace
     from reference.contract.accumulation_step import OptimizerState, StepOutcome
-    from reference.contract.errors import ConfigurationError, UnsupportedOperationError
+    from reference.contract.errors import ConfigurationError, MissingDependencyError, UnsupportedOperationError
     from reference.contract.io_config import SwapConfig
-    from reference.contract.io_errors import (
-        DtypeMismatchError,
-        HandleClosedError,
-        IncompleteRecordError,
-        RecordError,
-        RecordFormatError,
-        ShortFileError,
-        SizeMismatchError,
-        SwapError,
-        SwapFileNotFoundError,
-        SwapIOError,
-        SwapNoSpaceError,
-    )
+    from reference.contract.io_errors import SwapError
     from reference.contract.io_stats import SwapStats
     from reference.contract.offload_config import OffloadConfig
-    from reference.contract.offload_hf import MissingDependencyError
     from reference.contract.offload_stats import OffloadStats
     from reference.contract.optimizer_kernels import AdamKernel
     from reference.contract.pinning_rules import PinnedRange, PinnedStats
@@ -155,6 +146,13 @@ class AccumulationArea(Protocol):
     ConfigurationError: type[ConfigurationError]
     UnsupportedOperationError: type[UnsupportedOperationError]
 
+
+class ScenarioRunner(Protocol):
+    """How the suite gets a ``Trace``: the area module's own ``run_scenario``. Required of an implementation
+    without a distributed engine; one that declares ``distributed_engine`` may leave it out, and the harness then
+    runs each scenario on the declared ``ZeroEngine`` in its own rank processes
+    (``conformance.engine_runner.run_engine_scenario``): a multi-process runner is test machinery, not product."""
+
     def run_scenario(self, scenario: Scenario) -> Trace: ...
 
 
@@ -233,17 +231,7 @@ class IoArea(Protocol):
     SwapStats: type[SwapStats]
     HEADER_SIZE: int
     DIRECT_ALIGNMENT: int
-    SwapError: type[SwapError]
-    SwapIOError: type[SwapIOError]
-    SwapNoSpaceError: type[SwapNoSpaceError]
-    SwapFileNotFoundError: type[SwapFileNotFoundError]
-    HandleClosedError: type[HandleClosedError]
-    RecordError: type[RecordError]
-    RecordFormatError: type[RecordFormatError]
-    IncompleteRecordError: type[IncompleteRecordError]
-    ShortFileError: type[ShortFileError]
-    SizeMismatchError: type[SizeMismatchError]
-    DtypeMismatchError: type[DtypeMismatchError]
+    # ... and every error class of the area (``SwapError: type[SwapError]`` ...), added below from the one list.
 
     def record_nbytes(self, nbytes: int) -> int: ...
     def record_span(self, nbytes: int, alignment: int = 4096) -> int: ...
@@ -257,6 +245,11 @@ class OptimizerKernelsArea(Protocol):
     OPTIMIZER_KERNELS: tuple[AdamKernel, ...]
 
 
+# The io area offers each of its error classes by name: the contract lists them once (io_errors.__all__), so the
+# protocol's members are derived from that list instead of spelled out again.
+IoArea.__annotations__.update({name: f"type[{name}]" for name in io_errors.__all__})
+
+
 #: area -> the protocol its module satisfies (every name there is required).
 AREA_INTERFACES: dict[str, type] = {
     "pinning": PinningArea,
@@ -267,7 +260,10 @@ AREA_INTERFACES: dict[str, type] = {
     "optimizer_kernels": OptimizerKernelsArea,
 }
 #: area -> protocols whose members are checked only where the module has them.
-OPTIONAL_INTERFACES: dict[str, tuple[type, ...]] = {"ranges": (RangesStress,)}
+OPTIONAL_INTERFACES: dict[str, tuple[type, ...]] = {"ranges": (RangesStress,), "accumulation": (ScenarioRunner,)}
+#: (area, capability) -> the protocol the area's module satisfies unless the capability is declared (with it, the
+#: protocol is checked where the module has its members: the harness provides them otherwise).
+UNLESS_CAPABILITY_INTERFACES: dict[tuple[str, str], type] = {("accumulation", "distributed_engine"): ScenarioRunner}
 #: (area, capability) -> the protocol the area's module satisfies too when the capability is declared.
 CAPABILITY_INTERFACES: dict[tuple[str, str], type] = {
     ("accumulation", "distributed_engine"): DistributedAccumulation,
@@ -323,54 +319,21 @@ def contract_namespace() -> dict[str, Any]:
     for module in (accumulation_config, accumulation_scenario, accumulation_step, errors, io_config, io_errors,
                    io_stats, offload_config, offload_hf, offload_stats, optimizer_kernels, pinning_rules):
         namespace.update({k: v for k, v in vars(module).items() if isinstance(v, type) and not k.startswith("_")})
-    namespace.update({p.__name__: p for p in _PROTOCOLS})
+    namespace.update({p.__name__: p for p in PROTOCOLS})
     return namespace
 
 
-def contract_types() -> dict[str, type]:
-    """Every class of ``reference.contract`` a plugin author meets, by name: those the protocols name (re-exported
-    types, parameter and result types) and what registering and erring take (``Implementation``,
-    ``Capabilities``, ``Accelerator``, the base errors). docs/extending.md lists where each lives, and a
-    self-test holds that list, and docs/changelog.md, to where they are (a move cannot go unannounced)."""
-    import typing
-
-    from reference.contract import errors
-    from reference.contract.accelerators import Accelerator
-    from reference.contract.capabilities import Capabilities
-    from reference.contract.implementation import Implementation
-
-    namespace = contract_namespace()
-    found: dict[str, type] = {}
-
-    def walk(hint: Any) -> None:
-        if isinstance(hint, type) and hint.__module__.startswith("reference.contract") and not getattr(
-                hint, "_is_protocol", False):
-            found[hint.__name__] = hint
-        for arg in typing.get_args(hint):
-            walk(arg)
-
-    for protocol in _PROTOCOLS:
-        for hint in typing.get_type_hints(protocol, globalns=namespace, localns=namespace).values():
-            walk(hint)
-        for name in protocol_members(protocol):
-            member = protocol.__dict__.get(name)
-            if inspect.isfunction(member):
-                for hint in typing.get_type_hints(member, globalns=namespace, localns=namespace).values():
-                    walk(hint)
-    for cls in (Implementation, Capabilities, Accelerator, errors.HostOffloadError, errors.UnknownPluginError,
-                errors.PinnedMemoryLockError):
-        found[cls.__name__] = cls
-    return found
-
-
-_PROTOCOLS = (PinningArea, RangeRegistryClass, RangesArea, RangesStress, ActivationOffloadClass, OffloadArea,
-              AccumulationArea, ZeroEngineClass, DistributedAccumulation, CheckpointingZeroEngineClass,
+#: Every protocol of this module (what :func:`contract_namespace` and ``reference.contract.catalog`` walk).
+PROTOCOLS = (PinningArea, RangeRegistryClass, RangesArea, RangesStress, ActivationOffloadClass, OffloadArea,
+              AccumulationArea, ScenarioRunner, ZeroEngineClass, DistributedAccumulation, CheckpointingZeroEngineClass,
               CheckpointingAccumulation, SwapRequestClass, SwapHandleClass, IoArea, OptimizerKernelsArea)
 
 __all__ = [
     "AREA_INTERFACES",
     "CAPABILITY_INTERFACES",
     "OPTIONAL_INTERFACES",
+    "PROTOCOLS",
+    "UNLESS_CAPABILITY_INTERFACES",
     "AccumulationArea",
     "ActivationOffloadClass",
     "CheckpointingAccumulation",
@@ -383,11 +346,11 @@ __all__ = [
     "RangeRegistryClass",
     "RangesArea",
     "RangesStress",
+    "ScenarioRunner",
     "SwapHandleClass",
     "SwapRequestClass",
     "ZeroEngineClass",
     "call_names",
     "contract_namespace",
-    "contract_types",
     "protocol_members",
 ]

@@ -10,6 +10,10 @@ Each class also derives from the builtin a Python user would reach for (``OSErro
 for operating-system failures, ``EOFError`` for a file that ends too early, ``ValueError`` for a record that does
 not match the tensor), so existing ``except`` clauses keep working.
 
+``__all__`` is the area's error classes, which ``reference.io`` and ``optimized.io`` re-export (and the io area's
+protocol requires); the helpers :func:`swap_io_error` and :func:`with_cause` are for implementations, imported by
+name.
+
 Contract: which class a failed request raises, and from where (``wait()``), is what makes the blocking
 reference and an asynchronous handle interchangeable; both raise these classes.
 """
@@ -102,6 +106,4 @@ __all__ = [
     "SwapFileNotFoundError",
     "SwapIOError",
     "SwapNoSpaceError",
-    "swap_io_error",
-    "with_cause",
 ]

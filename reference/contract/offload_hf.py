@@ -23,7 +23,7 @@ import functools
 import threading
 from typing import Any
 
-from reference.contract.errors import UnsupportedOperationError
+from reference.contract.errors import MissingDependencyError
 from reference.contract.offload_selection import mark_checkpoint_input
 
 _MISSING = object()
@@ -31,10 +31,6 @@ _lock = threading.Lock()
 _refcount = 0
 _patched_class: Any = None
 _original_call: Any = _MISSING
-
-
-class MissingDependencyError(UnsupportedOperationError, ImportError):
-    """An optional dependency needed for a requested feature is not installed."""
 
 
 def _layer_class() -> type:

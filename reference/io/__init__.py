@@ -19,40 +19,19 @@ Usage::
 
 from __future__ import annotations
 
+from reference.contract import io_errors
 from reference.contract.io_config import DIRECT_ALIGNMENT, SwapConfig
-from reference.contract.io_errors import (
-    DtypeMismatchError,
-    HandleClosedError,
-    IncompleteRecordError,
-    RecordError,
-    RecordFormatError,
-    ShortFileError,
-    SizeMismatchError,
-    SwapError,
-    SwapFileNotFoundError,
-    SwapIOError,
-    SwapNoSpaceError,
-)
+from reference.contract.io_errors import *  # noqa: F403  (the area's error classes: io_errors.__all__)
 from reference.contract.io_record import HEADER_SIZE, record_nbytes, record_span
 from reference.contract.io_stats import SwapStats
 from reference.io.handle import SwapHandle, SwapRequest
 
 __all__ = [
+    *io_errors.__all__,
     "DIRECT_ALIGNMENT",
     "HEADER_SIZE",
-    "DtypeMismatchError",
-    "HandleClosedError",
-    "IncompleteRecordError",
-    "RecordError",
-    "RecordFormatError",
-    "ShortFileError",
-    "SizeMismatchError",
     "SwapConfig",
-    "SwapError",
-    "SwapFileNotFoundError",
     "SwapHandle",
-    "SwapIOError",
-    "SwapNoSpaceError",
     "SwapRequest",
     "SwapStats",
     "record_nbytes",
