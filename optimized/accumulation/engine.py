@@ -500,16 +500,16 @@ class ZeroEngine(ScheduledEngine):
     def pinned_buffers(self) -> tuple[torch.Tensor, ...]:
         """The pinned host buffers this engine holds now (offload state, and ``nvme`` state buffers while they
         are in memory), for inspection."""
-        return self._host.pinned + (self._path.resident_buffers() if self._path is not None else ())
+        return self._host.pinned + (self._path.reports.resident_buffers() if self._path is not None else ())
 
     @property
     def swap_directory(self) -> str | None:
         """The directory this rank swaps optimizer state into (``nvme`` offload), else None."""
-        return None if self._path is None else self._path.swap_directory
+        return None if self._path is None else self._path.reports.swap_directory
 
     def swap_stats(self):
         """The swap handle's :class:`~reference.io.SwapStats` (``nvme`` offload), else None."""
-        return None if self._path is None else self._path.swap_stats()
+        return None if self._path is None else self._path.reports.swap_stats()
 
     def destroy(self) -> None:
         """Remove every hook, unpin every pinned buffer the engine allocated, close the ``nvme`` swap handle and
@@ -573,7 +573,7 @@ class ZeroEngine(ScheduledEngine):
         only ``device_adam_s``), or None where there is nothing to report (a cpu run without offload, a host update
         that is not streamed: stage 0/1, SGD). Synchronizes; meant for benchmarks."""
         path = self.__dict__.get("_path")
-        return None if path is None else path.offload_timings()
+        return None if path is None else path.reports.offload_timings()
 
     def split_report(self) -> dict | None:
         """R28 (``gpu_share``): this rank's cut between the device and the host -- the share, elements, device
@@ -581,7 +581,7 @@ class ZeroEngine(ScheduledEngine):
         (``reference.contract.accumulation_split.SplitDecision`` as a mapping) -- or None (``gpu_share`` 0, or
         "auto" before the second boundary)."""
         path = self.__dict__.get("_path")
-        return None if path is None else path.split_report()
+        return None if path is None else path.reports.split_report()
 
     def _check_alive(self) -> None:
         if self._destroyed:
