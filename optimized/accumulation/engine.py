@@ -48,6 +48,7 @@ import torch.distributed as dist
 from torch import nn
 
 from optimized.accumulation import checkpoint as ckpt
+from optimized.accumulation.checkpoint_view import CheckpointView
 from optimized.accumulation.collectives import HANDOFF, Collectives
 from optimized.accumulation.construction import build_module, check_same_model_on_every_rank, resolve_device
 from optimized.accumulation.gradients import GradientHooks, plan_buckets
@@ -404,7 +405,7 @@ class ZeroEngine(ScheduledEngine):
                 "part of a checkpoint and would be lost; allowed: save right after a boundary step(), or "
                 "zero_grad() first to drop it on purpose"
             )
-        return ckpt.save(self, save_dir, tag, client_state, save_latest)
+        return ckpt.save(self._checkpoint_view(), save_dir, tag, client_state, save_latest)
 
     def load_checkpoint(
         self, load_dir: str | os.PathLike, tag: str | None = None, *, load_optimizer_states: bool = True,
@@ -425,8 +426,25 @@ class ZeroEngine(ScheduledEngine):
             if type(v) is not bool:
                 raise ConfigurationError(f"{name}={v!r} must be a bool; allowed values: True, False")
         return ckpt.load(
-            self, load_dir, tag, load_optimizer_states=load_optimizer_states,
+            self._checkpoint_view(), load_dir, tag, load_optimizer_states=load_optimizer_states,
             load_lr_scheduler_states=load_lr_scheduler_states, load_module_only=load_module_only,
+        )
+
+    def _checkpoint_view(self) -> CheckpointView:
+        """What checkpoint save and load see of this engine (built per call: the attached scheduler may change)."""
+
+        def defer_scheduler_state(state: dict[str, Any]) -> None:
+            self._pending_scheduler_state = state
+
+        def gradients_dropped() -> None:
+            self._grads_pending = False
+
+        return CheckpointView(
+            comm=self._comm, rank=self.rank, world_size=self.world_size, stage=self.stage, device=self.device,
+            config=self.config, layout=self.layout, frozen_layout=self.frozen_layout, frozen_names=self.frozen_names,
+            module=self._module, params=self._params, weights=self._weights, path=self._path,
+            schedule=self._schedule, optimizer=self.optimizer, lr_scheduler=self._lr_scheduler,
+            defer_scheduler_state=defer_scheduler_state, gradients_dropped=gradients_dropped,
         )
 
     # ---- consolidated weights ------------------------------------------------------------------------------
@@ -474,7 +492,8 @@ class ZeroEngine(ScheduledEngine):
                 flat = state_dict[name].detach().reshape(-1).to(torch.float32)
                 master[local : local + length].copy_(flat[pstart : pstart + length])
         frozen = {k: state_dict[k] for k in self.frozen_names if k in state_dict}
-        ckpt.install_state(self, master, None, frozen, {k: v for k, v in state_dict.items() if k in buffers})
+        loaded_buffers = {k: v for k, v in state_dict.items() if k in buffers}
+        ckpt.install_state(self._checkpoint_view(), master, None, frozen, loaded_buffers)
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """Copies of every parameter at full shape in the model dtype (stage 3: a collective, all ranks call)."""
