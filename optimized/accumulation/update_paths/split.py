@@ -27,6 +27,11 @@ update the whole step, otherwise the next micro-batch's forward, taken as a thir
 backward -- and the ranks agree on the slowest host and device and the least hide; the cut is
 :func:`reference.contract.accumulation_split.choose_split`'s, within ``gpu_memory_budget`` (or half the free
 device memory). ``split_report()`` returns the decision and it is logged.
+
+This module is the part the streamed path (:mod:`.streamed`) composes when it splits: :class:`DeviceSplit` (the
+cut, the device side and when the host buffers are older than it) and :class:`AutoShare` ("auto"'s measurements
+and choice). The order of the device side's update and publish is the release policy's (:mod:`.release`: with
+R27 the device side too publishes the previous boundary's weights first).
 """
 
 from __future__ import annotations
