@@ -19,7 +19,7 @@ from optimized.accumulation.update_paths.base import UpdateContext, host_model_b
 from optimized.accumulation.update_paths.host_worker import HostUpdateWorker
 from reference.contract.accumulation_config import OptimizerConfig
 
-__all__ = ["DelayedRelease", "ImmediateRelease"]
+__all__ = ["DelayedRelease", "ImmediateRelease", "Release"]
 
 
 class ImmediateRelease:
@@ -84,12 +84,15 @@ class ImmediateRelease:
             live.copy_(side.cast())
 
 
-class DelayedRelease(ImmediateRelease):
+class DelayedRelease:
     """R27: boundary k publishes the weights of boundary k - 1 into the live parameters and then runs its update,
     overlapping all of step k + 1. The next backward fills a second host accumulator; the kernel's cast output is
-    a buffer of its own."""
+    a buffer of its own. (The same calls as :class:`ImmediateRelease`.)"""
 
     lags_parameters = True
+
+    def __init__(self, ctx: UpdateContext) -> None:
+        self.ctx = ctx
 
     def cast_buffer(self, master: torch.Tensor) -> torch.Tensor:
         # The live parameters hold the previous boundary's weights: the kernel's output is a buffer of its own;
@@ -143,3 +146,7 @@ class DelayedRelease(ImmediateRelease):
         """R28 with R27: the device side too installs the weights of the previous boundary before its update."""
         live.copy_(side.cast())  # R27: the master as it is before this boundary's update
         side.step(hyper, step, clip_coef, grad)
+
+
+#: the release a streamed path is built with (the two have the same calls)
+Release = ImmediateRelease | DelayedRelease

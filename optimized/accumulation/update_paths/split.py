@@ -47,7 +47,7 @@ from optimized.accumulation.optimizers import step_master
 from optimized.accumulation.update_paths.base import UpdateContext
 from optimized.accumulation.update_paths.gradient_stream import GradientStream
 from optimized.accumulation.update_paths.host_worker import HostUpdateWorker
-from optimized.accumulation.update_paths.release import ImmediateRelease
+from optimized.accumulation.update_paths.release import Release
 from optimized.accumulation.update_paths.timings import UpdateTimings
 from reference.contract.accumulation_config import GPU_SHARE_AUTO, OptimizerConfig
 from reference.contract.accumulation_split import (
@@ -115,7 +115,7 @@ class DeviceSplit:
     installed in them)."""
 
     def __init__(self, ctx: UpdateContext, gradients: GradientStream, worker: HostUpdateWorker,
-                 timings: UpdateTimings, release: ImmediateRelease) -> None:
+                 timings: UpdateTimings, release: Release) -> None:
         self.ctx = ctx
         self._gradients = gradients
         self._worker = worker

@@ -47,7 +47,7 @@ from optimized.accumulation.update_paths.base import (
 from optimized.accumulation.update_paths.gradient_stream import GradientStream
 from optimized.accumulation.update_paths.host_worker import HostUpdateWorker
 from optimized.accumulation.update_paths.norm_sums import BucketRange, NormPieceSums
-from optimized.accumulation.update_paths.release import DelayedRelease, ImmediateRelease
+from optimized.accumulation.update_paths.release import DelayedRelease, ImmediateRelease, Release
 from optimized.accumulation.update_paths.split import DeviceSplit
 from optimized.accumulation.update_paths.timings import UpdateTimings
 from optimized.accumulation.update_paths.weight_upload import WeightUpload
@@ -85,7 +85,7 @@ class StreamedHostUpdate(UpdatePath):
     and whether a device side (R28) this path is built with."""
 
     #: when the new weights reach the parameters (R27: :class:`DelayedRelease`)
-    release_class: ClassVar[type[ImmediateRelease]] = ImmediateRelease
+    release_class: ClassVar[type[Release]] = ImmediateRelease
     #: R28: whether the leading part of the partition is updated on the device (``gpu_share``)
     splits: ClassVar[bool] = False
 
