@@ -43,6 +43,7 @@ from optimized.accumulation.checkpoint_files import (
     staging_directory,
     write_rank_file,
 )
+from optimized.accumulation.checkpoint_view import CheckpointView
 from reference.contract.errors import CheckpointError, ConfigurationError
 
 __all__ = [
@@ -142,8 +143,9 @@ def assemble(
 
 
 # ---- what a ZeroEngine writes and reads (the engine's save_checkpoint/load_checkpoint delegate here) -----------
-# The engine side is written against the engine's state (layouts, parameters, master, optimizer state, schedule,
-# the update path); the format functions above know nothing of it.
+# The engine side is written against the engine's :class:`.CheckpointView` (``engine`` below: layouts, parameters,
+# the update path, the schedule -- what the engine hands out, not its private attributes); the format functions
+# above know nothing of it.
 
 
 def agree(comm: Any, error: BaseException | None, what: str) -> None:
@@ -158,13 +160,13 @@ def agree(comm: Any, error: BaseException | None, what: str) -> None:
             raise cls(f"{what} failed on rank {r}: {e[0]}: {e[1]}")
 
 
-def master_range(engine: Any) -> tuple[int, int]:
+def master_range(engine: CheckpointView) -> tuple[int, int]:
     """The flat range of the engine's fp32 master: the whole buffer at stage 0, this rank's partition above."""
     P = engine.layout.partition_size
     return (0, engine.layout.total) if engine.stage == 0 else (engine.rank * P, (engine.rank + 1) * P)
 
 
-def frozen_range(engine: Any) -> tuple[int, int]:
+def frozen_range(engine: CheckpointView) -> tuple[int, int]:
     """The flat range of frozen parameters this rank holds: all of them below stage 3, its partition at 3."""
     if engine.stage != 3:
         return (0, engine.frozen_layout.total)
@@ -173,12 +175,12 @@ def frozen_range(engine: Any) -> tuple[int, int]:
 
 
 def save(
-    engine: Any, save_dir: str | os.PathLike, tag: str | None, client_state: Any, save_latest: bool
+    engine: CheckpointView, save_dir: str | os.PathLike, tag: str | None, client_state: Any, save_latest: bool
 ) -> str:
     """:meth:`ZeroEngine.save_checkpoint`: check the arguments (client_state included) and agree on them, prepare
     the staging directory on rank 0, write every rank's file, commit on rank 0 (:mod:`.checkpoint_files`). Any
     rank's failure is every rank's :class:`CheckpointError` or :class:`ConfigurationError`."""
-    comm = engine._comm
+    comm = engine.comm
     if not isinstance(save_dir, (str, os.PathLike)):
         raise ConfigurationError(f"save_dir={save_dir!r} must be a str or PathLike naming a directory")
     if type(save_latest) is not bool:
@@ -226,8 +228,9 @@ def save(
     return os.path.join(directory, tag)
 
 
-def _manifest(engine: Any, tag: str, optimizer_step: int, state_names: list[str], entries: list) -> dict[str, Any]:
-    sched = engine._schedule
+def _manifest(
+    engine: CheckpointView, tag: str, optimizer_step: int, state_names: list[str], entries: list
+) -> dict[str, Any]:
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -237,45 +240,42 @@ def _manifest(engine: Any, tag: str, optimizer_step: int, state_names: list[str]
         "model_dtype": engine.config.dtype,
         "optimizer_type": engine.config.optimizer.type,
         "optimizer_step": optimizer_step,
-        "delayed_parameter_update": engine._path.lags_parameters,
+        "delayed_parameter_update": engine.path.lags_parameters,
         "state_buffers": state_names,
         "parameters": {s.name: list(s.shape) for s in engine.layout.segments},
         "frozen_parameters": {s.name: list(s.shape) for s in engine.frozen_layout.segments},
-        "counters": {
-            "micro_steps": sched.micro_steps,
-            "global_steps": sched.global_steps,
-            "global_samples": sched.global_samples,
-            "boundary_override": sched._boundary_override,
-        },
+        "counters": engine.schedule.counters(),
         "ranks": entries,
     }
 
 
-def _write_engine_rank_file(engine: Any, staging: str, directory: str, client_state: dict[str, Any]) -> tuple:
+def _write_engine_rank_file(
+    engine: CheckpointView, staging: str, directory: str, client_state: dict[str, Any]
+) -> tuple:
     """This rank's part of a save: its tensors and state into ``staging/rank<r>.pt``."""
     opt_state = engine.optimizer_state()  # with nvme: read back from its files
     lo, hi = master_range(engine)
     if engine.stage == 0:
         P = engine.layout.partition_size
         lo, hi = engine.rank * P, (engine.rank + 1) * P
-        master, state = engine._path.master[lo:hi], {k: v[lo:hi] for k, v in opt_state.buffers.items()}
+        master, state = engine.path.master[lo:hi], {k: v[lo:hi] for k, v in opt_state.buffers.items()}
     else:
-        master, state = engine._path.master, opt_state.buffers
+        master, state = engine.path.master, opt_state.buffers
     size = engine.frozen_layout.partition_size
     flo, fhi = engine.rank * size, (engine.rank + 1) * size
     if engine.stage == 3:
-        frozen = engine._weights.frozen_part.to("cpu", copy=True)
+        frozen = engine.weights.frozen_part.to("cpu", copy=True)
     else:
         frozen = torch.zeros(fhi - flo, dtype=engine.config.model_dtype)
         for name, pstart, local, length in pieces_of_range(engine.frozen_layout.segments, flo, fhi):
-            frozen[local : local + length].copy_(engine._params[name].detach().reshape(-1)[pstart : pstart + length])
+            frozen[local : local + length].copy_(engine.params[name].detach().reshape(-1)[pstart : pstart + length])
     rng = {"cpu": torch.get_rng_state()}
     if engine.device.type == "cuda":
         rng["cuda"] = torch.cuda.get_rng_state(engine.device)
     scheduler = engine.lr_scheduler
     payload = {
         # R27: the weights a delayed run computes with are not the master's cast; resuming needs them
-        "applied": engine._path.live_weights_to_save(),
+        "applied": engine.path.live_weights_to_save(),
         "master": master.to("cpu", copy=True),
         "state": {k: v.to("cpu", copy=True) for k, v in state.items()},
         "frozen": frozen,
@@ -292,7 +292,7 @@ def _write_engine_rank_file(engine: Any, staging: str, directory: str, client_st
 
 
 def load(
-    engine: Any, load_dir: str | os.PathLike, tag: str | None, *, load_optimizer_states: bool,
+    engine: CheckpointView, load_dir: str | os.PathLike, tag: str | None, *, load_optimizer_states: bool,
     load_lr_scheduler_states: bool, load_module_only: bool,
 ) -> tuple[str, dict[str, Any]]:
     """:meth:`ZeroEngine.load_checkpoint`: read and check everything, agree, then install (arguments checked)."""
@@ -307,17 +307,13 @@ def load(
     except (OSError, KeyError, TypeError, ValueError, IndexError) as exc:  # a damaged manifest or file
         error = CheckpointError(f"checkpoint in {os.fspath(load_dir)!r} (tag {tag!r}) cannot be read: {exc!r}")
         error.__cause__ = exc
-    agree(engine._comm, error, "load_checkpoint")
+    agree(engine.comm, error, "load_checkpoint")
     path, manifest, master, state, frozen, own, applied = loaded
     install_state(engine, master, state, frozen, own["buffers"], applied)
     if not load_module_only:
-        c = manifest["counters"]
-        sched = engine._schedule
-        sched.micro_steps, sched.global_steps = c["micro_steps"], c["global_steps"]
-        sched.global_samples, sched._boundary_override = c["global_samples"], c["boundary_override"]
-        sched._backwards_since_boundary = 0
+        engine.schedule.restore_counters(manifest["counters"])
         if load_optimizer_states:
-            engine._path.opt_state.step = manifest["optimizer_step"]
+            engine.path.opt_state.step = manifest["optimizer_step"]
         if load_lr_scheduler_states:
             _load_hyperparameters(engine, own)
         if engine.rank < manifest["world_size"]:
@@ -327,7 +323,7 @@ def load(
     return path, own["client_state"]
 
 
-def _load_hyperparameters(engine: Any, own: dict[str, Any]) -> None:
+def _load_hyperparameters(engine: CheckpointView, own: dict[str, Any]) -> None:
     """The optimizer's group values and the lr_scheduler state (applied when a scheduler is attached later)."""
     groups = engine.optimizer.state_dict()
     saved_groups = zip(own["optimizer"], groups["param_groups"], strict=True)
@@ -337,10 +333,12 @@ def _load_hyperparameters(engine: Any, own: dict[str, Any]) -> None:
         if engine.lr_scheduler is not None:
             engine.lr_scheduler.load_state_dict(own["lr_scheduler"])
         else:
-            engine._pending_scheduler_state = own["lr_scheduler"]
+            engine.defer_scheduler_state(own["lr_scheduler"])
 
 
-def _check_compatible(engine: Any, where: str, manifest: dict[str, Any], with_state: bool, need_state: list) -> None:
+def _check_compatible(
+    engine: CheckpointView, where: str, manifest: dict[str, Any], with_state: bool, need_state: list
+) -> None:
     """A checkpoint of another model, or optimizer state this engine cannot use, is refused before any read."""
     mine = {s.name: list(s.shape) for s in engine.layout.segments}
     mine_frozen = {s.name: list(s.shape) for s in engine.frozen_layout.segments}
@@ -364,11 +362,11 @@ def _check_compatible(engine: Any, where: str, manifest: dict[str, Any], with_st
         )
 
 
-def _read_for_engine(engine: Any, directory: str, tag: str | None, with_state: bool) -> tuple:
+def _read_for_engine(engine: CheckpointView, directory: str, tag: str | None, with_state: bool) -> tuple:
     """Everything a load installs, read and assembled into this engine's ranges; nothing of the engine changes."""
     tag = resolve_tag(directory, tag)
     path, manifest = read_manifest(directory, tag)
-    need_state = engine._path.state_names()
+    need_state = engine.path.state_names()
     _check_compatible(engine, f"checkpoint {tag!r} in {directory!r}", manifest, with_state, need_state)
     lo, hi = master_range(engine)
     flo, fhi = frozen_range(engine)
@@ -398,14 +396,14 @@ def _read_for_engine(engine: Any, directory: str, tag: str | None, with_state: b
     state = {k: assembled("state", hi - lo, torch.float32, state=k) for k in need_state} if with_state else None
     frozen = assembled("frozen", fhi - flo, model_dtype, frozen=True)
     applied = None
-    if engine._path.lags_parameters and manifest.get("delayed_parameter_update"):
+    if engine.path.lags_parameters and manifest.get("delayed_parameter_update"):
         # R27: the weights the saved delayed run was computing with (the master's cast was still pending).
         applied = assembled("applied", hi - lo, model_dtype)
     return path, manifest, master, state, frozen, files[own_rank], applied
 
 
 def install_state(
-    engine: Any,
+    engine: CheckpointView,
     master: torch.Tensor,
     opt_buffers: dict[str, torch.Tensor] | None,
     frozen: Any,
@@ -417,31 +415,31 @@ def install_state(
     tensor mapping or this rank's flat frozen range. Gradients accumulated so far are dropped. ``applied`` (R27,
     delayed update only): this rank's range of the parameters to compute with instead of the master's cast (a
     delayed run's checkpoint). Used by a checkpoint load and by ``load_state_dict``."""
-    engine._path.install(master, opt_buffers, applied)
+    engine.path.install(master, opt_buffers, applied)
     _install_frozen(engine, frozen)
     own = dict(engine.module.named_buffers())
     for k, v in buffers.items():
         own[k].copy_(v)
-    engine._grads_pending = False
+    engine.gradients_dropped()
 
 
-def _install_frozen(engine: Any, frozen: Any) -> None:
+def _install_frozen(engine: CheckpointView, frozen: Any) -> None:
     model_dtype = engine.config.model_dtype
     flo, fhi = frozen_range(engine)
     segments = {s.name: s for s in engine.frozen_layout.segments}
     if isinstance(frozen, torch.Tensor):
         if engine.stage == 3:
-            engine._weights.frozen_part.copy_(frozen)
+            engine.weights.frozen_part.copy_(frozen)
         else:
             for n in engine.frozen_names:
                 s = segments[n]
-                engine._params[n].data.copy_(frozen[s.offset : s.end].view(s.shape))
+                engine.params[n].data.copy_(frozen[s.offset : s.end].view(s.shape))
     else:
         for n, v in frozen.items():
             s = segments[n]
             if engine.stage == 3:
                 for _, pstart, local, length in pieces_of_range([s], flo, fhi):
                     src = v.detach().reshape(-1)[pstart : pstart + length]
-                    engine._weights.frozen_part[local : local + length].copy_(src)
+                    engine.weights.frozen_part[local : local + length].copy_(src)
             else:
-                engine._params[n].data.copy_(v.detach().to(model_dtype))
+                engine.params[n].data.copy_(v.detach().to(model_dtype))

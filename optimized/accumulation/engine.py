@@ -48,6 +48,7 @@ import torch.distributed as dist
 from torch import nn
 
 from optimized.accumulation import checkpoint as ckpt
+from optimized.accumulation.checkpoint_view import CheckpointView
 from optimized.accumulation.collectives import HANDOFF, Collectives
 from optimized.accumulation.construction import build_module, check_same_model_on_every_rank, resolve_device
 from optimized.accumulation.gradients import GradientHooks, plan_buckets
@@ -404,7 +405,7 @@ class ZeroEngine(ScheduledEngine):
                 "part of a checkpoint and would be lost; allowed: save right after a boundary step(), or "
                 "zero_grad() first to drop it on purpose"
             )
-        return ckpt.save(self, save_dir, tag, client_state, save_latest)
+        return ckpt.save(self._checkpoint_view(), save_dir, tag, client_state, save_latest)
 
     def load_checkpoint(
         self, load_dir: str | os.PathLike, tag: str | None = None, *, load_optimizer_states: bool = True,
@@ -425,8 +426,25 @@ class ZeroEngine(ScheduledEngine):
             if type(v) is not bool:
                 raise ConfigurationError(f"{name}={v!r} must be a bool; allowed values: True, False")
         return ckpt.load(
-            self, load_dir, tag, load_optimizer_states=load_optimizer_states,
+            self._checkpoint_view(), load_dir, tag, load_optimizer_states=load_optimizer_states,
             load_lr_scheduler_states=load_lr_scheduler_states, load_module_only=load_module_only,
+        )
+
+    def _checkpoint_view(self) -> CheckpointView:
+        """What checkpoint save and load see of this engine (built per call: the attached scheduler may change)."""
+
+        def defer_scheduler_state(state: dict[str, Any]) -> None:
+            self._pending_scheduler_state = state
+
+        def gradients_dropped() -> None:
+            self._grads_pending = False
+
+        return CheckpointView(
+            comm=self._comm, rank=self.rank, world_size=self.world_size, stage=self.stage, device=self.device,
+            config=self.config, layout=self.layout, frozen_layout=self.frozen_layout, frozen_names=self.frozen_names,
+            module=self._module, params=self._params, weights=self._weights, path=self._path,
+            schedule=self._schedule, optimizer=self.optimizer, lr_scheduler=self._lr_scheduler,
+            defer_scheduler_state=defer_scheduler_state, gradients_dropped=gradients_dropped,
         )
 
     # ---- consolidated weights ------------------------------------------------------------------------------
@@ -474,7 +492,8 @@ class ZeroEngine(ScheduledEngine):
                 flat = state_dict[name].detach().reshape(-1).to(torch.float32)
                 master[local : local + length].copy_(flat[pstart : pstart + length])
         frozen = {k: state_dict[k] for k in self.frozen_names if k in state_dict}
-        ckpt.install_state(self, master, None, frozen, {k: v for k, v in state_dict.items() if k in buffers})
+        loaded_buffers = {k: v for k, v in state_dict.items() if k in buffers}
+        ckpt.install_state(self._checkpoint_view(), master, None, frozen, loaded_buffers)
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """Copies of every parameter at full shape in the model dtype (stage 3: a collective, all ranks call)."""
@@ -500,16 +519,16 @@ class ZeroEngine(ScheduledEngine):
     def pinned_buffers(self) -> tuple[torch.Tensor, ...]:
         """The pinned host buffers this engine holds now (offload state, and ``nvme`` state buffers while they
         are in memory), for inspection."""
-        return self._host.pinned + (self._path.resident_buffers() if self._path is not None else ())
+        return self._host.pinned + (self._path.reports.resident_buffers() if self._path is not None else ())
 
     @property
     def swap_directory(self) -> str | None:
         """The directory this rank swaps optimizer state into (``nvme`` offload), else None."""
-        return None if self._path is None else self._path.swap_directory
+        return None if self._path is None else self._path.reports.swap_directory
 
     def swap_stats(self):
         """The swap handle's :class:`~reference.io.SwapStats` (``nvme`` offload), else None."""
-        return None if self._path is None else self._path.swap_stats()
+        return None if self._path is None else self._path.reports.swap_stats()
 
     def destroy(self) -> None:
         """Remove every hook, unpin every pinned buffer the engine allocated, close the ``nvme`` swap handle and
@@ -573,7 +592,7 @@ class ZeroEngine(ScheduledEngine):
         only ``device_adam_s``), or None where there is nothing to report (a cpu run without offload, a host update
         that is not streamed: stage 0/1, SGD). Synchronizes; meant for benchmarks."""
         path = self.__dict__.get("_path")
-        return None if path is None else path.offload_timings()
+        return None if path is None else path.reports.offload_timings()
 
     def split_report(self) -> dict | None:
         """R28 (``gpu_share``): this rank's cut between the device and the host -- the share, elements, device
@@ -581,7 +600,7 @@ class ZeroEngine(ScheduledEngine):
         (``reference.contract.accumulation_split.SplitDecision`` as a mapping) -- or None (``gpu_share`` 0, or
         "auto" before the second boundary)."""
         path = self.__dict__.get("_path")
-        return None if path is None else path.split_report()
+        return None if path is None else path.reports.split_report()
 
     def _check_alive(self) -> None:
         if self._destroyed:

@@ -68,6 +68,22 @@ class AccumulationSchedule:
         finally:
             self._in_no_sync = False
 
+    def counters(self) -> dict[str, int | bool | None]:
+        """The counters a checkpoint records: ``micro_steps``, ``global_steps``, ``global_samples`` and the
+        boundary override (R2)."""
+        return {
+            "micro_steps": self.micro_steps,
+            "global_steps": self.global_steps,
+            "global_samples": self.global_samples,
+            "boundary_override": self._boundary_override,
+        }
+
+    def restore_counters(self, counters: dict[str, int | bool | None]) -> None:
+        """Resume from :meth:`counters` (a checkpoint load): a new accumulation starts, no backward counted."""
+        self.micro_steps, self.global_steps = counters["micro_steps"], counters["global_steps"]
+        self.global_samples, self._boundary_override = counters["global_samples"], counters["boundary_override"]
+        self._backwards_since_boundary = 0
+
     def backward_done(self) -> None:
         """One backward finished (counted for R6's sample count in unmanaged mode)."""
         self._backwards_since_boundary += 1

@@ -13,10 +13,16 @@ path                               chosen when                                  
 :class:`NvmeUpdate`                ``nvme``                                         :mod:`.whole`
 :class:`StreamedHostUpdate`        ``cpu``, stage 2/3, Adam/AdamW, native kernel     :mod:`.streamed`
 :class:`DelayedHostUpdate`         the same with ``delayed_parameter_update`` (R27)  :mod:`.streamed`
-:class:`SplitHostUpdate`           ``cpu`` streamed, ``gpu_share`` other than 0      :mod:`.split`
+:class:`SplitHostUpdate`           ``cpu`` streamed, ``gpu_share`` other than 0      :mod:`.streamed`
                                    (R28: the leading part on the device)
-:class:`SplitDelayedHostUpdate`    the same with ``delayed_parameter_update``       :mod:`.split`
+:class:`SplitDelayedHostUpdate`    the same with ``delayed_parameter_update``       :mod:`.streamed`
 =================================  ===============================================  =========================
+
+The four streamed paths are one class, :class:`StreamedHostUpdate`, composed of one object per stage (the
+gradient stream off the device :mod:`.gradient_stream` with R14's sums :mod:`.norm_sums`, the host update worker
+:mod:`.host_worker`, the weight upload :mod:`.weight_upload`, the timings :mod:`.timings`), a release policy
+(:mod:`.release`: now, or R27's one boundary later) and, for R28, a device side (:mod:`.split`); the other three
+only declare which release and whether a device side.
 
 The interface (:class:`~.base.UpdatePath`; defaults there describe a path with nothing in flight). A path owns
 its buffers (master, optimizer state, gradient accumulator, cast and staging buffers; host memory through the
@@ -39,22 +45,28 @@ the gradient buckets and their reduce-scatters, the stage-3 gathers and the sche
   with this boundary's hyper-parameters: norm and clip through :mod:`reference.contract.accumulation_norm`, the
   R14 sum across ranks through ``_norm``; the path writes its new model-dtype range through
   ``ctx.weights.write``);
-- waits: ``synchronize()``, ``wait_range(lo, hi)`` (stage-3 gathers), ``apply_delayed()``, ``offload_timings()``;
+- waits: ``synchronize()``, ``wait_range(lo, hi)`` (stage-3 gathers), ``apply_delayed()``;
 - state: ``zero_grad()``, ``state_names()``, ``optimizer_state()`` (a copy), ``live_weights_to_save()`` (R27),
-  ``install(master, opt_buffers, applied)`` (checkpoint load, ``load_state_dict``), ``resident_buffers()``,
-  ``swap_directory``, ``swap_stats()``; and ``close()`` from ``destroy()`` (never raises, never communicates).
+  ``install(master, opt_buffers, applied)`` (checkpoint load, ``load_state_dict``); and ``close()`` from
+  ``destroy()`` (never raises, never communicates);
+- reports, for benchmarks and inspection: ``reports`` (a :class:`~.base.PathReports`: ``offload_timings()``,
+  ``split_report()``, ``resident_buffers()``, ``swap_directory``, ``swap_stats()``; its defaults report nothing).
 
-A new path (e.g. one that updates part of the partition on the device and the rest on the host) is one more
-subclass here and one more branch in :func:`update_path_class`; checkpoints stay in parameter coordinates
-(``master`` and ``optimizer_state()`` cover this rank's whole range), so they load at any other path.
+A new path is one more subclass here and one more branch in :func:`update_path_class`; checkpoints stay in
+parameter coordinates (``master`` and ``optimizer_state()`` cover this rank's whole range), so they load at any
+other path.
 """
 
 from __future__ import annotations
 
 from optimized.accumulation.optimizers import native_adam
-from optimized.accumulation.update_paths.base import UpdateContext, UpdatePath
-from optimized.accumulation.update_paths.split import SplitDelayedHostUpdate, SplitHostUpdate
-from optimized.accumulation.update_paths.streamed import DelayedHostUpdate, StreamedHostUpdate
+from optimized.accumulation.update_paths.base import PathReports, UpdateContext, UpdatePath
+from optimized.accumulation.update_paths.streamed import (
+    DelayedHostUpdate,
+    SplitDelayedHostUpdate,
+    SplitHostUpdate,
+    StreamedHostUpdate,
+)
 from optimized.accumulation.update_paths.whole import DeviceUpdate, HostUpdate, NvmeUpdate
 from reference.contract.accumulation_config import AccumulationConfig
 from reference.contract.errors import ConfigurationError
@@ -64,6 +76,7 @@ __all__ = [
     "DeviceUpdate",
     "HostUpdate",
     "NvmeUpdate",
+    "PathReports",
     "SplitDelayedHostUpdate",
     "SplitHostUpdate",
     "StreamedHostUpdate",

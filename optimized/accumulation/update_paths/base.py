@@ -18,7 +18,16 @@ from reference.contract.accumulation_norm import norm_from_total
 from reference.contract.accumulation_partition import FlatLayout
 from reference.contract.accumulation_step import OptimizerState, StepOutcome
 
-__all__ = ["UpdateContext", "UpdatePath"]
+__all__ = [
+    "PathReports",
+    "UpdateContext",
+    "UpdatePath",
+    "gathered_gradients",
+    "global_norm",
+    "host_model_buffer",
+    "initial_master",
+    "state_buffers",
+]
 
 
 @dataclass
@@ -55,14 +64,41 @@ class UpdateContext:
         return self.layout.total if self.stage == 0 else self.layout.partition_size
 
 
+class PathReports:
+    """What an update path reports besides training, for benchmarks and inspection (the engine's
+    ``offload_timings()``, ``split_report()``, ``pinned_buffers()``, ``swap_directory``, ``swap_stats()``). These
+    defaults describe a path with nothing to report; a path that has something sets its own ``reports``."""
+
+    def offload_timings(self) -> dict[str, float] | None:
+        """Where a streamed update spent its time since the last call, or None (see ``ZeroEngine``)."""
+        return None
+
+    def split_report(self) -> dict | None:
+        """R28: the cut of this rank's partition between the device and the host, or None (no split, or
+        ``gpu_share: "auto"`` before it has chosen)."""
+        return None
+
+    def resident_buffers(self) -> tuple[torch.Tensor, ...]:
+        """Pinned buffers the path holds apart from the engine's :class:`HostBuffers` (``nvme``: the state while
+        it is in memory)."""
+        return ()
+
+    @property
+    def swap_directory(self) -> str | None:
+        return None
+
+    def swap_stats(self) -> Any:
+        return None
+
+
 class UpdatePath:
-    """Base of every update path: the defaults of the interface (a path with nothing in flight) and helpers.
+    """Base of every update path: the core of the interface, with the defaults of a path with nothing in flight.
 
     Attributes every path sets in its constructor: ``master`` (this rank's fp32 master, R11/R12), ``opt_state``
     (an :class:`OptimizerState` whose ``step`` the engine's checkpoint load sets; its buffers may be empty when
     the state lives elsewhere, see :meth:`optimizer_state`), ``accumulator`` (the gradient accumulator the
     engine adds into at stages 0/1 -- the full flat buffer -- and this path fills at stages 2/3 -- the
-    partition --, accumulation dtype).
+    partition --, accumulation dtype); ``reports`` (:class:`PathReports`) where it has something to report.
     """
 
     #: R27: the live parameters lag the master by one boundary (a checkpoint then saves the live weights too)
@@ -75,6 +111,9 @@ class UpdatePath:
     def __init__(self, ctx: UpdateContext) -> None:
         self.ctx = ctx
         self.config = ctx.config
+        self.reports = PathReports()
+        #: the device buffer the live weights' all-gather copies through (stages 1/2), or None
+        self.live_staging: torch.Tensor | None = None
 
     @classmethod
     def check_config(cls, config: AccumulationConfig) -> None:
@@ -119,16 +158,7 @@ class UpdatePath:
     def apply_delayed(self) -> None:
         """R27: let the last boundary's update reach the parameters now (no-op where they already have it)."""
 
-    def offload_timings(self) -> dict[str, float] | None:
-        """Where a streamed update spent its time since the last call, or None (see ``ZeroEngine``)."""
-        return None
-
-    def split_report(self) -> dict | None:
-        """R28: the cut of this rank's partition between the device and the host, or None (no split, or
-        ``gpu_share: "auto"`` before it has chosen)."""
-        return None
-
-    # ---- state: gradients, checkpoints, inspection ------------------------------------------------------
+    # ---- state: gradients, checkpoints ------------------------------------------------------------------
     def zero_grad(self) -> None:
         """Drop the gradient accumulated since the last boundary."""
         self.accumulator.zero_()
@@ -154,8 +184,8 @@ class UpdatePath:
         self.master.copy_(master)
         if opt_buffers is not None:
             self._install_state_buffers(opt_buffers)
-        self._write_live(self._install_cast(master.to(self.config.model_dtype), applied),
-                         "checkpoint parameter all-gather")
+        lp = self._install_cast(master.to(self.config.model_dtype), applied)
+        self.ctx.weights.write(lp, "checkpoint parameter all-gather", staging=self.live_staging)
         self.zero_grad()
 
     def _install_state_buffers(self, opt_buffers: dict[str, torch.Tensor]) -> None:
@@ -166,67 +196,53 @@ class UpdatePath:
         """What the live parameters become on :meth:`install` (the master's cast, by default)."""
         return lp
 
-    def resident_buffers(self) -> tuple[torch.Tensor, ...]:
-        """Pinned buffers this path holds apart from the engine's :class:`HostBuffers` (``nvme``: the state
-        while it is in memory)."""
-        return ()
-
-    @property
-    def swap_directory(self) -> str | None:
-        return None
-
-    def swap_stats(self) -> Any:
-        return None
-
     def close(self) -> None:
         """Stop everything in flight and drop every reference to buffers, so that objects still holding this
         path (an autograd graph a caller kept) keep no memory alive (never raises, never communicates).
         Subclasses stop their own machinery first, then call this."""
         self.__dict__.clear()
 
-    # ---- helpers ------------------------------------------------------------------------------------------
-    def _write_live(self, lp: torch.Tensor, what: str) -> None:
-        self.ctx.weights.write(lp, what)
 
-    def _initial_master(self, *, on_host: bool) -> torch.Tensor:
-        """This rank's fp32 master from the broadcast initial parameters (R1), on the host (pinned) or device."""
-        ctx = self.ctx
-        numel = ctx.master_numel
+# ---- what every path builds its buffers and its boundary from ---------------------------------------------------
+def initial_master(ctx: UpdateContext, *, on_host: bool) -> torch.Tensor:
+    """This rank's fp32 master from the broadcast initial parameters (R1), on the host (pinned) or device."""
+    numel = ctx.master_numel
+    if on_host:
+        master = ctx.host.empty(numel, torch.float32, pinned=True)
+    else:
+        master = torch.empty(numel, dtype=torch.float32, device=ctx.device)
+    lo, hi = ctx.partition
+    master.copy_(ctx.weights.initial if ctx.stage == 0 else ctx.weights.initial[lo:hi])
+    return master
+
+
+def state_buffers(ctx: UpdateContext, names: Sequence[str], *, on_host: bool) -> dict[str, torch.Tensor]:
+    """Zeroed optimizer-state buffers next to the master."""
+    out = {}
+    for name in names:
         if on_host:
-            master = ctx.host.empty(numel, torch.float32, pinned=True)
+            b = ctx.host.empty(ctx.master_numel, torch.float32, pinned=True)
         else:
-            master = torch.empty(numel, dtype=torch.float32, device=ctx.device)
-        lo, hi = ctx.partition
-        master.copy_(ctx.weights.initial if ctx.stage == 0 else ctx.weights.initial[lo:hi])
-        return master
+            b = torch.empty(ctx.master_numel, dtype=torch.float32, device=ctx.device)
+        out[name] = b.zero_()
+    return out
 
-    def _state_buffers(self, names: Sequence[str], *, on_host: bool) -> dict[str, torch.Tensor]:
-        """Zeroed optimizer-state buffers next to the master."""
-        ctx = self.ctx
-        out = {}
-        for name in names:
-            if on_host:
-                b = ctx.host.empty(ctx.master_numel, torch.float32, pinned=True)
-            else:
-                b = torch.empty(ctx.master_numel, dtype=torch.float32, device=ctx.device)
-            out[name] = b.zero_()
-        return out
 
-    def _host_model_buffer(self) -> torch.Tensor:
-        """A host buffer of the master's size in the model dtype (pinned when a device copies from it)."""
-        ctx = self.ctx
-        return ctx.host.empty(ctx.master_numel, self.config.model_dtype, pinned=ctx.device.type != "cpu")
+def host_model_buffer(ctx: UpdateContext) -> torch.Tensor:
+    """A host buffer of the master's size in the model dtype (pinned when a device copies from it)."""
+    return ctx.host.empty(ctx.master_numel, ctx.config.model_dtype, pinned=ctx.device.type != "cpu")
 
-    def _norm(self, rank_sum: float) -> float:
-        """R14: this rank's sum of squares added to the others' in rank order, square root."""
-        ctx = self.ctx
-        return norm_from_total(ctx.comm.sum_floats_in_rank_order(rank_sum, ctx.device, "gradient norm all-gather"))
 
-    def _record(self, part: torch.Tensor, full: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        """The full reduced gradient as fp32 per parameter (``record_gradients``): ``full`` if this rank has it
-        (stage 0), else all-gathered from every rank's ``part``."""
-        ctx = self.ctx
-        if full is None:
-            full = torch.empty(ctx.layout.total, dtype=self.config.accum_dtype, device=ctx.device)
-            ctx.comm.all_gather_into(full, part.to(ctx.device), "gradient record all-gather")
-        return {n: t.clone() for n, t in unflatten(ctx.layout, full.to(torch.float32)).items()}
+def global_norm(ctx: UpdateContext, rank_sum: float) -> float:
+    """R14: this rank's sum of squares added to the others' in rank order, square root."""
+    return norm_from_total(ctx.comm.sum_floats_in_rank_order(rank_sum, ctx.device, "gradient norm all-gather"))
+
+
+def gathered_gradients(ctx: UpdateContext, part: torch.Tensor, full: torch.Tensor | None = None
+                       ) -> dict[str, torch.Tensor]:
+    """The full reduced gradient as fp32 per parameter (``record_gradients``): ``full`` if this rank has it
+    (stage 0), else all-gathered from every rank's ``part``."""
+    if full is None:
+        full = torch.empty(ctx.layout.total, dtype=ctx.config.accum_dtype, device=ctx.device)
+        ctx.comm.all_gather_into(full, part.to(ctx.device), "gradient record all-gather")
+    return {n: t.clone() for n, t in unflatten(ctx.layout, full.to(torch.float32)).items()}

@@ -5,7 +5,7 @@ The leading ``d`` elements of this rank's partition (the first parameters in fla
 forward needs first) keep their fp32 master and Adam moments on the device (:class:`_DeviceSide`, 12 bytes per
 element); at each boundary, once the norm and the clip coefficient are known, they take their R15 + R16 step
 there and their new weights are written into the live parameters on the current stream, before the host worker
-starts on ``[d, P)`` as the streamed path does (``StreamedUpdate.host_from``). The two sides share the step
+starts on ``[d, P)`` as the streamed path does (:meth:`.HostUpdateWorker.update_from`). The two sides share the step
 count, the hyper-parameters and the clip coefficient, so the values are the all-host update's (bitwise on the
 cpu accelerator, where the device side runs the same R16 arithmetic; the device's Adam kernel on a GPU).
 
@@ -14,7 +14,8 @@ is copied back into them (master, moments, and with the delayed update the cast 
 reads them (``master``, ``optimizer_state()``, ``apply_delayed_update()``), and reloaded from them when a
 checkpoint or ``load_state_dict`` installs new values. The gradient of the device side reaches the device from
 the host accumulator once, at the boundary the cut is made; from the next accumulation on it is accumulated on the
-device (``StreamedUpdate.device_grad``) and never crosses to the host, so only the host side's gradient streams out.
+device (:meth:`.GradientStream.keep_on_device`) and never crosses to the host, so only the host side's gradient
+streams out.
 
 ``gpu_share: "auto"`` decides at the second boundary, before its update (the first step carries one-off start-up
 costs; until then the host updates everything, and the device side is then copied from the host's buffers): it
@@ -26,6 +27,11 @@ update the whole step, otherwise the next micro-batch's forward, taken as a thir
 backward -- and the ranks agree on the slowest host and device and the least hide; the cut is
 :func:`reference.contract.accumulation_split.choose_split`'s, within ``gpu_memory_budget`` (or half the free
 device memory). ``split_report()`` returns the decision and it is logged.
+
+This module is the part the streamed path (:mod:`.streamed`) composes when it splits: :class:`DeviceSplit` (the
+cut, the device side and when the host buffers are older than it) and :class:`AutoShare` ("auto"'s measurements
+and choice). The order of the device side's update and publish is the release policy's (:mod:`.release`: with
+R27 the device side too publishes the previous boundary's weights first).
 """
 
 from __future__ import annotations
@@ -39,7 +45,10 @@ from optimized import cpu_adam
 from optimized.accumulation import device_adam
 from optimized.accumulation.optimizers import step_master
 from optimized.accumulation.update_paths.base import UpdateContext
-from optimized.accumulation.update_paths.streamed import DelayedHostUpdate, StreamedHostUpdate
+from optimized.accumulation.update_paths.gradient_stream import GradientStream
+from optimized.accumulation.update_paths.host_worker import HostUpdateWorker
+from optimized.accumulation.update_paths.release import Release
+from optimized.accumulation.update_paths.timings import UpdateTimings
 from reference.contract.accumulation_config import GPU_SHARE_AUTO, OptimizerConfig
 from reference.contract.accumulation_split import (
     SplitDecision,
@@ -50,12 +59,12 @@ from reference.contract.accumulation_split import (
 )
 from reference.contract.accumulation_step import OptimizerState
 
-__all__ = ["SplitDelayedHostUpdate", "SplitHostUpdate"]
+__all__ = ["SAMPLE_ELEMENTS", "AutoShare", "DeviceSplit"]
 
 #: Elements the "auto" measurement steps the device side on (or the whole partition when smaller): 2^24 (256 MB of
 #: master, moments and gradient) makes the per-element time the kernels' bandwidth, not their launches (a 2^20
 #: sample, the first version's, overstated an H200's step about four times). The host side is timed on the first
-#: boundary's whole update instead (:attr:`StreamedUpdate.last_host_seconds_per_element`), falling back to a sample
+#: boundary's whole update instead (:attr:`.HostUpdateWorker.last_host_seconds_per_element`), falling back to a sample
 #: of this size where that update did not run.
 SAMPLE_ELEMENTS = 1 << 24
 
@@ -98,93 +107,122 @@ class _DeviceSide:
             v.copy_(state.buffers[k][: self.n])
 
 
-class SplitHostUpdate(StreamedHostUpdate):
-    """R28 on the synchronous streamed path (see the module docstring)."""
+class DeviceSplit:
+    """R28 for one streamed path (see the module docstring): the cut, the device side once it is made, and when
+    the host buffers' leading elements are older than it. Composed into the streamed path, which calls
+    :meth:`backward_starts`, :meth:`step_device_side` (once the boundary's norm is known, before the host
+    update), :meth:`store` (before a reader of the host buffers) and :meth:`load` (after new values were
+    installed in them)."""
 
-    def __init__(self, ctx: UpdateContext) -> None:
-        # The device side's kernel checked and launched now: "auto" first uses it at the cut (device_adam.prepare).
-        device_adam.prepare(ctx.config.optimizer, ctx.device)
+    def __init__(self, ctx: UpdateContext, gradients: GradientStream, worker: HostUpdateWorker,
+                 timings: UpdateTimings, release: Release) -> None:
+        self.ctx = ctx
+        self._gradients = gradients
+        self._worker = worker
+        self._timings = timings
+        #: R27 or not: the order of the device side's update and publish (:mod:`.release`)
+        self._release = release
         self._side: _DeviceSide | None = None
         self._stale = False  # the host buffers' first n elements are older than the device side
-        super().__init__(ctx)
-        cfg = self.config
+        cfg = ctx.config
         P = ctx.layout.partition_size
         self._decision: SplitDecision | None = (
             None if cfg.gpu_share == GPU_SHARE_AUTO else fixed_split(cfg.gpu_share, P, cfg)
         )
-        self._first_backward_at: float | None = None
+        self._auto = AutoShare(ctx, worker, hides_whole_step=release.lags_parameters)
         self._boundaries = 0
 
-    # The host master stays the full partition (readers and checkpoints); reads see the device side joined in.
-    @property
-    def master(self) -> torch.Tensor:
-        self._store_side()
-        return self._host_master
+    @staticmethod
+    def prepare(ctx: UpdateContext) -> None:
+        """Before the path allocates anything: the device side's kernel checked and launched now ("auto" first
+        uses it at the cut; :func:`device_adam.prepare`)."""
+        device_adam.prepare(ctx.config.optimizer, ctx.device)
 
-    @master.setter
-    def master(self, value: torch.Tensor) -> None:
-        self._host_master = value
+    def backward_starts(self) -> None:
+        """A backward starts ("auto" times the second step from its first backward)."""
+        if self._decision is None and self._boundaries == 1:
+            self._auto.backward_starts()
 
-    def _store_side(self) -> None:
-        side = self.__dict__.get("_side")
-        if side is not None and self._stale:
-            side.store(self._host_master, self.opt_state, self._cast)
-            self._stale = False
-
-    # ---- the boundary --------------------------------------------------------------------------------------
-    def begin_backward(self, boundary_predicted: bool) -> None:
-        if self._decision is None and self._boundaries == 1 and self._first_backward_at is None:
-            self._sync_device()
-            self._first_backward_at = time.perf_counter()
-        super().begin_backward(boundary_predicted)
-
-    def _before_host_update(self, hyper: OptimizerConfig, step: int, clip_coef: float | None) -> None:
+    def step_device_side(self, hyper: OptimizerConfig, step: int, clip_coef: float | None, master: torch.Tensor,
+                         state: OptimizerState) -> None:
+        """The boundary's norm and clip coefficient are known and the host update is about to start: make the
+        cut where it is due, then the device side's R15 + R16 step and its weights into the live parameters.
+        ``master`` / ``state``: the host's full-partition buffers (the device side starts from them)."""
         self._boundaries += 1
         if self._decision is None:
             if self._boundaries < 2:
                 return  # "auto": the first step is not the steady state; the host updates everything
-            self._decision = self._choose()
+            self._decision = self._auto.choose()
         if self._side is None:
             d = self._decision.device_elements
             if d == 0:
                 return
-            # The previous boundary's host update (still running with the delayed update) must have written the
-            # buffers the device side starts from, and must not see host_from change under it.
-            self._update.wait_all()
-            self._side = _DeviceSide(d, self._host_master, self.opt_state, self.ctx.device, self.config.model_dtype)
-            self._update.host_from = d
-            if self.ctx.device.type != "cpu":  # from the next accumulation on, the gradient of [0, d) stays here
-                self._update.device_grad = torch.empty(d, dtype=self.config.accum_dtype, device=self.ctx.device)
+            self._cut(d, master, state)
         side = self._side
-        host_grad = self._update.host_side_gradient()  # every D2H has landed, queued kernels have run
-        grad = self._update.device_gradient(side.n)
+        host_grad = self._gradients.host_side_gradient()  # every D2H has landed, queued kernels have run
+        grad = self._gradients.device_gradient(side.n)
         if grad is None:  # not kept on the device for this whole accumulation (the first one, a cpu run)
             grad = host_grad[: side.n]
         live = self.ctx.weights.partition()[: side.n]
-        timed = self._update.time_device_work("device_adam_s")
-        self._install_side(live, side, hyper, step, clip_coef, grad)
+        timed = self._timings.time_device_work("device_adam_s")
+        self._release.step_device_side(live, side, hyper, step, clip_coef, grad)
         if timed is not None:
             timed()
         self._stale = True
 
-    def _install_side(self, live: torch.Tensor, side: _DeviceSide, hyper: OptimizerConfig, step: int,
-                      clip_coef: float | None, grad: torch.Tensor) -> None:
-        """R13 steps (4) and (5) for the device side: update, then its weights become the live parameters
-        (written by the fused kernel in its pass where it can, else cast)."""
-        fits = live.dtype == torch.bfloat16 and live.is_contiguous() and live.device == side.master.device
-        if not side.step(hyper, step, clip_coef, grad, out=live if fits else None):
-            live.copy_(side.cast())
+    def _cut(self, d: int, master: torch.Tensor, state: OptimizerState) -> None:
+        """Give the partition's ``[0, d)`` to the device: the worker stops updating it (after the update in
+        flight, which must have written the buffers the device side starts from), the device side copies its
+        master and moments, and from the next accumulation on its gradient stays on the device."""
+        self._worker.update_from(d)
+        self._side = _DeviceSide(d, master, state, self.ctx.device, self.ctx.config.model_dtype)
+        self._gradients.keep_on_device(d)
 
-    def _choose(self) -> SplitDecision:
+    def store(self, master: torch.Tensor, state: OptimizerState, cast: torch.Tensor | None) -> None:
+        """Before a reader of the host buffers: copy the device side into them where they are older."""
+        if self._side is not None and self._stale:
+            self._side.store(master, state, cast)
+            self._stale = False
+
+    def load(self, master: torch.Tensor, state: OptimizerState) -> None:
+        """New values were installed in the host buffers (a checkpoint, ``load_state_dict``): the device side
+        takes its part of them."""
+        if self._side is not None:
+            self._side.load(master, state)
+            self._stale = False
+
+    def report(self) -> dict | None:
+        """The cut (``split_report()``), or None before "auto" has chosen."""
+        return None if self._decision is None else self._decision.as_dict()
+
+
+class AutoShare:
+    """``gpu_share: "auto"``: the measurements the cut is chosen from and the choice (module docstring), the same
+    on every rank. ``hides_whole_step``: with R27 the host side runs beside the whole next step, else beside the
+    next micro-batch's forward."""
+
+    def __init__(self, ctx: UpdateContext, worker: HostUpdateWorker, *, hides_whole_step: bool) -> None:
+        self.ctx = ctx
+        self._worker = worker
+        self._hides_whole_step = hides_whole_step
+        self._first_backward_at: float | None = None
+
+    def backward_starts(self) -> None:
+        """The second step's first backward starts: its device work is timed from here to the boundary."""
+        if self._first_backward_at is None:
+            self._sync_device()
+            self._first_backward_at = time.perf_counter()
+
+    def choose(self) -> SplitDecision:
         """The "auto" decision (module docstring), the same on every rank."""
-        ctx, cfg = self.ctx, self.config
+        ctx, cfg = self.ctx, self.ctx.config
         self._sync_device()
         started = self._first_backward_at
         step_s = 0.0 if started is None else time.perf_counter() - started
-        hide = step_s if self.lags_parameters else step_s / (3 * cfg.gradient_accumulation_steps)
+        hide = step_s if self._hides_whole_step else step_s / (3 * cfg.gradient_accumulation_steps)
         P = ctx.layout.partition_size
         n = max(1, min(P, SAMPLE_ELEMENTS))
-        host = self._update.last_host_seconds_per_element
+        host = self._worker.last_host_seconds_per_element
         if host is None:
             host = self._time_host(n) / n
         mine = (host, self._time_device(n) / n, hide)
@@ -204,7 +242,7 @@ class SplitHostUpdate(StreamedHostUpdate):
         z = [torch.zeros(n, dtype=torch.float32) for _ in range(4)]
         for _ in range(2):  # the second run: threads started, pages touched
             t0 = time.perf_counter()
-            cpu_adam.adam_step(self.config.optimizer, z[0], z[1], z[2], z[3], 1, threads=self._update._threads)
+            cpu_adam.adam_step(self.ctx.config.optimizer, z[0], z[1], z[2], z[3], 1, threads=self._worker.threads)
             took = time.perf_counter() - t0
         return took
 
@@ -216,7 +254,7 @@ class SplitHostUpdate(StreamedHostUpdate):
         for _ in range(2):  # the second run: kernels loaded, allocator warm
             self._sync_device()
             t0 = time.perf_counter()
-            step_master(self.config.optimizer, master, grad, state, clip_coef=None)
+            step_master(self.ctx.config.optimizer, master, grad, state, clip_coef=None)
             self._sync_device()
             took = time.perf_counter() - t0
         return took
@@ -224,31 +262,3 @@ class SplitHostUpdate(StreamedHostUpdate):
     def _sync_device(self) -> None:
         if self.ctx.device.type == "cuda":
             torch.cuda.synchronize(self.ctx.device)
-
-    # ---- state ----------------------------------------------------------------------------------------------
-    def split_report(self) -> dict | None:
-        return None if self._decision is None else self._decision.as_dict()
-
-    def optimizer_state(self) -> OptimizerState:
-        self._store_side()
-        return super().optimizer_state()
-
-    def install(self, master: torch.Tensor, opt_buffers: dict[str, torch.Tensor] | None,
-                applied: torch.Tensor | None) -> None:
-        super().install(master, opt_buffers, applied)
-        if self._side is not None:
-            self._side.load(self._host_master, self.opt_state)
-            self._stale = False
-
-
-class SplitDelayedHostUpdate(SplitHostUpdate, DelayedHostUpdate):
-    """R28 with R27: the device side too installs the weights of the previous boundary before its update."""
-
-    def _install_side(self, live: torch.Tensor, side: _DeviceSide, hyper: OptimizerConfig, step: int,
-                      clip_coef: float | None, grad: torch.Tensor) -> None:
-        live.copy_(side.cast())  # R27: the master as it is before this boundary's update
-        side.step(hyper, step, clip_coef, grad)
-
-    def apply_delayed(self) -> None:
-        self._store_side()  # the host cast buffer (or master) then holds both sides' newest weights
-        super().apply_delayed()

@@ -1,88 +1,154 @@
-"""The host update streamed per bucket (stages 2/3, ``offload_optimizer: cpu``, the native CPU Adam), with or
-without the one-step delay of R27. The pipelining itself is :mod:`optimized.accumulation.streamed_update`; this
-module is the path around it: its buffers, the boundary, and what waits for what."""
+"""The host update streamed per bucket (stages 2/3, ``offload_optimizer: cpu``, the native CPU Adam; issue 16;
+rules R10, R13-R17 of docs/accumulation.md), with or without R27's one-step delay and R28's split.
+
+With ``offload_optimizer: cpu`` the boundary work is three transfers and one host computation per bucket: the
+reduced gradient goes device -> host, the CPU Adam updates the bucket's fp32 master (writing the model-dtype
+weights in the same pass), the weights go host -> device. Run one after the other for the whole partition they
+add up to more than the GPU's own step; streamed per bucket they overlap. The path is composed of one object per
+stage, each with one job:
+
+- :class:`.GradientStream` -- during backward, each bucket's reduced slice into the pinned host accumulator
+  (R10) on copy streams of its own, and on the boundary's backward R14's piece sums (:class:`.NormPieceSums`);
+- :class:`.HostUpdateWorker` -- from ``step()`` on (R15: the norm first), the CPU Adam of each bucket on a
+  worker thread, in flat order, each waiting only for its own gradient; and the waits for it;
+- :class:`.WeightUpload` -- each bucket's new weights into the live parameters (H2D on a stream of its own), the
+  event the next forward waits for;
+- :class:`.UpdateTimings` -- what each stage spent, for ``engine.offload_timings()``;
+- :class:`.ImmediateRelease` / :class:`.DelayedRelease` -- whether the weights reach the parameters in this
+  step or one boundary later (R27);
+- :class:`.DeviceSplit` (R28, ``gpu_share``), optional -- the leading part of the partition on the device.
+
+This module is the path around them: its buffers, the boundary, and what waits for what. Every operation is the
+reference's, elementwise, on the same values: streaming changes when and where, never the arithmetic (the
+accumulation suite compares the traces bitwise on the host). On the cpu accelerator there is nothing to copy: the
+accumulator is the host buffer itself, the norm is summed there, and the asynchrony is the worker thread's (the
+next forward waits per module the same way).
+"""
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from optimized.accumulation.partition import owners
-from optimized.accumulation.streamed_update import StreamedUpdate
-from optimized.accumulation.update_paths.base import UpdateContext, UpdatePath
+from optimized.accumulation.update_paths.base import (
+    PathReports,
+    UpdateContext,
+    UpdatePath,
+    gathered_gradients,
+    global_norm,
+    initial_master,
+    state_buffers,
+)
+from optimized.accumulation.update_paths.gradient_stream import GradientStream
+from optimized.accumulation.update_paths.host_worker import HostUpdateWorker
+from optimized.accumulation.update_paths.norm_sums import BucketRange, NormPieceSums
+from optimized.accumulation.update_paths.release import DelayedRelease, ImmediateRelease, Release
+from optimized.accumulation.update_paths.split import DeviceSplit
+from optimized.accumulation.update_paths.timings import UpdateTimings
+from optimized.accumulation.update_paths.weight_upload import WeightUpload
 from reference.contract.accumulation_config import OptimizerConfig
 from reference.contract.accumulation_norm import clip_coefficient, fold_left
 from reference.contract.accumulation_step import OptimizerState, StepOutcome
 
-__all__ = ["DelayedHostUpdate", "StreamedHostUpdate"]
+__all__ = ["DelayedHostUpdate", "SplitDelayedHostUpdate", "SplitHostUpdate", "StreamedHostUpdate"]
+
+
+def bucket_ranges(ctx: UpdateContext) -> list[BucketRange]:
+    """This rank's slice of every gradient bucket, in partition coordinates (ascending, tiling ``[0, P)``)."""
+    lo = ctx.partition[0]
+    ranges = []
+    for i, b in enumerate(ctx.buckets):
+        mine = owners(ctx.layout, b.start, b.end)[ctx.rank]
+        ranges.append(BucketRange(i, mine.start - lo, mine.end - lo) if mine.length else BucketRange(i, 0, 0))
+    return ranges
+
+
+def _check_separate(weights: torch.Tensor, source: torch.Tensor, accumulator: torch.Tensor,
+                    delayed_accumulator: torch.Tensor) -> None:
+    """R27 needs the live weights, the update's source and both accumulators in buffers of their own (the worker
+    writes one while the forward reads another)."""
+    for a, b in ((weights, source), (accumulator, delayed_accumulator), (weights, delayed_accumulator)):
+        if a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr():
+            raise ValueError("delayed update: the live weights, the update's source and both accumulators "
+                             "must be separate buffers")
 
 
 class StreamedHostUpdate(UpdatePath):
     """Master, Adam moments and the fp32 gradient accumulator pinned on the host; each bucket's reduced gradient
     streams out during backward, the CPU Adam runs per bucket on a worker from ``step()`` on, and the next
-    forward waits per module for its own buckets only."""
+    forward waits per module for its own buckets only. The subclasses below only declare which release (R27)
+    and whether a device side (R28) this path is built with."""
+
+    #: when the new weights reach the parameters (R27: :class:`DelayedRelease`)
+    release_class: ClassVar[type[Release]] = ImmediateRelease
+    #: R28: whether the leading part of the partition is updated on the device (``gpu_share``)
+    splits: ClassVar[bool] = False
 
     def __init__(self, ctx: UpdateContext) -> None:
+        if self.splits:
+            DeviceSplit.prepare(ctx)
         super().__init__(ctx)
         cfg = self.config
-        lo = ctx.partition[0]
         on_device = ctx.device.type != "cpu"
-        self.master = self._initial_master(on_host=True)
-        self.opt_state = OptimizerState(0, self._state_buffers(("exp_avg", "exp_avg_sq"), on_host=True))
-        self._cast = self._cast_buffer() if cfg.model_dtype == torch.bfloat16 else None
+        self._release = self.release_class(ctx)
+        #: the fp32 master of the whole partition (read through :attr:`master`: the split's device side joined in)
+        self._host_master = initial_master(ctx, on_host=True)
+        self.opt_state = OptimizerState(0, state_buffers(ctx, ("exp_avg", "exp_avg_sq"), on_host=True))
+        self._cast = self._release.cast_buffer(self._host_master) if cfg.model_dtype == torch.bfloat16 else None
         self.accumulator = ctx.host.empty(ctx.layout.partition_size, cfg.accum_dtype, pinned=on_device).zero_()
-        ranges = []
-        for b in ctx.buckets:
-            mine = owners(ctx.layout, b.start, b.end)[ctx.rank]
-            ranges.append((mine.start - lo, mine.end - lo) if mine.length else (0, 0))
-        self._update = StreamedUpdate(
-            device=ctx.device,
-            layout=ctx.layout,
-            rank=ctx.rank,
-            ranges=ranges,
-            accum_dtype=cfg.accum_dtype,
-            accumulator=self.accumulator,
-            master=self.master,
-            exp_avg=self.opt_state.buffers["exp_avg"],
-            exp_avg_sq=self.opt_state.buffers["exp_avg_sq"],
-            cast_out=self._cast,
-            weights=ctx.weights.partition(),
-            delayed_accumulator=self._second_accumulator(),
+        accumulators = [self.accumulator]
+        second = self._release.second_accumulator()
+        weights = ctx.weights.partition()
+        if second is not None:
+            source = self._host_master if self._cast is None else self._cast
+            _check_separate(weights, source, self.accumulator, second)
+            accumulators.append(second)
+        ranges = bucket_ranges(ctx)
+        self._timings = UpdateTimings(ctx.device)
+        self._gradients = GradientStream(
+            device=ctx.device, ranges=ranges, norms=NormPieceSums(ctx.layout, ctx.rank, ranges, on_device),
+            accum_dtype=cfg.accum_dtype, accumulators=accumulators, timings=self._timings,
         )
+        self._upload = WeightUpload(ctx.device, len(ranges), self._timings)
+        self._worker = HostUpdateWorker(
+            ranges=ranges, gradients=self._gradients, upload=self._upload, timings=self._timings,
+            master=self._host_master, exp_avg=self.opt_state.buffers["exp_avg"],
+            exp_avg_sq=self.opt_state.buffers["exp_avg_sq"], cast_out=self._cast, weights=weights,
+            publish_first=self._release.lags_parameters,
+        )
+        #: R28: the device side and the cut (None: the host updates the whole partition)
+        self._split = (
+            DeviceSplit(ctx, self._gradients, self._worker, self._timings, self._release) if self.splits else None
+        )
+        self.reports = StreamedReports(self._worker, self._split)
         #: buckets whose reduce-scatter was launched and whose result is not yet absorbed
         self._launched: deque[Any] = deque()
         #: whether this backward takes the R14 piece sums on the device as buckets stream out
         self._want_norm_pieces = False
 
-    def _cast_buffer(self) -> torch.Tensor:
-        """Where the kernel writes the model-dtype weights: the live parameters themselves where they are on the
-        host, else a host buffer the H2D copies from."""
-        ctx = self.ctx
-        if ctx.stage == 3 and ctx.weights.param_device.type == "cpu":
-            return ctx.weights.part
-        if ctx.stage == 2 and ctx.device.type == "cpu":
-            return ctx.weights.partition()
-        return self._host_model_buffer()
-
-    def _second_accumulator(self) -> torch.Tensor | None:
-        return None
+    @property
+    def master(self) -> torch.Tensor:
+        """This rank's fp32 master (the host's full-partition buffer; with a split, its device side joined in)."""
+        if self._split is not None:
+            self._split.store(self._host_master, self.opt_state, self._cast)
+        return self._host_master
 
     # ---- backward ----------------------------------------------------------------------------------------
     def begin_backward(self, boundary_predicted: bool) -> None:
-        self._wait_before_backward()
+        if self._split is not None:
+            self._split.backward_starts()
+        self._release.before_backward(self._worker)
         # The R14 piece sums are taken on the device as buckets stream out when this backward is (predicted to
         # be) the boundary's; otherwise the boundary sums the host accumulator.
         managed = self.config.managed_gradient_accumulation
         self._want_norm_pieces = boundary_predicted or (not managed and self.ctx.device.type != "cpu")
-        self._update.begin_backward()
+        self._gradients.begin_backward()
         self._launched.clear()
-
-    def _wait_before_backward(self) -> None:
-        self.synchronize()  # the last update's tail ran during this micro-step's forward
 
     def bucket_gradients(self, bucket: Any) -> torch.Tensor:
         """Allocated at the bucket's first gradient and dropped once reduced (no model-sized flat buffer)."""
@@ -96,158 +162,165 @@ class StreamedHostUpdate(UpdatePath):
         # (one behind, so a gradient hook does not wait on its own collective).
         self._launched.append(bucket)
         while len(self._launched) > 1:
-            self._absorb(self._launched.popleft())
+            _absorb(self._gradients, self._launched.popleft(), self._want_norm_pieces)
 
     def finish_backward(self, buckets: Sequence[Any]) -> None:
         while self._launched:
-            self._absorb(self._launched.popleft())
-        self._update.end_backward(self._want_norm_pieces)
-
-    def _absorb(self, bucket: Any) -> None:
-        """R10 for one bucket: its reduced slice into the host accumulator."""
-        reduced = bucket.reduce.result()
-        self._update.absorb(bucket.index, reduced, self._want_norm_pieces)
-        bucket.reduce = None
-        bucket.keep_alive = None
+            _absorb(self._gradients, self._launched.popleft(), self._want_norm_pieces)
+        self._gradients.end_backward(self._want_norm_pieces)
 
     # ---- the boundary --------------------------------------------------------------------------------------
     def before_step(self) -> None:
-        self.synchronize()
+        self._release.before_step(self._worker)
 
     def boundary(self, hyper: OptimizerConfig, record_gradients: bool) -> StepOutcome:
         """R13: the reduction finished in backward; the norm from the per-piece sums; the update runs per bucket
         on the worker and this returns while it does (stage 2 at W > 1: after the per-bucket all-gather, which
-        overlaps the update of the next bucket)."""
-        ctx, update = self.ctx, self._update
-        gradients = self._record(update.grad_for_boundary()) if record_gradients else None
+        overlaps the update of the next bucket). R27: a warm-up boundary is applied at once."""
+        warming_up = self._release.warming_up()
+        ctx, gradients = self.ctx, self._gradients
+        recorded = gathered_gradients(ctx, gradients.grad_for_boundary()) if record_gradients else None
         # R14: per-piece fp64 sums in flat order (taken on the device as the buckets streamed out), rank order.
-        norm = self._norm(fold_left(update.piece_sums()))
+        norm = global_norm(ctx, fold_left(gradients.piece_sums()))
         clip_coef = clip_coefficient(norm, self.config.gradient_clipping)
         self.opt_state.step += 1
-        self._before_host_update(hyper, self.opt_state.step, clip_coef)
-        update.start(hyper, self.opt_state.step, clip_coef)
+        if self._split is not None:  # R28: the device side's step, before the host's
+            self._split.step_device_side(hyper, self.opt_state.step, clip_coef, self._host_master, self.opt_state)
+        self._worker.start(hyper, self.opt_state.step, clip_coef)
         if ctx.stage == 2 and ctx.world_size > 1:
-            # R12 (stage 2): every rank needs every bucket's new weights; broadcast each owner's slice as soon as
-            # its bucket is updated, while the worker updates the next one.
-            works = []
-            flat = ctx.weights.flat
-            for b in ctx.buckets:
-                update.wait_bucket(b.index)
-                pieces = [(o.rank, flat[o.start : o.end]) for o in owners(ctx.layout, b.start, b.end)]
-                works.extend(ctx.comm.start_broadcasts(pieces, "parameter all-gather (per bucket)"))
-            ctx.comm.wait_all(works, "parameter all-gather (per bucket)")
-            self._wait_after_all_gather()
-        return StepOutcome(boundary=True, grad_norm=norm, clip_coef=clip_coef, gradients=gradients)
-
-    def _before_host_update(self, hyper: OptimizerConfig, step: int, clip_coef: float | None) -> None:
-        """The boundary's norm and clip coefficient are known and the host update is about to start (R28's
-        split path updates its device side here)."""
-
-    def _wait_after_all_gather(self) -> None:
-        self._update.wait_all()
+            _all_gather_per_bucket(ctx, self._worker)
+            self._release.after_all_gather(self._worker)
+        if warming_up:
+            self.synchronize()
+            self.apply_delayed()
+        return StepOutcome(boundary=True, grad_norm=norm, clip_coef=clip_coef, gradients=recorded)
 
     # ---- what is in flight ----------------------------------------------------------------------------------
     def synchronize(self) -> None:
-        update = self.__dict__.get("_update")
-        if update is not None and update.in_flight:
-            update.wait_all()
+        if self._worker.in_flight:
+            self._worker.wait_all()
 
     def wait_range(self, lo: int, hi: int) -> None:
-        if self._update.in_flight:
-            self._update.wait_range(lo, hi)
+        if self._worker.in_flight:
+            self._worker.wait_range(lo, hi)
 
     def install_forward_waits(self, module: nn.Module, names_of: dict[int, str], add_hook: Callable) -> None:
         """Stage 2: before each module's forward, wait for the buckets holding its own parameters only (other
         ranks' slices arrive in step())."""
-        ctx = self.ctx
-        if ctx.stage != 2:
-            return
-        lo, hi = ctx.partition
-        segments = {s.name: s for s in ctx.layout.segments}
-        for mod in module.modules():
-            segs = [segments[names_of[id(p)]] for p in mod.parameters(recurse=False) if id(p) in names_of]
-            a = max(lo, min((s.offset for s in segs), default=hi))
-            b = min(hi, max((s.end for s in segs), default=lo))
-            if a >= b:
-                continue
+        if self.ctx.stage == 2:
+            _install_forward_waits(self.ctx, self._worker, module, names_of, add_hook)
 
-            def wait_own(module: nn.Module, args: Any, a: int = a - lo, b: int = b - lo) -> None:
-                update = self.__dict__.get("_update")
-                if update is not None and update.in_flight:
-                    update.wait_range(a, b)
+    def apply_delayed(self) -> None:
+        self._release.apply(self._newest_weights, self.ctx.weights.write)
 
-            add_hook(mod.register_forward_pre_hook(wait_own))
-
-    def offload_timings(self) -> dict[str, float] | None:
-        return self._update.take_timings()
+    def _newest_weights(self) -> torch.Tensor:
+        """The model-dtype source the last update wrote (the kernel's cast buffer, or the master of an fp32
+        model), with the split's device side joined in."""
+        master = self.master
+        return master if self._cast is None else self._cast
 
     # ---- state ----------------------------------------------------------------------------------------------
     def zero_grad(self) -> None:
-        self._update.reset()
+        self._worker.wait_all()
+        self._gradients.wait_transfers_out()
+        self._gradients.restart()
         super().zero_grad()
 
+    def optimizer_state(self) -> OptimizerState:
+        if self._split is not None:
+            self._split.store(self._host_master, self.opt_state, self._cast)
+        return super().optimizer_state()
+
+    def live_weights_to_save(self) -> torch.Tensor | None:
+        return self._release.live_weights_to_save()
+
+    def install(self, master: torch.Tensor, opt_buffers: dict[str, torch.Tensor] | None,
+                applied: torch.Tensor | None) -> None:
+        super().install(master, opt_buffers, applied)
+        if self._split is not None:
+            self._split.load(self._host_master, self.opt_state)
+
+    def _install_cast(self, lp: torch.Tensor, applied: torch.Tensor | None) -> torch.Tensor:
+        return self._release.installed(self._cast, lp, applied)
+
     def close(self) -> None:
-        update = self.__dict__.pop("_update", None)
-        if update is not None:
-            update.close()  # never raises: lets the worker finish (it writes into buffers the engine unpins next)
+        # never raises: lets the worker finish (it writes into buffers the engine unpins next)
+        self._worker.close()
+        self._gradients.close()
+        self._upload.close()
         super().close()
 
 
 class DelayedHostUpdate(StreamedHostUpdate):
     """R27 (``delayed_parameter_update``): the streamed update, whose boundary k publishes the weights of
-    boundary k - 1 into the live parameters and then runs its CPU Adam, overlapping all of step k + 1. The next
-    backward fills a second host accumulator; the kernel's cast output is a buffer of its own."""
+    boundary k - 1 into the live parameters and then runs its CPU Adam, overlapping all of step k + 1."""
 
-    lags_parameters = True
+    release_class = DelayedRelease
+    lags_parameters = DelayedRelease.lags_parameters
 
-    def _cast_buffer(self) -> torch.Tensor:
-        # The live parameters hold the previous boundary's weights: the kernel's output is a buffer of its own;
-        # it starts as the cast of the master (no update pending).
-        cast = self._host_model_buffer()
-        cast.copy_(self.master)
-        return cast
 
-    def _second_accumulator(self) -> torch.Tensor:
-        ctx = self.ctx
-        pinned = ctx.device.type != "cpu"
-        return ctx.host.empty(ctx.layout.partition_size, self.config.accum_dtype, pinned=pinned).zero_()
+class SplitHostUpdate(StreamedHostUpdate):
+    """R28 (``gpu_share``) on the synchronous streamed path: the leading part of the partition on the device."""
 
-    def _wait_before_backward(self) -> None:
-        # Only the published weights matter here; the update itself runs on through this backward.
-        self._update.wait_published()
+    splits = True
 
-    def before_step(self) -> None:
-        """A boundary waits for the previous update in its epilogue; a non-boundary step reads nothing."""
 
-    def boundary(self, hyper: OptimizerConfig, record_gradients: bool) -> StepOutcome:
-        """R27: delayed from the boundary after the first ``delayed_update_warmup`` ones on; a warm-up boundary
-        is the delayed one followed at once by :meth:`apply_delayed` (so its parameters are the synchronous
-        update's, bitwise, and the next step computes with them)."""
-        warming_up = self.ctx.boundaries_done() < self.config.delayed_update_warmup
-        outcome = super().boundary(hyper, record_gradients)
-        if warming_up:
-            self.synchronize()
-            self.apply_delayed()
-        return outcome
+class SplitDelayedHostUpdate(StreamedHostUpdate):
+    """R28 with R27: the device side too installs the weights of the previous boundary before its update."""
 
-    def _wait_after_all_gather(self) -> None:
-        self._update.wait_published()
+    release_class = DelayedRelease
+    lags_parameters = DelayedRelease.lags_parameters
+    splits = True
 
-    def apply_delayed(self) -> None:
-        ctx = self.ctx
-        if ctx.device.type == "cuda":
-            # Host partitions (offload_param) may still be read by a gather's H2D queued before this call.
-            torch.cuda.current_stream(ctx.device).synchronize()
-        source = self.master if self._cast is None else self._cast
-        self._write_live(source, "apply_delayed_update parameter all-gather")
 
-    def live_weights_to_save(self) -> torch.Tensor | None:
-        # R27: the weights a delayed run computes with are not the master's cast; resuming needs them
-        return self.ctx.weights.partition().to("cpu", copy=True)
+class StreamedReports(PathReports):
+    """What the streamed path reports (``engine.offload_timings()``, ``engine.split_report()``)."""
 
-    def _install_cast(self, lp: torch.Tensor, applied: torch.Tensor | None) -> torch.Tensor:
-        # R27: no update is pending after a load unless the checkpoint kept the weights a delayed run was
-        # computing with (``applied``): those stay live and the master's cast waits for the next boundary.
-        if self._cast is not None:
-            self._cast.copy_(lp)
-        return lp if applied is None else applied.to(self.config.model_dtype)
+    def __init__(self, worker: HostUpdateWorker, split: DeviceSplit | None) -> None:
+        self._worker = worker
+        self._split = split
+
+    def offload_timings(self) -> dict[str, float] | None:
+        return self._worker.take_timings()
+
+    def split_report(self) -> dict | None:
+        return None if self._split is None else self._split.report()
+
+
+def _absorb(gradients: GradientStream, bucket: Any, want_sums: bool) -> None:
+    """R10 for one bucket: its reduced slice into the host accumulator."""
+    reduced = bucket.reduce.result()
+    gradients.absorb(bucket.index, reduced, want_sums)
+    bucket.reduce = None
+    bucket.keep_alive = None
+
+
+def _all_gather_per_bucket(ctx: UpdateContext, worker: HostUpdateWorker) -> None:
+    """R12 (stage 2): every rank needs every bucket's new weights; broadcast each owner's slice as soon as its
+    bucket is updated, while the worker updates the next one."""
+    works = []
+    flat = ctx.weights.flat
+    for b in ctx.buckets:
+        worker.wait_bucket(b.index)
+        pieces = [(o.rank, flat[o.start : o.end]) for o in owners(ctx.layout, b.start, b.end)]
+        works.extend(ctx.comm.start_broadcasts(pieces, "parameter all-gather (per bucket)"))
+    ctx.comm.wait_all(works, "parameter all-gather (per bucket)")
+
+
+def _install_forward_waits(ctx: UpdateContext, worker: HostUpdateWorker, module: nn.Module,
+                           names_of: dict[int, str], add_hook: Callable) -> None:
+    """Before each module's forward, wait for the buckets of this rank's partition holding its own parameters."""
+    lo, hi = ctx.partition
+    segments = {s.name: s for s in ctx.layout.segments}
+    for mod in module.modules():
+        segs = [segments[names_of[id(p)]] for p in mod.parameters(recurse=False) if id(p) in names_of]
+        a = max(lo, min((s.offset for s in segs), default=hi))
+        b = min(hi, max((s.end for s in segs), default=lo))
+        if a >= b:
+            continue
+
+        def wait_own(module: nn.Module, args: Any, a: int = a - lo, b: int = b - lo) -> None:
+            if worker.in_flight:
+                worker.wait_range(a, b)
+
+        add_hook(mod.register_forward_pre_hook(wait_own))

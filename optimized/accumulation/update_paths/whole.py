@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -21,13 +21,22 @@ from optimized.accumulation.device_spans import DeviceSpans
 from optimized.accumulation.optimizers import native_adam, step_master
 from optimized.accumulation.partition import owners
 from optimized.accumulation.swap import StateSwapper
-from optimized.accumulation.update_paths.base import UpdateContext, UpdatePath
+from optimized.accumulation.update_paths.base import (
+    PathReports,
+    UpdateContext,
+    UpdatePath,
+    gathered_gradients,
+    global_norm,
+    host_model_buffer,
+    initial_master,
+    state_buffers,
+)
 from reference.contract.accumulation_config import AccumulationConfig, OptimizerConfig
 from reference.contract.accumulation_norm import clip_coefficient, rank_square_sum
 from reference.contract.accumulation_step import OptimizerState, StepOutcome, state_buffer_names
 from reference.contract.errors import ConfigurationError
 
-__all__ = ["DeviceUpdate", "HostUpdate", "NvmeUpdate", "WholePartitionUpdate"]
+__all__ = ["DeviceAdamTimings", "DeviceUpdate", "HostUpdate", "NvmeUpdate", "SwapReports", "WholePartitionUpdate"]
 
 
 class WholePartitionUpdate(UpdatePath):
@@ -39,8 +48,8 @@ class WholePartitionUpdate(UpdatePath):
     def __init__(self, ctx: UpdateContext) -> None:
         super().__init__(ctx)
         cfg = self.config
-        self.master = self._initial_master(on_host=self.masters_on_host)
-        state = self._state_buffers(self._resident_state_names(), on_host=self.masters_on_host)
+        self.master = initial_master(ctx, on_host=self.masters_on_host)
+        state = state_buffers(ctx, self._resident_state_names(), on_host=self.masters_on_host)
         self.opt_state = OptimizerState(0, state)
         numel = ctx.master_numel
         #: device -> host gradient staging for the host update (not needed when everything is on the host)
@@ -55,6 +64,7 @@ class WholePartitionUpdate(UpdatePath):
             torch.empty(ctx.layout.partition_size, dtype=cfg.model_dtype, device=ctx.device)
             if ctx.stage in (1, 2) else None
         )
+        self.live_staging = self._gather_source
         if ctx.stage <= 1:
             self.accumulator = torch.zeros(ctx.layout.total, dtype=cfg.accum_dtype, device=ctx.device)
             self._comm_grads = None
@@ -74,7 +84,7 @@ class WholePartitionUpdate(UpdatePath):
             return ctx.weights.flat
         if ctx.stage == 3 and ctx.weights.param_device.type == "cpu":
             return ctx.weights.part
-        return self._host_model_buffer()
+        return host_model_buffer(ctx)
 
     # ---- backward ----------------------------------------------------------------------------------------
     def bucket_gradients(self, bucket: Any) -> torch.Tensor:
@@ -115,8 +125,8 @@ class WholePartitionUpdate(UpdatePath):
         part, owned = self._reduced()
         gradients = None
         if record_gradients:
-            gradients = self._record(part, owned if ctx.stage == 0 else None)
-        norm = self._norm(rank_square_sum(ctx.layout, ctx.rank, part))  # R14
+            gradients = gathered_gradients(ctx, part, owned if ctx.stage == 0 else None)
+        norm = global_norm(ctx, rank_square_sum(ctx.layout, ctx.rank, part))  # R14
         clip_coef = clip_coefficient(norm, cfg.gradient_clipping)  # R15; applied with the optimizer
         # R16 on the fp32 master, on the host when offloaded (R17).
         wrote_lp = self._optimizer_step(hyper, self._master_gradient(owned.to(torch.float32)), clip_coef)
@@ -139,9 +149,6 @@ class WholePartitionUpdate(UpdatePath):
     def _optimizer_step(self, hyper: OptimizerConfig, g32: torch.Tensor, clip_coef: float | None) -> bool:
         return step_master(hyper, self.master, g32, self.opt_state, clip_coef=clip_coef, bf16_out=self._cast)
 
-    def _write_live(self, lp: torch.Tensor, what: str) -> None:
-        self.ctx.weights.write(lp, what, staging=self._gather_source)
-
 
 class DeviceUpdate(WholePartitionUpdate):
     """``offload_optimizer: none``: master and optimizer state on the device (R11, R12)."""
@@ -152,25 +159,37 @@ class DeviceUpdate(WholePartitionUpdate):
         # The fused kernel's check and first launches now, not in the first training step (device_adam.prepare).
         device_adam.prepare(ctx.config.optimizer, ctx.device)
         super().__init__(ctx)
+        self.reports = self._adam_timings = DeviceAdamTimings(ctx.device)
+
+    def _optimizer_step(self, hyper: OptimizerConfig, g32: torch.Tensor, clip_coef: float | None) -> bool:
+        timed = self._adam_timings.open()
+        wrote_lp = super()._optimizer_step(hyper, g32, clip_coef)
+        if timed is not None:
+            timed()
+        return wrote_lp
+
+
+class DeviceAdamTimings(PathReports):
+    """What the device update reports: nothing is offloaded; on a GPU run the device optimizer's time since the
+    last call (``device_adam_s``, timed from the first call on), so that a benchmark sets the model's time of
+    the no-offload step beside the offloaded paths' timelines. None on the cpu accelerator."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
         #: once :meth:`offload_timings` was called on a GPU run: the spans of each optimizer step
         self._spans: DeviceSpans | None = None
 
-    def _optimizer_step(self, hyper: OptimizerConfig, g32: torch.Tensor, clip_coef: float | None) -> bool:
+    def open(self) -> Callable[[], None] | None:
+        """Start a span of the optimizer step on the current stream (once timings were asked for), else None."""
         if self._spans is None:
-            return super()._optimizer_step(hyper, g32, clip_coef)
-        timed = self._spans.open("device_adam_s", torch.cuda.current_stream(self.ctx.device))
-        wrote_lp = super()._optimizer_step(hyper, g32, clip_coef)
-        timed()
-        return wrote_lp
+            return None
+        return self._spans.open("device_adam_s", torch.cuda.current_stream(self.device))
 
     def offload_timings(self) -> dict[str, float] | None:
-        """Nothing is offloaded; on a GPU run the device optimizer's time since the last call (``device_adam_s``,
-        timed from the first call on), so that a benchmark sets the model's time of the no-offload step beside the
-        offloaded paths' timelines. None on the cpu accelerator."""
-        if self.ctx.device.type != "cuda":
+        if self.device.type != "cuda":
             return None
         if self._spans is None:
-            self._spans = DeviceSpans(self.ctx.device)
+            self._spans = DeviceSpans(self.device)
         return self._spans.collect({"device_adam_s": 0.0})
 
 
@@ -198,6 +217,7 @@ class NvmeUpdate(HostUpdate):
         except BaseException:
             self.close()
             raise
+        self.reports = SwapReports(self._swap)
 
     @classmethod
     def check_config(cls, config: AccumulationConfig) -> None:
@@ -235,6 +255,20 @@ class NvmeUpdate(HostUpdate):
     def _install_state_buffers(self, opt_buffers: dict[str, torch.Tensor]) -> None:
         self._swap.write_state(opt_buffers)
 
+    def close(self) -> None:
+        swap = self.__dict__.pop("_swap", None)
+        if swap is not None:
+            swap.close()  # never raises: finishes the requests, closes the handle, deletes the files, unpins
+        super().close()
+
+
+class SwapReports(PathReports):
+    """What the ``nvme`` path reports: the state buffers while they are in memory, the swap directory and the
+    swap handle's statistics."""
+
+    def __init__(self, swap: StateSwapper) -> None:
+        self._swap = swap
+
     def resident_buffers(self) -> tuple[torch.Tensor, ...]:
         return self._swap.resident
 
@@ -244,12 +278,6 @@ class NvmeUpdate(HostUpdate):
 
     def swap_stats(self) -> Any:
         return self._swap.stats()
-
-    def close(self) -> None:
-        swap = self.__dict__.pop("_swap", None)
-        if swap is not None:
-            swap.close()  # never raises: finishes the requests, closes the handle, deletes the files, unpins
-        super().close()
 
 
 def _probe_nvme_path(path: str) -> None:

@@ -1,0 +1,239 @@
+"""The streamed update's first stage: this rank's reduced gradient, bucket by bucket, into the pinned host
+accumulator during backward (R10), with R14's piece sums on the boundary's backward.
+
+Each backward, as soon as a bucket's rank-ordered reduce-scatter has a result, an offload stream adds it into the
+bucket's accumulator and copies the result into the pinned host accumulator. The fp32 accumulator never lives on
+the device: a second stream brings the bucket's running sum up from the host into a staging buffer (``0 + g`` on
+the first backward of a boundary, so the arithmetic is R10's ``acc + red`` in the same order), the offload stream
+adds and sends it back. The upload has a stream of its own so that it runs on the other copy engine, beside the
+previous bucket's D2H: on one stream the two directions would run one after the other, and the last backward of an
+accumulation would move twice the bytes it has time for. On the backward a managed schedule says is the
+boundary's, the same stream also sums the squares of every R14 piece of the bucket (:mod:`.norm_sums`).
+
+R28 (the split): once :meth:`GradientStream.keep_on_device` made a cut, the device side's slices are added into an
+fp32 accumulator on the device and never leave it (no D2H, no upload of the running sum); the host accumulator's
+``[0, cut)`` is then stale until :meth:`GradientStream.grad_for_boundary` joins it in for a reader of the whole
+partition.
+
+R27 (the delayed update): :meth:`GradientStream.hand_over` gives the finished accumulator to the host update and
+accumulates the next boundary into the second one.
+
+On the cpu accelerator there is nothing to copy: the accumulator is the host buffer itself and the sums are taken
+there. Who reads the result: the host update worker (:mod:`.host_worker`), bucket by bucket once
+:meth:`GradientStream.wait_landed` says its D2H has run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from optimized.accumulation.device_spans import timing_event
+from optimized.accumulation.update_paths.norm_sums import BucketRange, NormPieceSums
+from optimized.accumulation.update_paths.timings import UpdateTimings
+
+__all__ = ["GradientStream"]
+
+
+class GradientStream:
+    """The host accumulator(s) of one rank, filled per bucket off the device (see the module docstring).
+
+    ``accumulators``: one pinned host buffer of the partition (accumulation dtype), or two for R27.
+    """
+
+    def __init__(self, *, device: torch.device, ranges: Sequence[BucketRange], norms: NormPieceSums,
+                 accum_dtype: torch.dtype, accumulators: Sequence[torch.Tensor], timings: UpdateTimings) -> None:
+        self.device = device
+        self.on_device = device.type != "cpu"
+        self.ranges = ranges
+        self.norms = norms
+        self.accum_dtype = accum_dtype
+        self._accumulators = list(accumulators)
+        self._current = 0
+        #: the accumulator the running backward adds into
+        self.accumulator = self._accumulators[0]
+        self._timings = timings
+        self._first = True  # no backward since the last boundary: the accumulator is logically zero
+        #: R28: the elements of the partition below this are the device side's (set by :meth:`keep_on_device`)
+        self._cut = 0
+        #: R28, device runs: the device side's fp32 gradient accumulator for ``[0, cut)``
+        self._device_grad: torch.Tensor | None = None
+        #: whether the current accumulation keeps ``[0, cut)`` in ``_device_grad`` alone
+        self._device_side_here = False
+        if self.on_device:
+            self._init_device_streams()
+
+    def _init_device_streams(self) -> None:
+        """A device run's staging buffers, copy streams and per-bucket events."""
+        device = self.device
+        longest = max((b.length for b in self.ranges), default=0)
+        # Two staging buffers: the stream adds into one while the other's D2H drains.
+        self._staging = [torch.empty(longest, dtype=self.accum_dtype, device=device) for _ in range(2)]
+        self._turn = 0
+        self._d2h_stream = torch.cuda.Stream(device)
+        #: brings a bucket's running sum up from the host on a copy engine of its own, so that it runs beside
+        #: the previous bucket's D2H instead of after it (one stream would serialize the two directions)
+        self._up_stream = torch.cuda.Stream(device)
+        #: per staging slot, the event after the last D2H that read it (an upload into it waits for it)
+        self._slot_free: list[torch.cuda.Event | None] = [None, None]
+        self._d2h_done: list[torch.cuda.Event | None] = [None] * len(self.ranges)
+
+    def keep_on_device(self, n: int) -> None:
+        """R28: from the next accumulation on, the gradient of the partition's ``[0, n)`` is the device side's: on
+        a device run it is accumulated on the device and never crosses to the host."""
+        self._cut = n
+        if self.on_device:
+            self._device_grad = torch.empty(n, dtype=self.accum_dtype, device=self.device)
+
+    # ---- backward: accumulate (R10) and stream out ----------------------------------------------------------
+    def begin_backward(self) -> None:
+        self.norms.fresh = False
+        if self._first:  # a new accumulation: where the device side's gradient lives is decided for all of it
+            self._device_side_here = self.on_device and self._device_grad is not None and self._cut > 0
+
+    def absorb(self, index: int, reduced: torch.Tensor, want_sums: bool) -> None:
+        """Add this rank's reduced slice of bucket ``index`` (comm dtype, on the device) into its accumulator
+        (R10: ``acc + red.to(accum_dtype)``, acc from zeros after a boundary); with ``want_sums`` also the
+        R14 piece sums of the result."""
+        b = self.ranges[index]
+        if not b.length:
+            return
+        if not self.on_device:
+            host = self.accumulator[b.lo : b.hi]
+            if self._first:
+                host.zero_()
+            host.add_(reduced.to(self.accum_dtype))
+            if want_sums:
+                self.norms.take(b, b.lo, None, host)
+            return
+        # R28: [b.lo, cut) is the device side's and stays in _device_grad; [cut, b.hi) goes through the host.
+        cut = max(b.lo, min(b.hi, self._cut)) if self._device_side_here else b.lo
+        slot, uploaded = self._upload(index, cut, b.hi) if cut < b.hi else (None, None)
+        stream = self._d2h_stream
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            red = reduced.to(self.accum_dtype)
+            kept = None
+            if cut > b.lo:
+                kept = self._device_grad
+                if self._first:
+                    kept[b.lo : cut].zero_()
+                kept[b.lo : cut].add_(red[: cut - b.lo])
+            stage = None
+            if slot is not None:
+                stage = self._staging[slot][: b.hi - cut]
+                if uploaded is None:
+                    stage.zero_()
+                else:
+                    stream.wait_event(uploaded)
+                stage.add_(red[cut - b.lo :])
+            if want_sums:
+                self.norms.take(b, cut, kept, stage)
+            if stage is not None:
+                begin = timing_event(stream)
+                self.accumulator[cut : b.hi].copy_(stage, non_blocking=True)
+                event = timing_event(stream)
+                self._slot_free[slot] = event
+                self._timings.span("d2h_s", begin, event)
+            else:
+                event = timing_event(stream)
+        reduced.record_stream(stream)
+        self._d2h_done[index] = event
+
+    def _upload(self, index: int, lo: int, hi: int) -> tuple[int, torch.cuda.Event | None]:
+        """A staging slot for the host part ``[lo, hi)`` of bucket ``index`` and, after the first backward of an
+        accumulation, the event of the upload of its running sum into it (on the upload stream: once the slot's
+        last D2H and the previous D2H of this range have run). None: nothing to upload (the sum starts at 0)."""
+        slot = self._turn
+        self._turn ^= 1
+        if self._first:
+            return slot, None
+        up = self._up_stream
+        for before in (self._slot_free[slot], self._d2h_done[index]):
+            if before is not None:
+                up.wait_event(before)
+        with torch.cuda.stream(up):
+            begin = timing_event(up)
+            self._staging[slot][: hi - lo].copy_(self.accumulator[lo:hi], non_blocking=True)
+            done = timing_event(up)
+        self._timings.span("grad_up_s", begin, done)
+        return slot, done
+
+    def end_backward(self, summed: bool) -> None:
+        """Every bucket was absorbed; ``summed``: the piece sums were taken in this backward (the boundary's)."""
+        self._first = False
+        self.norms.fresh = summed
+        if summed and self.on_device and self._timings.recording:
+            # How long the boundary waits for the gradient stream after backward's last kernel (clamped at 0).
+            ended = timing_event(torch.cuda.current_stream(self.device))
+            self._timings.span("grad_exposed_s", ended, timing_event(self._d2h_stream))
+
+    # ---- the boundary: the finished gradient ---------------------------------------------------------------
+    def wait_landed(self, index: int) -> None:
+        """Bucket ``index``'s gradient has landed in the host accumulator (the others may not have)."""
+        if self.on_device and self._d2h_done[index] is not None:
+            self._d2h_done[index].synchronize()
+
+    def wait_transfers_out(self) -> None:
+        """The host accumulator holds the final gradient (every D2H has landed), and every kernel or copy queued
+        so far has run: the update may now write host buffers those copies read (stage-3 gathers from pinned
+        partitions) and device buffers those kernels read. The norm needs all of backward anyway."""
+        if self.on_device:
+            self._d2h_stream.wait_stream(torch.cuda.current_stream(self.device))
+            self._d2h_stream.synchronize()
+
+    def host_side_gradient(self) -> torch.Tensor:
+        """The host accumulator with every D2H landed (zeros if no backward since the boundary): complete on
+        ``[cut, P)``, the part the worker updates; ``[0, cut)`` is stale where the device side's gradient stayed
+        on the device (:meth:`device_gradient` has it)."""
+        if self._first:
+            self.accumulator.zero_()
+        self.wait_transfers_out()
+        return self.accumulator
+
+    def grad_for_boundary(self) -> torch.Tensor:
+        """The accumulated partition gradient, on the host, complete (zeros if no backward since the boundary):
+        for readers of the whole partition (``record_gradients``, the norm when backward did not sum it)."""
+        grad = self.host_side_gradient()
+        if self._device_side_here and not self._first:
+            grad[: self._cut].copy_(self._device_grad[: self._cut])
+        return grad
+
+    def device_gradient(self, n: int) -> torch.Tensor | None:
+        """R28: the accumulated gradient of ``[0, n)`` where this accumulation kept it on the device (complete
+        once :meth:`host_side_gradient` returned), or None (take it from the host accumulator)."""
+        if self._first or not self._device_side_here:
+            return None
+        self.wait_transfers_out()
+        return self._device_grad[:n]
+
+    def piece_sums(self) -> list[float]:
+        """R14's per-piece fp64 sums of squares of the accumulated gradient, in flat order."""
+        if not self.norms.fresh:
+            self.norms.sum_host(self.grad_for_boundary(), self.ranges)
+        if self.norms.on_the_device():
+            torch.cuda.current_stream(self.device).wait_stream(self._d2h_stream)
+        return self.norms.values()
+
+    # ---- a new accumulation ---------------------------------------------------------------------------------
+    def restart(self) -> None:
+        """R13 step 6: the next backward starts a new accumulation (the accumulator is logically zero)."""
+        self._first = True
+        self.norms.fresh = False
+
+    def hand_over(self) -> None:
+        """R27: the host update reads the finished accumulator; the next backward accumulates into the other one
+        (R13 step 6)."""
+        self._current ^= 1
+        self.accumulator = self._accumulators[self._current]
+        self.restart()
+
+    def close(self) -> None:
+        """Let the copies in flight finish (errors dropped: called from destroy)."""
+        if self.on_device:
+            try:
+                self._d2h_stream.synchronize()
+                self._up_stream.synchronize()
+            except BaseException:
+                pass
