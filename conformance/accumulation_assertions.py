@@ -287,7 +287,7 @@ def replay_boundaries(trace: Trace) -> list[tuple[float, float | None, dict[str,
     trainable = list(first.gradients) if first is not None and first.gradients is not None else []
     layout = build_layout([(n, trace.initial_parameters[n].shape) for n in trainable], sc.world_size)
     master = flatten(layout, {n: trace.initial_parameters[n] for n in trainable}, torch.float32)
-    state = init_state(cfg.optimizer, master)
+    state = init_state(cfg.optimizer, master, cfg.moment_precision)  # R29: moments stored as configured
     params = {n: trace.initial_parameters[n].clone() for n in names}
     out = []
     for rec in trace.boundaries():
@@ -335,7 +335,7 @@ def assert_delayed_replay_consistent(trace: Trace) -> None:
     trainable = list(first.gradients) if first is not None and first.gradients is not None else []
     layout = build_layout([(n, trace.initial_parameters[n].shape) for n in trainable], sc.world_size)
     master = flatten(layout, {n: trace.initial_parameters[n] for n in trainable}, torch.float32)
-    state = init_state(cfg.optimizer, master)
+    state = init_state(cfg.optimizer, master, cfg.moment_precision)  # R29: moments stored as configured
     live = {n: t.clone() for n, t in trace.initial_parameters.items()}
 
     def install(flat: torch.Tensor) -> None:
@@ -419,11 +419,13 @@ def summation_error_bound(scenario: Scenario, local: list[list[torch.Tensor]]) -
     return 2 * (2 * n * w + 2 * n + 2 * w + 4) * u * s + 2 * n * w * tiny
 
 
-def reference_optimizer_steps(reference_api, cfg, p0: torch.Tensor, grads: list[torch.Tensor], clip: float | None):
+def reference_optimizer_steps(reference_api, cfg, p0: torch.Tensor, grads: list[torch.Tensor], clip: float | None,
+                              precision=None):
     """The oracle's master and optimizer state after one R16 step per gradient from ``p0`` (each gradient
-    multiplied by ``clip`` first, R15): what the optimizer-kernel tests (native CPU, fused device) compare with."""
+    multiplied by ``clip`` first, R15), the moments stored in ``precision`` (R29; None: fp32): what the
+    optimizer-kernel tests (native CPU, fused device) compare with."""
     expected = p0.clone()
-    state = reference_api.init_state(cfg, expected)
+    state = reference_api.init_state(cfg, expected, precision)
     for g in grads:
         reference_api.optimizer_step(cfg, expected, torch.mul(g, clip) if clip is not None else g, state)
     return expected, state
