@@ -70,6 +70,22 @@ def assert_tensor_equal(actual: torch.Tensor, expected: torch.Tensor, what: str)
         )
 
 
+def assert_bits_equal(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    """Equal shape, dtype and bit patterns (a NaN's payload and the sign of zero included): for values whose
+    encoding a rule fixes, such as R29's stored moments."""
+    assert_tensor_equal(actual, expected, what)
+    width = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[actual.element_size()]
+    a, e = actual.detach().cpu().contiguous().view(width), expected.detach().cpu().contiguous().view(width)
+    bad = a != e
+    if bool(bad.any()):
+        i = _first_mismatch(bad)
+        mask = (1 << (8 * actual.element_size())) - 1
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} of {a.numel()} bit patterns differ; first at index {i}: "
+            f"{int(a[i]) & mask:#x} != expected {int(e[i]) & mask:#x}"
+        )
+
+
 def assert_tensor_close(
     actual: torch.Tensor, expected: torch.Tensor, what: str, *, rtol: float, atol: float | torch.Tensor
 ) -> None:
