@@ -132,27 +132,33 @@ def test_R29_native_adam_bf16_rounding_of_special_values(area_api, reference_api
     chunk=st.sampled_from((1, 7, 1 << 24)),
     clip=st.sampled_from((None, 0.37)),
     seed=st.integers(0, 2**16),
+    precision=st.sampled_from(("fp32", "bf16")),
 )
-def test_R16_chunked_in_place_torch_step_equals_reference(area_api, reference_api, cfg, n, chunk, clip, seed):
-    """R16/R15: the engine's torch path (device masters, SGD), in place and chunked to bound its temporaries,
+def test_R16_chunked_in_place_torch_step_equals_reference(area_api, reference_api, cfg, n, chunk, clip, seed,
+                                                          precision):
+    """R16/R15/R29: the engine's torch path (device masters, SGD), in place and chunked to bound its temporaries,
     equals the reference's out-of-place sequence bitwise for SGD (momentum, L2), Adam and AdamW over three
-    steps, whatever the chunk size; the gradient is not modified."""
+    steps, whatever the chunk size, with Adam's moments stored in fp32 or bf16 (bit patterns, a NaN gradient
+    element included); the gradient is not modified."""
     step = getattr(area_api, "torch_step", None)
     if step is None:
         pytest.skip("this implementation has no chunked torch optimizer path")
     gen = torch.Generator().manual_seed(seed)
     expected = torch.randn(n, generator=gen)
     actual = expected.clone()
-    ref_state, state = reference_api.init_state(cfg, expected), reference_api.init_state(cfg, actual)
+    stored = STATE_PRECISIONS[precision]
+    ref_state, state = reference_api.init_state(cfg, expected, stored), reference_api.init_state(cfg, actual, stored)
     for t in range(3):
         g = torch.randn(n, generator=gen) * 10.0**-t
+        if precision == "bf16" and t == 1:
+            g[n // 2] = float("nan")
         g_before = g.clone()
         reference_api.optimizer_step(cfg, expected, torch.mul(g, clip) if clip is not None else g, ref_state)
         step(cfg, actual, g, state, clip_coef=clip, chunk=chunk)
         assert_tensor_equal(g, g_before, "gradient after torch_step")
     assert_tensor_equal(actual, expected, f"{cfg.type} master (chunk={chunk}, clip={clip})")
     for name, buf in ref_state.buffers.items():
-        assert_tensor_equal(state.buffers[name], buf, f"{cfg.type} {name}")
+        assert_bits_equal(state.buffers[name], buf, f"{cfg.type} {name} ({precision} moments)")
 
 
 @pytest.mark.parametrize("n", [1, 9, 100_003])
@@ -201,7 +207,8 @@ def test_R13_fused_bf16_copy_equals_cast_of_updated_master(area_api, reference_a
 def test_R16_native_adam_rejects_bad_arguments(area_api, reference_api, call, words):
     """R16/R29 (kernel inputs): wrong sizes, dtypes, step counts, ISA names, thread counts, optimizer types,
     output buffers, moments of two precisions or of one that is not a state precision, and a ``state_precision``
-    that is unknown or disagrees with the moments raise ConfigurationError naming the argument and what is allowed; nothing is written."""
+    that is unknown or disagrees with the moments raise ConfigurationError naming the argument and what is
+    allowed; nothing is written."""
     kernel = _kernel(area_api)
     cfg = reference_api.OptimizerConfig(type="adam")
     t = torch.ones(8)

@@ -14,6 +14,11 @@ sequence operation for operation (same roundings, same correctly rounded sqrt), 
 :data:`CHUNK_ELEMENTS`, so its temporaries stay a few chunks in size instead of several copies of the master
 (the reference's out-of-place sequence, with its fp64 square root, would need about five master-sized buffers).
 Elementwise arithmetic does not depend on where a chunk starts, so chunking changes no bit.
+
+R29 (``state_precision: bf16``): the moment buffers are bf16 and their dtype is the precision. The native kernel
+reads and writes them in its one pass; :func:`torch_step` widens a chunk, runs the same fp32 sequence and stores it
+back rounded by the contract's ``round_to_bf16``; the fused device kernel handles fp32 moments only, so a device
+master with bf16 moments runs :func:`torch_step` (same bits, more passes over memory).
 """
 
 from __future__ import annotations
@@ -25,15 +30,20 @@ import torch
 from optimized import cpu_adam
 from optimized.accumulation import device_adam
 from reference.contract.accumulation_config import OptimizerConfig
+from reference.contract.accumulation_state_precision import StatePrecision
 from reference.contract.accumulation_step import OptimizerState, state_buffer_names
 
 __all__ = [
     "CHUNK_ELEMENTS", "OptimizerState", "init_state", "native_adam", "step_master", "torch_step", "uses_native",
 ]
 
-def init_state(config: OptimizerConfig, master: torch.Tensor) -> OptimizerState:
-    """Zeroed state buffers (the contract's names) for ``master``, on its device, fp32."""
-    return OptimizerState(0, {n: torch.zeros_like(master, dtype=torch.float32) for n in state_buffer_names(config)})
+def init_state(
+    config: OptimizerConfig, master: torch.Tensor, precision: StatePrecision | None = None
+) -> OptimizerState:
+    """Zeroed state buffers (the contract's names) for ``master``, on its device; Adam's moments in ``precision``
+    (R29; default fp32), SGD's momentum fp32."""
+    dtype = torch.float32 if precision is None or config.type == "sgd" else precision.dtype
+    return OptimizerState(0, {n: torch.zeros_like(master, dtype=dtype) for n in state_buffer_names(config)})
 
 
 def _sqrt_rounded_once(x: torch.Tensor) -> torch.Tensor:
@@ -102,14 +112,21 @@ def torch_step(
                 p.mul_(1.0 - lr * wd)
             else:
                 g = torch.add(g, torch.mul(p, wd))
-        m = state.buffers["exp_avg"][lo:hi]
-        v = state.buffers["exp_avg_sq"][lo:hi]
+        stored_m = state.buffers["exp_avg"][lo:hi]
+        stored_v = state.buffers["exp_avg_sq"][lo:hi]
+        precision = StatePrecision.of(stored_m)
+        # R29: fp32 moments are updated in place; bf16 ones are widened into fp32 chunks and stored back rounded.
+        m = stored_m if precision.dtype == torch.float32 else stored_m.to(torch.float32)
+        v = stored_v if precision.dtype == torch.float32 else stored_v.to(torch.float32)
         m.mul_(beta1).add_(torch.mul(g, 1.0 - beta1))
         gg = torch.mul(g, g)
         v.mul_(beta2).add_(gg.mul_(1.0 - beta2))
         denom = _sqrt_rounded_once(v)
         denom.mul_(1.0 / math.sqrt(1.0 - beta2**t)).add_(config.eps)
         p.sub_(torch.div(m, denom).mul_(lr / (1.0 - beta1**t)))
+        if m is not stored_m:
+            precision.store(stored_m, m)
+            precision.store(stored_v, v)
 
 
 def step_master(
@@ -139,7 +156,8 @@ def step_master(
             bf16_out=bf16_out,
         )
         return bf16_out is not None
-    if (master.is_contiguous() and grad.is_contiguous() and grad.device == master.device
+    fp32_moments = all(b.dtype == torch.float32 for b in state.buffers.values())  # the fused kernel's (R29)
+    if (master.is_contiguous() and grad.is_contiguous() and grad.device == master.device and fp32_moments
             and device_adam.use_for(config, master)):
         state.step += 1
         fill = bf16_out is not None and bf16_out.device == master.device and bf16_out.is_contiguous()

@@ -201,7 +201,8 @@ class SplitHostUpdate(StreamedHostUpdate):
         return decision
 
     def _time_host(self, n: int) -> float:
-        z = [torch.zeros(n, dtype=torch.float32) for _ in range(4)]
+        moments = self.config.moment_precision.dtype  # R29: timed at the precision the run stores
+        z = [torch.zeros(n, dtype=torch.float32 if i < 2 else moments) for i in range(4)]
         for _ in range(2):  # the second run: threads started, pages touched
             t0 = time.perf_counter()
             cpu_adam.adam_step(self.config.optimizer, z[0], z[1], z[2], z[3], 1, threads=self._update._threads)
@@ -211,7 +212,8 @@ class SplitHostUpdate(StreamedHostUpdate):
     def _time_device(self, n: int) -> float:
         device = self.ctx.device
         master = torch.zeros(n, dtype=torch.float32, device=device)
-        state = OptimizerState(0, {k: torch.zeros_like(master) for k in ("exp_avg", "exp_avg_sq")})
+        moments = self.config.moment_precision.dtype  # R29: timed at the precision the run stores
+        state = OptimizerState(0, {k: torch.zeros_like(master, dtype=moments) for k in ("exp_avg", "exp_avg_sq")})
         grad = torch.zeros_like(master)
         for _ in range(2):  # the second run: kernels loaded, allocator warm
             self._sync_device()
