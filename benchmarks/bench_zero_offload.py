@@ -26,8 +26,9 @@ update). An arm whose package is missing is reported as ``not installed``; one t
 bigram chain, ``convergence.py``; fresh, seeded batches every boundary, the same for every arm) and reports per
 arm the median step time, the loss after ``--steps`` boundaries and the wall time to reach ``--target``, with the
 per-phase timeline of our offloaded arms (compute, exposed wait, and beside them D2H, host Adam, H2D). Its arms by
-default: no offload, synchronous offload, the split update (``-split``: ``gpu_share`` ``--gpu-share``, R28; reported
-as absent on a tree without it), the delayed update without and with a warm-up (``-dpu``, ``-dpu-warmup``) and
+default: no offload, synchronous offload, the same with bf16 moments (``-bf16state``: ``state_precision: bf16``,
+R29; reported as absent on a tree without it), the split update (``-split``: ``gpu_share`` ``--gpu-share``, R28;
+reported as absent on a tree without it), the delayed update without and with a warm-up (``-dpu``, ``-dpu-warmup``) and
 DeepSpeed ZeRO-Offload. Output: ``bench_zero_offload_converge.{json,csv,png}`` (``plot_convergence.py`` draws
 the loss against wall time per arm).
 
@@ -81,13 +82,29 @@ MODELS: dict[str, tuple[int, int, int, int, int, int, int, int]] = {
     "13b": (5120, 40, 40, 13824, 32000, 2048, 4, 2),
 }
 
-ARMS = ["ours-s2", "ours-s2-offload", "ours-s2-offload-split", "ours-s2-offload-dpu", "ours-s2-offload-dpu-warmup",
-        "ours-s3", "ours-s3-offload", "ours-s3-offload-split", "ours-s3-offload-dpu", "ours-s3-offload-dpu-warmup",
-        "ds-z2-offload", "ds-z3-offload", "fsdp2", "fsdp2-offload"]
+ARMS = [
+    "ours-s2",
+    "ours-s2-offload",
+    "ours-s2-offload-bf16state",
+    "ours-s2-offload-split",
+    "ours-s2-offload-dpu",
+    "ours-s2-offload-dpu-warmup",
+    "ours-s3",
+    "ours-s3-offload",
+    "ours-s3-offload-split",
+    "ours-s3-offload-dpu",
+    "ours-s3-offload-dpu-warmup",
+    "ds-z2-offload",
+    "ds-z3-offload",
+    "fsdp2",
+    "fsdp2-offload",
+]
 #: ``--mode converge``'s arms unless ``--arms`` is given (issue 27 item 6), most telling first: a run cut short by
 #: its time box keeps those.
-CONVERGE_ARMS = ["ours-s2", "ours-s2-offload", "ours-s2-offload-split", "ours-s2-offload-dpu-warmup",
-                 "ours-s2-offload-dpu", "ds-z2-offload"]
+CONVERGE_ARMS = ["ours-s2", "ours-s2-offload", "ours-s2-offload-bf16state", "ours-s2-offload-split",
+                 "ours-s2-offload-dpu-warmup", "ours-s2-offload-dpu", "ds-z2-offload"]
+#: The arm-name token of R29's compressed state (``state_precision: bf16``), e.g. ``ours-s2-offload-bf16state``.
+BF16_STATE = "-bf16state"
 #: The ``-dpu-warmup`` arm's undelayed boundaries on a tree whose config has no ``delayed_update_warmup``: the 30
 #: ``apply_delayed_update()`` boundaries issue 27 measured.
 DEFAULT_MANUAL_WARMUP = 30
@@ -180,6 +197,8 @@ def _ours_zero(arm: str, opts) -> tuple[dict, int]:
     manual_warmup = 0
     if "-offload" in arm:
         off: dict = {"device": "cpu"}
+        if BF16_STATE in arm:  # R29: Adam's moments stored in bf16 (share 0 unless the arm also splits)
+            off["state_precision"] = "bf16"
         if arm.endswith("-split"):
             off["gpu_share"] = _gpu_share(opts.gpu_share)
             if opts.gpu_memory_budget_gib is not None:
@@ -417,6 +436,8 @@ def _child(arm: str, model_name: str, opts, out_file: str) -> None:
 def _run_arm(arm: str, model: str, args) -> dict:
     if arm.endswith("-split") and not _offload_key_accepted("gpu_share", _gpu_share(args.gpu_share)):
         return {"arm": arm, "model": model, "status": "no split update (config has no gpu_share: R28)"}
+    if BF16_STATE in arm and not _offload_key_accepted("state_precision", "bf16"):
+        return {"arm": arm, "model": model, "status": "no compressed state (config has no state_precision: R29)"}
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "row.json")
         opts = os.path.join(tmp, "opts.json")

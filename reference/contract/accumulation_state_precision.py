@@ -110,3 +110,11 @@ def resolve_state_precision(name: object, key: str = "state_precision") -> State
     if isinstance(name, str) and name.lower() in STATE_PRECISIONS:
         return STATE_PRECISIONS[name.lower()]
     raise allowed_values_error(key, name, tuple(STATE_PRECISIONS))
+
+
+def adam_pass_bytes_per_element(precision: StatePrecision, *, bf16_copy: bool) -> int:
+    """Bytes one Adam/AdamW step moves per element in one pass (the floor of the host update, docs/zero.md): the
+    fp32 master read and written (8), the fp32 gradient read (4), each moment read and written at its stored size
+    (fp32: 16, bf16: 8) and, with ``bf16_copy``, the bf16 weights written (2). 30 with fp32 moments, 22 with bf16
+    (write-allocate reads of the write-only bf16 copy not counted)."""
+    return 8 + 4 + 2 * 2 * precision.bytes_per_moment + (2 if bf16_copy else 0)
