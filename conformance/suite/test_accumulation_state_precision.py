@@ -236,6 +236,24 @@ def test_R29_R25_pinned_matrix_matches_reference(area_api, reference_api, impl, 
 
 
 @REQUIRES_STATE_PRECISION
+@pytest.mark.parametrize("offload", ["none", "cpu"])
+@pytest.mark.parametrize("stage", [0, 1])
+def test_R29_R25_stages_0_1_match_reference(area_api, reference_api, impl, accelerator, stage, offload):
+    """R29/R25 where the whole master is updated in one call (stages 0/1, with and without optimizer offload):
+    bf16 moments, W = 2, gas 2, bf16 model, clipping that triggers: the trace is the reference's, which replays."""
+    config = AccumulationConfig(
+        zero_stage=stage, dtype="bf16", grad_accum_dtype="fp32", gradient_accumulation_steps=2,
+        gradient_clipping=0.05, optimizer={"type": "adam", "lr": 1e-2, "weight_decay": 0.01},
+        offload_optimizer=offload, state_precision="bf16",
+    )
+    scenario = Scenario(config, 2, scenario_calls("BSBSBSBS"), seed=290, name="R29-stage01")
+    expected = reference_api.run_scenario(scenario)
+    assert_replay_consistent(expected)
+    actual = area_api.run_scenario(scenario)
+    assert_traces_match(actual, expected, cross_implementation_tolerance(scenario, impl, accelerator))
+
+
+@REQUIRES_STATE_PRECISION
 @given(data=st.data())
 def test_R29_R25_drawn_scenario_matches_reference(area_api, reference_api, impl, accelerator, data):
     """R29/R25 on drawn scenarios (R28's domain: stages 2/3, W 1-2, managed or not, gas, any model and
