@@ -16,9 +16,8 @@ sequence operation for operation (same roundings, same correctly rounded sqrt), 
 Elementwise arithmetic does not depend on where a chunk starts, so chunking changes no bit.
 
 R29 (``state_precision: bf16``): the moment buffers are bf16 and their dtype is the precision. The native kernel
-reads and writes them in its one pass; :func:`torch_step` widens a chunk, runs the same fp32 sequence and stores it
-back rounded by the contract's ``round_to_bf16``; the fused device kernel handles fp32 moments only, so a device
-master with bf16 moments runs :func:`torch_step` (same bits, more passes over memory).
+and the fused device kernel read and write them in their one pass; :func:`torch_step` widens a chunk, runs the
+same fp32 sequence and stores it back rounded by the contract's ``round_to_bf16``.
 """
 
 from __future__ import annotations
@@ -129,6 +128,12 @@ def torch_step(
             precision.store(stored_v, v)
 
 
+def _moments(state: OptimizerState) -> StatePrecision | None:
+    """R29: the precision Adam's moments are stored in (None for a state without them: SGD)."""
+    m = state.buffers.get("exp_avg")
+    return None if m is None else StatePrecision.of(m)
+
+
 def step_master(
     config: OptimizerConfig,
     master: torch.Tensor,
@@ -156,9 +161,8 @@ def step_master(
             bf16_out=bf16_out,
         )
         return bf16_out is not None
-    fp32_moments = all(b.dtype == torch.float32 for b in state.buffers.values())  # the fused kernel's (R29)
-    if (master.is_contiguous() and grad.is_contiguous() and grad.device == master.device and fp32_moments
-            and device_adam.use_for(config, master)):
+    if (master.is_contiguous() and grad.is_contiguous() and grad.device == master.device
+            and device_adam.use_for(config, master, _moments(state))):
         state.step += 1
         fill = bf16_out is not None and bf16_out.device == master.device and bf16_out.is_contiguous()
         device_adam.adam_step(

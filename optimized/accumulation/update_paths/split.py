@@ -103,7 +103,7 @@ class SplitHostUpdate(StreamedHostUpdate):
 
     def __init__(self, ctx: UpdateContext) -> None:
         # The device side's kernel checked and launched now: "auto" first uses it at the cut (device_adam.prepare).
-        device_adam.prepare(ctx.config.optimizer, ctx.device)
+        device_adam.prepare(ctx.config.optimizer, ctx.device, ctx.config.moment_precision)
         self._side: _DeviceSide | None = None
         self._stale = False  # the host buffers' first n elements are older than the device side
         super().__init__(ctx)
