@@ -5,7 +5,9 @@ Two parts, each printing a table and writing JSON into the output directory:
 ``cpu-adam``: parameters/s and bytes/s of one optimizer step on N fp32 parameters (N from ``--sizes``) for
 torch.optim.AdamW single-tensor, foreach and fused, the native kernel (optimized.cpu_adam), and the offload
 path's two variants: fused AdamW followed by a separate fp32->bf16 cast-copy vs the native kernel writing the
-bf16 copy in the same pass. Bytes: 28 per parameter (read p, g, m, v; write p, m, v) + 2 for the bf16 copy.
+bf16 copy in the same pass, and that kernel with bf16 moments (R29). Bytes per parameter (printed): 28 (read p, g,
+m, v; write p, m, v) + 2 for the bf16 copy; 22 with bf16 moments; each arm's bandwidth is also printed as a fraction
+of the host's in-place triad (STREAM-style, measured first).
 
 ``scenarios``: the accumulation scenarios of every stage x managed/unmanaged x offload x dtype at world size 1 (or
 ``--world``) on the chosen backend (NCCL on the GPU box), each compared with the reference trace -- bitwise on gloo,
@@ -85,9 +87,13 @@ def bench_host_bandwidth(threads: int, nbytes: int = 1 << 30, iters: int = 5) ->
 _MIN_TIMED_PARAMS = 2e9
 
 
-def bench_cpu_adam(sizes: list[int], iters: int, threads: int) -> list[dict]:
+def bench_cpu_adam(sizes: list[int], iters: int, threads: int, host_bps: float | None = None) -> list[dict]:
+    """Each arm's time per step on N parameters, its bytes per parameter (the one-pass floor,
+    :func:`adam_pass_bytes_per_element`) and the bandwidth that implies, and with ``host_bps`` (the host's
+    STREAM-style figure, :func:`bench_host_bandwidth`) its fraction of it."""
     from optimized import cpu_adam
     from reference.accumulation import OptimizerConfig
+    from reference.contract.accumulation_state_precision import STATE_PRECISIONS, adam_pass_bytes_per_element
 
     torch.set_num_threads(threads)
     cfg = OptimizerConfig(type="adamw", lr=1e-3, weight_decay=0.01)
@@ -105,8 +111,9 @@ def bench_cpu_adam(sizes: list[int], iters: int, threads: int) -> list[dict]:
                 return lambda: (opt.step(), bf16.copy_(p.detach()))
             return opt.step
 
-        def native_arm(with_bf16: bool, n=n, g=g, bf16=bf16):
-            p32, m, v = torch.randn(n), torch.zeros(n), torch.zeros(n)
+        def native_arm(with_bf16: bool, n=n, g=g, bf16=bf16, moments: str = "fp32"):
+            dtype = STATE_PRECISIONS[moments].dtype  # R29: the moments' stored precision
+            p32, m, v = torch.randn(n), torch.zeros(n, dtype=dtype), torch.zeros(n, dtype=dtype)
             step = [0]
 
             def run(p32=p32, m=m, v=v, g=g, bf16=bf16):
@@ -115,13 +122,19 @@ def bench_cpu_adam(sizes: list[int], iters: int, threads: int) -> list[dict]:
 
             return run
 
+        fp32_state, bf16_state = STATE_PRECISIONS["fp32"], STATE_PRECISIONS["bf16"]
+        plain = adam_pass_bytes_per_element(fp32_state, bf16_copy=False)  # 28
         arms = [
-            ("torch_single", lambda: torch_arm(foreach=False), 28),
-            ("torch_foreach", lambda: torch_arm(foreach=True), 28),
-            ("torch_fused", lambda: torch_arm(fused=True), 28),
-            ("native", lambda: native_arm(False), 28),
-            ("torch_fused+cast", lambda: torch_arm(cast=True, fused=True), 30),
-            ("native+bf16", lambda: native_arm(True), 30),
+            ("torch_single", lambda: torch_arm(foreach=False), plain),
+            ("torch_foreach", lambda: torch_arm(foreach=True), plain),
+            ("torch_fused", lambda: torch_arm(fused=True), plain),
+            ("native", lambda: native_arm(False), plain),
+            ("torch_fused+cast", lambda: torch_arm(cast=True, fused=True),
+             adam_pass_bytes_per_element(fp32_state, bf16_copy=True)),
+            ("native+bf16", lambda: native_arm(True), adam_pass_bytes_per_element(fp32_state, bf16_copy=True)),
+            # R29: the moments stored in bf16, read and written by the kernel in the same pass
+            ("native+bf16 state=bf16", lambda: native_arm(True, moments="bf16"),
+             adam_pass_bytes_per_element(bf16_state, bf16_copy=True)),
         ]
         for name, build, bytes_per in arms:
             try:
@@ -136,10 +149,15 @@ def bench_cpu_adam(sizes: list[int], iters: int, threads: int) -> list[dict]:
             # arm plus the shared gradient and bf16 buffer (18 GB at 1e9), whatever the number of arms.
             del fn
             gc.collect()
-            rows.append({"params": n, "arm": name, "seconds": sec, "calls": calls, "params_per_s": n / sec,
-                         "bytes_per_s": n * bytes_per / sec, "threads": threads, "isa": cpu_adam.best_isa()})
-            print(f"  N={n:>13,d} {name:<18} {sec * 1e3:9.2f} ms  {n / sec / 1e6:9.1f} M params/s  "
-                  f"{n * bytes_per / sec / 1e9:7.2f} GB/s")
+            row = {"params": n, "arm": name, "seconds": sec, "calls": calls, "params_per_s": n / sec,
+                   "bytes_per_param": bytes_per, "bytes_per_s": n * bytes_per / sec, "threads": threads,
+                   "isa": cpu_adam.best_isa()}
+            share = "" if host_bps is None else f"  {row['bytes_per_s'] / host_bps:6.1%} of host"
+            if host_bps is not None:
+                row["fraction_of_host_bandwidth"] = row["bytes_per_s"] / host_bps
+            rows.append(row)
+            print(f"  N={n:>13,d} {name:<24} {bytes_per:2d} B/param {sec * 1e3:9.2f} ms  "
+                  f"{n / sec / 1e6:9.1f} M params/s  {n * bytes_per / sec / 1e9:7.2f} GB/s{share}")
     return rows
 
 
@@ -409,7 +427,9 @@ def main() -> None:
     if args.part in ("cpu-adam", "all"):
         print("CPU Adam (AdamW, one flat fp32 tensor):")
         rows = bench_host_bandwidth(args.threads)
-        rows += bench_cpu_adam([int(float(s)) for s in args.sizes.split(",")], args.iters, args.threads)
+        # Adam updates its streams in place, so the in-place triad (two reads, one write back) is its yardstick.
+        host_bps = max(r["bytes_per_s"] for r in rows if r["arm"] == "host_triad_inplace")
+        rows += bench_cpu_adam([int(float(s)) for s in args.sizes.split(",")], args.iters, args.threads, host_bps)
         (out / "cpu_adam.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     if args.part in ("scenarios", "all"):
         print("Accumulation scenarios vs the reference trace:")

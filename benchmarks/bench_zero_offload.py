@@ -34,8 +34,9 @@ run on the device as ``needs cuda``. Output: a side-by-side table on stdout, ``b
 bigram chain, ``convergence.py``; fresh, seeded batches every boundary, the same for every arm) and reports per
 arm the median step time, the loss after ``--steps`` boundaries and the wall time to reach ``--target``, with the
 per-phase timeline of our offloaded arms (compute, exposed wait, and beside them D2H, host Adam, H2D). Its arms by
-default: no offload, synchronous offload, the split update (``-split``: ``gpu_share`` ``--gpu-share``, R28; reported
-as absent on a tree without it), the delayed update without and with a warm-up (``-dpu``, ``-dpu-warmup``),
+default: no offload, synchronous offload, the same with bf16 moments (``-bf16state``: ``state_precision: bf16``,
+R29; reported as absent on a tree without it), the split update (``-split``: ``gpu_share`` ``--gpu-share``, R28;
+reported as absent on a tree without it), the delayed update without and with a warm-up (``-dpu``, ``-dpu-warmup``),
 DeepSpeed ZeRO-Offload, the memory-matched arm and the two peers. Output:
 ``bench_zero_offload_converge.{json,csv,png}`` (``plot_convergence.py`` draws the loss against wall time per arm).
 
@@ -93,14 +94,17 @@ MODELS: dict[str, tuple[int, int, int, int, int, int, int, int]] = {
     "13b": (5120, 40, 40, 13824, 32000, 2048, 4, 2),
 }
 
-ARMS = ["ours-s2", "ours-s2-offload", "ours-s2-offload-split", "ours-s2-offload-dpu", "ours-s2-offload-dpu-warmup",
-        "ours-s3", "ours-s3-offload", "ours-s3-offload-split", "ours-s3-offload-dpu", "ours-s3-offload-dpu-warmup",
-        "ds-z2-offload", "ds-z3-offload", "fsdp2", "fsdp2-offload",
+ARMS = ["ours-s2", "ours-s2-offload", "ours-s2-offload-bf16state", "ours-s2-offload-split", "ours-s2-offload-dpu",
+        "ours-s2-offload-dpu-warmup", "ours-s3", "ours-s3-offload", "ours-s3-offload-split", "ours-s3-offload-dpu",
+        "ours-s3-offload-dpu-warmup", "ds-z2-offload", "ds-z3-offload", "fsdp2", "fsdp2-offload",
         "ours-s2-offload-matched", *PEER_PACKAGES]
 #: ``--mode converge``'s arms unless ``--arms`` is given (issue 27 item 6), most telling first: a run cut short by
 #: its time box keeps those.
-CONVERGE_ARMS = ["ours-s2", "ours-s2-offload", "ours-s2-offload-split", "ours-s2-offload-dpu-warmup",
-                 "ours-s2-offload-dpu", "ds-z2-offload", "ours-s2-offload-matched", *PEER_PACKAGES]
+CONVERGE_ARMS = ["ours-s2", "ours-s2-offload", "ours-s2-offload-bf16state", "ours-s2-offload-split",
+                 "ours-s2-offload-dpu-warmup", "ours-s2-offload-dpu", "ds-z2-offload", "ours-s2-offload-matched",
+                 *PEER_PACKAGES]
+#: The arm-name token of R29's compressed state (``state_precision: bf16``), e.g. ``ours-s2-offload-bf16state``.
+BF16_STATE = "-bf16state"
 #: The memory-matched arm (issue 40) and what it needs measured before it: our arm with every update on the host
 #: (its peak is the base the budget adds to) and DeepSpeed's (the peak to match; not needed with
 #: ``--match-memory-gib``).
@@ -199,6 +203,8 @@ def _ours_zero(arm: str, opts) -> tuple[dict, int]:
     manual_warmup = 0
     if "-offload" in arm:
         off: dict = {"device": "cpu"}
+        if BF16_STATE in arm:  # R29: Adam's moments stored in bf16 (share 0 unless the arm also splits)
+            off["state_precision"] = "bf16"
         if arm.endswith("-split"):
             off["gpu_share"] = _gpu_share(opts.gpu_share)
             if opts.gpu_memory_budget_gib is not None:
@@ -466,6 +472,8 @@ def _run_arm(arm: str, model: str, args, gas: int, extra: dict | None = None) ->
 def _run_child(arm: str, model: str, args, child_opts: dict) -> dict:
     if arm.endswith("-split") and not _offload_key_accepted("gpu_share", _gpu_share(args.gpu_share)):
         return {"arm": arm, "model": model, "status": "no split update (config has no gpu_share: R28)"}
+    if BF16_STATE in arm and not _offload_key_accepted("state_precision", "bf16"):
+        return {"arm": arm, "model": model, "status": "no compressed state (config has no state_precision: R29)"}
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "row.json")
         opts = os.path.join(tmp, "opts.json")

@@ -139,6 +139,16 @@ part bench-zero-converge "${T_BZC:-470}" python3 benchmarks/bench_zero_offload.p
   --timeout 200 --arms "${CONV_ARMS:-ours-s2,ours-s2-offload,ours-s2-offload-split,ours-s2-offload-dpu-warmup,ours-s2-offload-dpu,ds-z2-offload}" \
   ${CONV_EXTRA:-} --out "$out/zero_converge${CONV_TAG:-}"
 wanted bench-zero-converge && grep -E "per boundary|split:|warm-up:" "$out/bench-zero-converge.log"
+# R29 (issue 40 item 2): share 0 with each state precision side by side with no offload, step mode on the 886M
+# model (three arms at ~70 s), then time to loss for the two offloaded ones (the bf16 moments' loss curve against
+# the fp32 moments'). The host kernel's bytes per parameter and its fraction of the host's bandwidth per precision
+# are the bench-zero-adam part's "native+bf16" and "native+bf16 state=bf16" rows.
+part bench-zero-offload-state "${T_BZST:-300}" "${zo[@]}" --model 886m --out "$out/zero_offload_state" \
+  --arms "${STATE_ARMS:-ours-s2,ours-s2-offload,ours-s2-offload-bf16state}"
+part bench-zero-converge-state "${T_BZCS:-330}" python3 benchmarks/bench_zero_offload.py --mode converge \
+  --device cuda --model "${CONV_MODEL:-886m}" --seq 1024 --steps "${CONV_STEPS:-120}" --target 2.0 --lr 3e-4 \
+  --arm-seconds 80 --timeout 200 --arms "${STATE_CONV_ARMS:-ours-s2-offload,ours-s2-offload-bf16state}" \
+  --out "$out/zero_converge_state"
 # R27's remaining overhead (docs/benchmarks.md, run J: 89.5 ms over the no-offload step, 45 ms of it not
 # attributed) looked like host-core contention between the CPU Adam and the training thread: the R27 arm with
 # fewer Adam threads, side by side with the default count (one JSON per count).

@@ -70,6 +70,22 @@ def assert_tensor_equal(actual: torch.Tensor, expected: torch.Tensor, what: str)
         )
 
 
+def assert_bits_equal(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    """Equal shape, dtype and bit patterns (a NaN's payload and the sign of zero included): for values whose
+    encoding a rule fixes, such as R29's stored moments."""
+    assert_tensor_equal(actual, expected, what)
+    width = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[actual.element_size()]
+    a, e = actual.detach().cpu().contiguous().view(width), expected.detach().cpu().contiguous().view(width)
+    bad = a != e
+    if bool(bad.any()):
+        i = _first_mismatch(bad)
+        mask = (1 << (8 * actual.element_size())) - 1
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} of {a.numel()} bit patterns differ; first at index {i}: "
+            f"{int(a[i]) & mask:#x} != expected {int(e[i]) & mask:#x}"
+        )
+
+
 def assert_tensor_close(
     actual: torch.Tensor, expected: torch.Tensor, what: str, *, rtol: float, atol: float | torch.Tensor
 ) -> None:
@@ -287,7 +303,7 @@ def replay_boundaries(trace: Trace) -> list[tuple[float, float | None, dict[str,
     trainable = list(first.gradients) if first is not None and first.gradients is not None else []
     layout = build_layout([(n, trace.initial_parameters[n].shape) for n in trainable], sc.world_size)
     master = flatten(layout, {n: trace.initial_parameters[n] for n in trainable}, torch.float32)
-    state = init_state(cfg.optimizer, master)
+    state = init_state(cfg.optimizer, master, cfg.moment_precision)  # R29: moments stored as configured
     params = {n: trace.initial_parameters[n].clone() for n in names}
     out = []
     for rec in trace.boundaries():
@@ -335,7 +351,7 @@ def assert_delayed_replay_consistent(trace: Trace) -> None:
     trainable = list(first.gradients) if first is not None and first.gradients is not None else []
     layout = build_layout([(n, trace.initial_parameters[n].shape) for n in trainable], sc.world_size)
     master = flatten(layout, {n: trace.initial_parameters[n] for n in trainable}, torch.float32)
-    state = init_state(cfg.optimizer, master)
+    state = init_state(cfg.optimizer, master, cfg.moment_precision)  # R29: moments stored as configured
     live = {n: t.clone() for n, t in trace.initial_parameters.items()}
 
     def install(flat: torch.Tensor) -> None:
@@ -419,11 +435,13 @@ def summation_error_bound(scenario: Scenario, local: list[list[torch.Tensor]]) -
     return 2 * (2 * n * w + 2 * n + 2 * w + 4) * u * s + 2 * n * w * tiny
 
 
-def reference_optimizer_steps(reference_api, cfg, p0: torch.Tensor, grads: list[torch.Tensor], clip: float | None):
+def reference_optimizer_steps(reference_api, cfg, p0: torch.Tensor, grads: list[torch.Tensor], clip: float | None,
+                              precision=None):
     """The oracle's master and optimizer state after one R16 step per gradient from ``p0`` (each gradient
-    multiplied by ``clip`` first, R15): what the optimizer-kernel tests (native CPU, fused device) compare with."""
+    multiplied by ``clip`` first, R15), the moments stored in ``precision`` (R29; None: fp32): what the
+    optimizer-kernel tests (native CPU, fused device) compare with."""
     expected = p0.clone()
-    state = reference_api.init_state(cfg, expected)
+    state = reference_api.init_state(cfg, expected, precision)
     for g in grads:
         reference_api.optimizer_step(cfg, expected, torch.mul(g, clip) if clip is not None else g, state)
     return expected, state

@@ -167,12 +167,18 @@ def delayed_update_scenarios(draw: st.DrawFn, world_sizes: tuple[int, ...] = (1,
 SPLIT_SHARES = (0.0, 0.5, 1.0, "auto")
 
 
+#: R29's state precisions; the suite draws the compressed one where an implementation declares it.
+STATE_PRECISIONS = ("fp32", "bf16")
+
+
 @st.composite
 def split_update_scenarios(draw: st.DrawFn, world_sizes: tuple[int, ...] = (1, 2),
-                           delayed: tuple[bool, ...] = (False,)) -> Scenario:
+                           delayed: tuple[bool, ...] = (False,),
+                           state_precisions: tuple[str, ...] = ("fp32",)) -> Scenario:
     """Valid ``gpu_share`` scenarios (R28): R19's domain for a share (stages 2/3, ``cpu`` optimizer offload,
     Adam/AdamW), a share from :data:`SPLIT_SHARES`, the delayed update (R27) drawn from ``delayed`` (with
-    ``ApplyDelayedUpdate`` calls inserted when on), the rest drawn as in :func:`scenarios`."""
+    ``ApplyDelayedUpdate`` calls inserted when on), the moments' ``state_precision`` (R29) from
+    ``state_precisions``, the rest drawn as in :func:`scenarios`."""
     base = draw(accumulation_configs(stages=(2, 3)))
     with_delay = draw(st.sampled_from(delayed))
     config = base.replace(
@@ -181,6 +187,7 @@ def split_update_scenarios(draw: st.DrawFn, world_sizes: tuple[int, ...] = (1, 2
         delayed_parameter_update=with_delay,
         delayed_update_warmup=draw(st.sampled_from((0, 1))),  # R27: with the delay, warm-up or none
         gpu_share=draw(st.sampled_from(SPLIT_SHARES)),
+        state_precision=draw(st.sampled_from(state_precisions)),
     )
     calls = list(draw(call_sequences(config, max_steps=4)))
     if with_delay:

@@ -42,7 +42,7 @@ void hostoffload::bind_cpu_adam(py::module_& m) {
            std::uintptr_t bf16_out, std::size_t n, double beta1, double one_minus_beta1, double beta2,
            double one_minus_beta2, double inv_bias_correction2, double eps, double step_size, double decay,
            double grad_scale, bool decoupled, bool has_weight_decay, bool has_grad_scale, const std::string& isa,
-           int threads) {
+           int threads, const std::string& state_precision) {
             // Casting each fp64 hyper-parameter to fp32 rounds it to nearest once, as torch does when a Python
             // float meets an fp32 tensor.
             const ca::AdamScalars s{static_cast<float>(beta1),      static_cast<float>(one_minus_beta1),
@@ -51,9 +51,10 @@ void hostoffload::bind_cpu_adam(py::module_& m) {
                                     static_cast<float>(step_size),  static_cast<float>(decay),
                                     static_cast<float>(grad_scale), decoupled,
                                     has_weight_decay,               has_grad_scale};
-            const ca::AdamArrays a{reinterpret_cast<float*>(param), reinterpret_cast<const float*>(grad),
-                                   reinterpret_cast<float*>(exp_avg), reinterpret_cast<float*>(exp_avg_sq),
-                                   reinterpret_cast<std::uint16_t*>(bf16_out), n};
+            const ca::AdamArrays a{reinterpret_cast<float*>(param),         reinterpret_cast<const float*>(grad),
+                                   reinterpret_cast<void*>(exp_avg),          reinterpret_cast<void*>(exp_avg_sq),
+                                   reinterpret_cast<std::uint16_t*>(bf16_out), n,
+                                   ca::parse_state_precision(state_precision)};
             const ca::Isa which = ca::parse_isa(isa);
             without_gil([&] { ca::adam_step(a, s, which, threads); });
         },
@@ -61,7 +62,7 @@ void hostoffload::bind_cpu_adam(py::module_& m) {
         py::arg("n"), py::arg("beta1"), py::arg("one_minus_beta1"), py::arg("beta2"), py::arg("one_minus_beta2"),
         py::arg("inv_bias_correction2"), py::arg("eps"), py::arg("step_size"), py::arg("decay"),
         py::arg("grad_scale"), py::arg("decoupled"), py::arg("has_weight_decay"), py::arg("has_grad_scale"),
-        py::arg("isa"), py::arg("threads"));
+        py::arg("isa"), py::arg("threads"), py::arg("state_precision") = "fp32");
     m.def(
         "cast_to_bf16",
         [](std::uintptr_t src, std::uintptr_t dst, std::size_t n, const std::string& isa, int threads) {

@@ -21,6 +21,7 @@ namespace cpu_adam {
 namespace {
 
 // ---- one element, the R16 sequence (also the tail of the vector loops) ---------------------------------
+// m and v are the widened stored moments on entry and the new fp32 moments on return (the caller stores them).
 inline void adam_element(float& p_ref, float g, float& m_ref, float& v_ref, const AdamScalars& s) {
     float p = p_ref;
     if (s.has_grad_scale) g = g * s.grad_scale;
@@ -40,7 +41,8 @@ inline void adam_element(float& p_ref, float g, float& m_ref, float& v_ref, cons
     p_ref = p;
 }
 
-// Round to nearest even; NaN -> the quiet NaN 0x7FC0 (any NaN payload is a NaN to the caller).
+// Round to nearest even; NaN -> the quiet NaN 0x7FC0 (any NaN payload is a NaN to the caller). The definition is
+// R29's round_to_bf16 (reference/contract/accumulation_state_precision.py), word for word.
 inline std::uint16_t to_bf16(float x) {
     if (x != x) return 0x7FC0;
     std::uint32_t u;
@@ -49,9 +51,43 @@ inline std::uint16_t to_bf16(float x) {
     return static_cast<std::uint16_t>(u >> 16);
 }
 
+// bf16 -> fp32 is exact: the bf16 bits are the upper half of the fp32 word.
+inline float from_bf16(std::uint16_t b) {
+    const std::uint32_t u = static_cast<std::uint32_t>(b) << 16;
+    float x;
+    std::memcpy(&x, &u, sizeof(x));
+    return x;
+}
+
+// The stored form of the moments (R29): Moments<P>::Word is the element type, load widens, store rounds.
+template <StatePrecision P>
+struct Moments;
+
+template <>
+struct Moments<StatePrecision::kFp32> {
+    using Word = float;
+    static float load(const Word* a, std::size_t i) { return a[i]; }
+    static void store(Word* a, std::size_t i, float x) { a[i] = x; }
+};
+
+template <>
+struct Moments<StatePrecision::kBf16> {
+    using Word = std::uint16_t;
+    static float load(const Word* a, std::size_t i) { return from_bf16(a[i]); }
+    static void store(Word* a, std::size_t i, float x) { a[i] = to_bf16(x); }
+};
+
+template <StatePrecision P>
 void adam_scalar(const AdamArrays& a, const AdamScalars& s, std::size_t lo, std::size_t hi) {
+    using M = Moments<P>;
+    auto* ma = static_cast<typename M::Word*>(a.exp_avg);
+    auto* va = static_cast<typename M::Word*>(a.exp_avg_sq);
     for (std::size_t i = lo; i < hi; ++i) {
-        adam_element(a.param[i], a.grad[i], a.exp_avg[i], a.exp_avg_sq[i], s);
+        float m = M::load(ma, i);
+        float v = M::load(va, i);
+        adam_element(a.param[i], a.grad[i], m, v, s);
+        M::store(ma, i, m);
+        M::store(va, i, v);
         if (a.bf16_out != nullptr) a.bf16_out[i] = to_bf16(a.param[i]);
     }
 }
@@ -73,6 +109,30 @@ __attribute__((target("avx2"))) inline __m128i bf16_avx2(__m256 x) {
     return _mm256_castsi256_si128(packed);
 }
 
+__attribute__((target("avx2"))) inline __m256 widen_avx2(const std::uint16_t* src) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
+template <StatePrecision P>
+__attribute__((target("avx2"))) inline __m256 load_moment_avx2(const void* a, std::size_t i) {
+    if constexpr (P == StatePrecision::kBf16) {
+        return widen_avx2(static_cast<const std::uint16_t*>(a) + i);
+    } else {
+        return _mm256_loadu_ps(static_cast<const float*>(a) + i);
+    }
+}
+
+template <StatePrecision P>
+__attribute__((target("avx2"))) inline void store_moment_avx2(void* a, std::size_t i, __m256 x) {
+    if constexpr (P == StatePrecision::kBf16) {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<std::uint16_t*>(a) + i), bf16_avx2(x));
+    } else {
+        _mm256_storeu_ps(static_cast<float*>(a) + i, x);
+    }
+}
+
+template <StatePrecision P>
 __attribute__((target("avx2"))) void adam_avx2(const AdamArrays& a, const AdamScalars& s, std::size_t lo,
                                                 std::size_t hi) {
     const __m256 b1 = _mm256_set1_ps(s.beta1), omb1 = _mm256_set1_ps(s.one_minus_beta1);
@@ -84,8 +144,8 @@ __attribute__((target("avx2"))) void adam_avx2(const AdamArrays& a, const AdamSc
     for (; i + 8 <= hi; i += 8) {
         __m256 p = _mm256_loadu_ps(a.param + i);
         __m256 g = _mm256_loadu_ps(a.grad + i);
-        __m256 m = _mm256_loadu_ps(a.exp_avg + i);
-        __m256 v = _mm256_loadu_ps(a.exp_avg_sq + i);
+        __m256 m = load_moment_avx2<P>(a.exp_avg, i);
+        __m256 v = load_moment_avx2<P>(a.exp_avg_sq, i);
         if (s.has_grad_scale) g = _mm256_mul_ps(g, scale);
         if (s.has_weight_decay) {
             if (s.decoupled) {
@@ -99,13 +159,13 @@ __attribute__((target("avx2"))) void adam_avx2(const AdamArrays& a, const AdamSc
         const __m256 denom = _mm256_add_ps(_mm256_mul_ps(_mm256_sqrt_ps(v), ibc2), eps);
         p = _mm256_sub_ps(p, _mm256_mul_ps(_mm256_div_ps(m, denom), step));
         _mm256_storeu_ps(a.param + i, p);
-        _mm256_storeu_ps(a.exp_avg + i, m);
-        _mm256_storeu_ps(a.exp_avg_sq + i, v);
+        store_moment_avx2<P>(a.exp_avg, i, m);
+        store_moment_avx2<P>(a.exp_avg_sq, i, v);
         if (a.bf16_out != nullptr) {
             _mm_storeu_si128(reinterpret_cast<__m128i*>(a.bf16_out + i), bf16_avx2(p));
         }
     }
-    adam_scalar(a, s, i, hi);
+    adam_scalar<P>(a, s, i, hi);
 }
 
 __attribute__((target("avx2"))) void cast_avx2(const float* src, std::uint16_t* dst, std::size_t lo,
@@ -127,6 +187,30 @@ __attribute__((target("avx512f"))) inline __m256i bf16_avx512(__m512 x) {
     return _mm512_cvtepi32_epi16(r);
 }
 
+__attribute__((target("avx512f"))) inline __m512 widen_avx512(const std::uint16_t* src) {
+    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+
+template <StatePrecision P>
+__attribute__((target("avx512f"))) inline __m512 load_moment_avx512(const void* a, std::size_t i) {
+    if constexpr (P == StatePrecision::kBf16) {
+        return widen_avx512(static_cast<const std::uint16_t*>(a) + i);
+    } else {
+        return _mm512_loadu_ps(static_cast<const float*>(a) + i);
+    }
+}
+
+template <StatePrecision P>
+__attribute__((target("avx512f"))) inline void store_moment_avx512(void* a, std::size_t i, __m512 x) {
+    if constexpr (P == StatePrecision::kBf16) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<std::uint16_t*>(a) + i), bf16_avx512(x));
+    } else {
+        _mm512_storeu_ps(static_cast<float*>(a) + i, x);
+    }
+}
+
+template <StatePrecision P>
 __attribute__((target("avx512f"))) void adam_avx512(const AdamArrays& a, const AdamScalars& s, std::size_t lo,
                                                      std::size_t hi) {
     const __m512 b1 = _mm512_set1_ps(s.beta1), omb1 = _mm512_set1_ps(s.one_minus_beta1);
@@ -138,8 +222,8 @@ __attribute__((target("avx512f"))) void adam_avx512(const AdamArrays& a, const A
     for (; i + 16 <= hi; i += 16) {
         __m512 p = _mm512_loadu_ps(a.param + i);
         __m512 g = _mm512_loadu_ps(a.grad + i);
-        __m512 m = _mm512_loadu_ps(a.exp_avg + i);
-        __m512 v = _mm512_loadu_ps(a.exp_avg_sq + i);
+        __m512 m = load_moment_avx512<P>(a.exp_avg, i);
+        __m512 v = load_moment_avx512<P>(a.exp_avg_sq, i);
         if (s.has_grad_scale) g = _mm512_mul_ps(g, scale);
         if (s.has_weight_decay) {
             if (s.decoupled) {
@@ -153,13 +237,13 @@ __attribute__((target("avx512f"))) void adam_avx512(const AdamArrays& a, const A
         const __m512 denom = _mm512_add_ps(_mm512_mul_ps(_mm512_sqrt_ps(v), ibc2), eps);
         p = _mm512_sub_ps(p, _mm512_mul_ps(_mm512_div_ps(m, denom), step));
         _mm512_storeu_ps(a.param + i, p);
-        _mm512_storeu_ps(a.exp_avg + i, m);
-        _mm512_storeu_ps(a.exp_avg_sq + i, v);
+        store_moment_avx512<P>(a.exp_avg, i, m);
+        store_moment_avx512<P>(a.exp_avg_sq, i, v);
         if (a.bf16_out != nullptr) {
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.bf16_out + i), bf16_avx512(p));
         }
     }
-    adam_scalar(a, s, i, hi);
+    adam_scalar<P>(a, s, i, hi);
 }
 
 __attribute__((target("avx512f"))) void cast_avx512(const float* src, std::uint16_t* dst, std::size_t lo,
@@ -228,7 +312,31 @@ void parallel_ranges(std::size_t n, int threads, const Body& body) {
     worker_pool::parallel_blocks(n, block_size(n, threads), threads, body);
 }
 
+template <StatePrecision P>
+void adam_dispatch(const AdamArrays& arrays, const AdamScalars& scalars, Isa isa, int threads) {
+    parallel_ranges(arrays.n, threads, [&](std::size_t lo, std::size_t hi) {
+        switch (isa) {
+#if HOSTOFFLOAD_X86
+            case Isa::kAvx512:
+                adam_avx512<P>(arrays, scalars, lo, hi);
+                return;
+            case Isa::kAvx2:
+                adam_avx2<P>(arrays, scalars, lo, hi);
+                return;
+#endif
+            default:
+                adam_scalar<P>(arrays, scalars, lo, hi);
+        }
+    });
+}
+
 }  // namespace
+
+StatePrecision parse_state_precision(const std::string& name) {
+    if (name == "fp32") return StatePrecision::kFp32;
+    if (name == "bf16") return StatePrecision::kBf16;
+    throw std::invalid_argument("state_precision='" + name + "' is unknown; allowed values: fp32, bf16");
+}
 
 std::vector<std::string> available_isas() {
     std::vector<std::string> out;
@@ -267,20 +375,11 @@ void adam_step(const AdamArrays& arrays, const AdamScalars& scalars, Isa isa, in
         arrays.exp_avg_sq == nullptr) {
         throw std::invalid_argument("adam_step: param, grad, exp_avg and exp_avg_sq must be non-null");
     }
-    parallel_ranges(arrays.n, threads, [&](std::size_t lo, std::size_t hi) {
-        switch (isa) {
-#if HOSTOFFLOAD_X86
-            case Isa::kAvx512:
-                adam_avx512(arrays, scalars, lo, hi);
-                return;
-            case Isa::kAvx2:
-                adam_avx2(arrays, scalars, lo, hi);
-                return;
-#endif
-            default:
-                adam_scalar(arrays, scalars, lo, hi);
-        }
-    });
+    if (arrays.precision == StatePrecision::kBf16) {
+        adam_dispatch<StatePrecision::kBf16>(arrays, scalars, isa, threads);
+    } else {
+        adam_dispatch<StatePrecision::kFp32>(arrays, scalars, isa, threads);
+    }
 }
 
 void cast_to_bf16(const float* src, std::uint16_t* dst, std::size_t n, Isa isa, int threads) {

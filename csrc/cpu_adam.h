@@ -21,6 +21,11 @@ namespace cpu_adam {
 
 enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
 
+// R29: the precision the moments exp_avg / exp_avg_sq are stored in. kBf16: each is read as bf16 and widened to
+// fp32 (exact), the step runs in fp32 as R16 says (the weights from the unrounded new moments), and the new moments
+// are stored rounded to nearest even (to_bf16 below: the contract's round_to_bf16; NaN -> 0x7FC0).
+enum class StatePrecision { kFp32 = 0, kBf16 = 1 };
+
 // Hyper-parameters already rounded to fp32 where they meet a tensor (R16).
 struct AdamScalars {
     float beta1;                 // b1
@@ -37,20 +42,24 @@ struct AdamScalars {
     bool has_grad_scale;         // coef < 1
 };
 
-// The arrays of one step. bf16_out may be null; grad is read-only.
+// The arrays of one step. bf16_out may be null; grad is read-only. exp_avg / exp_avg_sq point to n floats
+// (StatePrecision::kFp32) or n bf16 bit patterns (kBf16), as `precision` says.
 struct AdamArrays {
     float* param;
     const float* grad;
-    float* exp_avg;
-    float* exp_avg_sq;
+    void* exp_avg;
+    void* exp_avg_sq;
     std::uint16_t* bf16_out;
     std::size_t n;
+    StatePrecision precision;
 };
 
 std::vector<std::string> available_isas();
 std::string best_isa();
 // Throws std::invalid_argument for an unknown or unavailable ISA name.
 Isa parse_isa(const std::string& name);
+// Throws std::invalid_argument for a name other than "fp32" / "bf16".
+StatePrecision parse_state_precision(const std::string& name);
 
 // Runs the step on up to `threads` threads (<= 1: the calling thread only), the calling thread and the process's
 // persistent worker pool (worker_pool.h), claiming blocks of whole cache lines dynamically. Thread creation

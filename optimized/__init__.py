@@ -64,6 +64,8 @@ IMPLEMENTATION = Implementation(
         accumulation_checkpoint=True,
         # gpu_share (R28): the leading share of each partition updated on the device, the rest streamed on the host.
         accumulation_split_update=True,
+        # state_precision (R29): bf16 moments read and written by the native CPU Adam in its one pass.
+        accumulation_state_precision=True,
         # Tuning environments the native pinning path must be correct under: the CUDA pinning tests repeat their
         # registration and DMA checks with each (registration overlapped with population, and sequential).
         pin_env_variants=(

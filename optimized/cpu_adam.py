@@ -12,6 +12,11 @@ Python threads are correct and run one after the other (each gets the whole pool
 pool. The GIL is released while the kernel runs. Since the formula is element-wise, the thread count never
 changes a bit of the result.
 
+R29 (``state_precision``): the moments may be bf16 tensors. The kernel then reads them as bf16, widens them in
+registers, and stores them rounded to nearest even in the same pass -- 4 bytes per parameter of moments instead of
+8 each way -- with the contract's rounding (:func:`reference.contract.accumulation_state_precision.round_to_bf16`,
+NaN stored as 0x7FC0). The precision is the moments' dtype (both alike); ``state_precision=`` may name it too.
+
 The arithmetic is R16's sequence with one fp32 rounding per operation and no FMA, so the result equals
 :func:`reference.accumulation.optimizers.optimizer_step` bitwise, element for element, on every ISA variant
 (checked by conformance/suite/test_accumulation_engine_cpu_adam.py). Hyper-parameter expressions are evaluated
@@ -27,6 +32,7 @@ import torch
 
 from reference.contract import envvars
 from reference.contract.accumulation_config import OptimizerConfig
+from reference.contract.accumulation_state_precision import StatePrecision, resolve_state_precision
 from reference.contract.accumulation_step import check_adam_kernel_call
 from reference.contract.errors import ConfigurationError
 
@@ -109,18 +115,22 @@ def adam_step(
     bf16_out: torch.Tensor | None = None,
     isa: str | None = None,
     threads: int | None = None,
+    state_precision: str | None = None,
 ) -> None:
-    """One Adam/AdamW step (``config.type``) on flat fp32 CPU tensors, in place; ``step`` is the 1-based ``t``.
+    """One Adam/AdamW step (``config.type``) on flat CPU tensors, in place; ``step`` is the 1-based ``t``.
 
-    ``grad_scale``: the clipping coefficient of R15 (the gradient is multiplied by it rounded to fp32 before
-    use, as ``torch.mul(grad, coef)`` would; ``grad`` itself is not modified). ``bf16_out``: a bf16 tensor of
-    the same size that receives the updated weights cast with round-to-nearest-even, in the same pass.
+    ``param`` and ``grad`` are fp32; ``exp_avg`` and ``exp_avg_sq`` fp32 or (R29) both bf16. ``state_precision``
+    ("fp32" / "bf16"; None: the moments' dtype) must agree with the moments' dtype when given. ``grad_scale``: the
+    clipping coefficient of R15 (the gradient is multiplied by it rounded to fp32 before use, as
+    ``torch.mul(grad, coef)`` would; ``grad`` itself is not modified). ``bf16_out``: a bf16 tensor of the same
+    size that receives the updated weights cast with round-to-nearest-even, in the same pass.
     """
     check_adam_kernel_call(config, step, "is not handled natively")
     n = _check_flat("param", param, torch.float32, None).numel()
     _check_flat("grad", grad, torch.float32, n)
-    _check_flat("exp_avg", exp_avg, torch.float32, n)
-    _check_flat("exp_avg_sq", exp_avg_sq, torch.float32, n)
+    precision = _moment_precision(exp_avg, state_precision)
+    _check_flat("exp_avg", exp_avg, precision.dtype, n)
+    _check_flat("exp_avg_sq", exp_avg_sq, precision.dtype, n)
     out_ptr = 0
     if bf16_out is not None:
         out_ptr = _check_flat("bf16_out", bf16_out, torch.bfloat16, n).data_ptr()
@@ -151,7 +161,17 @@ def adam_step(
         grad_scale is not None,
         isa,
         threads,
+        precision.name,
     )
+
+
+def _moment_precision(exp_avg: object, state_precision: str | None) -> StatePrecision:
+    """R29: the precision the moments are stored in -- ``state_precision`` when given, else ``exp_avg``'s dtype."""
+    if state_precision is not None:
+        return resolve_state_precision(state_precision)
+    if not isinstance(exp_avg, torch.Tensor):
+        raise ConfigurationError(f"exp_avg must be a torch.Tensor, got {type(exp_avg).__name__}")
+    return StatePrecision.of(exp_avg)
 
 
 def cast_to_bf16(src: torch.Tensor, dst: torch.Tensor, *, isa: str | None = None, threads: int | None = None) -> None:

@@ -60,6 +60,8 @@ IMPLEMENTATION = Implementation(
         accumulation_delayed_parameter_update=True,
         # The oracle of R28: the optimizer step of each partition cut between the device and the host.
         accumulation_split_update=True,
+        # The oracle of R29: Adam's moments stored in bf16, rounded by the contract's round_to_bf16.
+        accumulation_state_precision=True,
         # Pure Python over torch and the shared native pinning core: the crash-isolation self-test
         # (conformance.selftest) shows a native abort is caught in a child; the suite runs these tests in-process
         # for speed, and the lifetime probes marked ``isolated`` still run in a child.

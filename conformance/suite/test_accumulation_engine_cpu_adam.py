@@ -14,8 +14,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.accumulation_assertions import assert_tensor_equal, reference_optimizer_steps
+from conformance.accumulation_assertions import assert_bits_equal, assert_tensor_equal, reference_optimizer_steps
 from conformance.accumulation_strategies import optimizer_configs, optimizer_values
+from reference.contract.accumulation_state_precision import STATE_PRECISIONS
 from reference.contract.errors import ConfigurationError
 
 pytestmark = pytest.mark.conformance_area("accumulation")
@@ -59,32 +60,105 @@ def test_R16_native_adam_equals_reference_formula_bitwise(area_api, reference_ap
 
 
 @given(
+    cfg=optimizer_configs(types=("adam", "adamw")),
+    n=st.sampled_from((1, 7, 8, 15, 16, 17, 63, 1000, 4099)),
+    steps=st.integers(1, 3),
+    clip=st.sampled_from((None, 0.37)),
+    seed=st.integers(0, 2**16),
+    data=st.data(),
+)
+def test_R29_native_adam_bf16_moments_equal_reference_bitwise(area_api, reference_api, cfg, n, steps, clip, seed,
+                                                               data):
+    """R29/R16: with bf16 moments the kernel reads, widens, steps and stores them rounded in one pass: master and
+    both stored moments (bit patterns) equal the reference's for every ISA, 1 or 3 threads, odd sizes, several
+    steps, with and without clipping; the gradient is not modified."""
+    kernel = _kernel(area_api)
+    gen = torch.Generator().manual_seed(seed)
+    p0 = optimizer_values(n, gen, 1.0)
+    grads = [optimizer_values(n, gen, 10.0 ** data.draw(st.integers(-20, 3))) for _ in range(steps)]
+    expected, state = reference_optimizer_steps(reference_api, cfg, p0, grads, clip, STATE_PRECISIONS["bf16"])
+    for isa in kernel.available_isas():
+        for threads in (1, 3):
+            p = p0.clone()
+            m, v = torch.zeros(n, dtype=torch.bfloat16), torch.zeros(n, dtype=torch.bfloat16)
+            for t, g in enumerate(grads, start=1):
+                g_before = g.clone()
+                kernel.adam_step(cfg, p, g, m, v, t, grad_scale=clip, isa=isa, threads=threads)
+                assert_tensor_equal(g, g_before, f"{isa}: gradient must stay unmodified")
+            what = f"bf16 moments {cfg.type} isa={isa} threads={threads} n={n} steps={steps} clip={clip}"
+            assert_tensor_equal(p, expected, f"{what}: master")
+            assert_bits_equal(m, state.buffers["exp_avg"], f"{what}: exp_avg")
+            assert_bits_equal(v, state.buffers["exp_avg_sq"], f"{what}: exp_avg_sq")
+
+
+#: fp32 values whose bf16 rounding is delicate: ties to even (up and down), the largest values that round to
+#: infinity or stay finite, subnormals (fp32's and bf16's), signed zeros, infinities and NaN.
+_SPECIAL = (
+    1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8, -(1.0 + 2.0**-8), 1.0 + 2.0**-8 + 2.0**-20, 3.3961e38, 3.3895e38, 3.4028235e38,
+    -3.3961e38, 1e-40, -1e-40, 2.0**-133, 3 * 2.0**-134, 1.4e-45, 1e-38, 0.0, -0.0, 1e30, -1e-30, 6.5e-5, 1e20,
+    float("inf"), -float("inf"), float("nan"),
+)
+
+
+@pytest.mark.parametrize("n", [len(_SPECIAL), 16 * len(_SPECIAL) + 5])
+def test_R29_native_adam_bf16_rounding_of_special_values(area_api, reference_api, n):
+    """R29: with betas (0, 0) a step stores ``m = g`` and ``v = g*g`` exactly before rounding, so the kernel's
+    stored moments are the contract's rounding of chosen values -- ties, overflow to infinity, subnormals, signed
+    zeros, infinities, NaN (stored as 0x7FC0) -- on every lane of every ISA; a second step from those stored
+    moments (with betas (0.9, 0.999)) equals the reference too."""
+    kernel = _kernel(area_api)
+    special = torch.tensor(_SPECIAL, dtype=torch.float32)
+    g = special.repeat(n // len(_SPECIAL) + 1)[:n].roll(n // 3)
+    p0 = torch.linspace(-2.0, 2.0, n)
+    configs = (reference_api.OptimizerConfig(type="adam", lr=1e-3, betas=(0.0, 0.0)),
+               reference_api.OptimizerConfig(type="adamw", lr=1e-2, weight_decay=0.1))
+    expected = p0.clone()
+    state = reference_api.init_state(configs[0], expected, STATE_PRECISIONS["bf16"])
+    for t, cfg in enumerate(configs, start=1):
+        reference_api.optimizer_step(cfg, expected, g.flip(0) if t == 2 else g, state)
+    for isa in kernel.available_isas():
+        p = p0.clone()
+        m, v = torch.zeros(n, dtype=torch.bfloat16), torch.zeros(n, dtype=torch.bfloat16)
+        for t, cfg in enumerate(configs, start=1):
+            kernel.adam_step(cfg, p, g.flip(0) if t == 2 else g, m, v, t, isa=isa, threads=2)
+        assert_tensor_equal(p, expected, f"isa={isa}: master")
+        assert_bits_equal(m, state.buffers["exp_avg"], f"isa={isa}: exp_avg")
+        assert_bits_equal(v, state.buffers["exp_avg_sq"], f"isa={isa}: exp_avg_sq")
+
+
+@given(
     cfg=optimizer_configs(),
     n=st.sampled_from((1, 5, 64, 1001)),
     chunk=st.sampled_from((1, 7, 1 << 24)),
     clip=st.sampled_from((None, 0.37)),
     seed=st.integers(0, 2**16),
+    precision=st.sampled_from(("fp32", "bf16")),
 )
-def test_R16_chunked_in_place_torch_step_equals_reference(area_api, reference_api, cfg, n, chunk, clip, seed):
-    """R16/R15: the engine's torch path (device masters, SGD), in place and chunked to bound its temporaries,
+def test_R16_chunked_in_place_torch_step_equals_reference(area_api, reference_api, cfg, n, chunk, clip, seed,
+                                                          precision):
+    """R16/R15/R29: the engine's torch path (device masters, SGD), in place and chunked to bound its temporaries,
     equals the reference's out-of-place sequence bitwise for SGD (momentum, L2), Adam and AdamW over three
-    steps, whatever the chunk size; the gradient is not modified."""
+    steps, whatever the chunk size, with Adam's moments stored in fp32 or bf16 (bit patterns, a NaN gradient
+    element included); the gradient is not modified."""
     step = getattr(area_api, "torch_step", None)
     if step is None:
         pytest.skip("this implementation has no chunked torch optimizer path")
     gen = torch.Generator().manual_seed(seed)
     expected = torch.randn(n, generator=gen)
     actual = expected.clone()
-    ref_state, state = reference_api.init_state(cfg, expected), reference_api.init_state(cfg, actual)
+    stored = STATE_PRECISIONS[precision]
+    ref_state, state = reference_api.init_state(cfg, expected, stored), reference_api.init_state(cfg, actual, stored)
     for t in range(3):
         g = torch.randn(n, generator=gen) * 10.0**-t
+        if precision == "bf16" and t == 1:
+            g[n // 2] = float("nan")
         g_before = g.clone()
         reference_api.optimizer_step(cfg, expected, torch.mul(g, clip) if clip is not None else g, ref_state)
         step(cfg, actual, g, state, clip_coef=clip, chunk=chunk)
         assert_tensor_equal(g, g_before, "gradient after torch_step")
     assert_tensor_equal(actual, expected, f"{cfg.type} master (chunk={chunk}, clip={clip})")
     for name, buf in ref_state.buffers.items():
-        assert_tensor_equal(state.buffers[name], buf, f"{cfg.type} {name}")
+        assert_bits_equal(state.buffers[name], buf, f"{cfg.type} {name} ({precision} moments)")
 
 
 @pytest.mark.parametrize("n", [1, 9, 100_003])
@@ -121,12 +195,20 @@ def test_R13_fused_bf16_copy_equals_cast_of_updated_master(area_api, reference_a
             ["config.type", "adam, adamw"],
         ),
         (lambda k, c, t: k.adam_step(c, t, t, t, t, 1, bf16_out=torch.empty(8)), ["bf16_out", "bfloat16"]),
+        (lambda k, c, t: k.adam_step(c, t, t, t, t.bfloat16(), 1), ["exp_avg_sq", "float32"]),
+        (lambda k, c, t: k.adam_step(c, t, t, t.bfloat16(), t, 1), ["exp_avg_sq", "bfloat16"]),
+        (lambda k, c, t: k.adam_step(c, t, t, t.half(), t.half(), 1), ["float16", "allowed"]),
+        (lambda k, c, t: k.adam_step(c, t, t, t, t, 1, state_precision="bf16"), ["exp_avg", "bfloat16"]),
+        (lambda k, c, t: k.adam_step(c, t, t, t, t, 1, state_precision="int8"), ["state_precision", "allowed"]),
     ],
-    ids=["size", "dtype", "step", "isa", "threads", "optimizer", "bf16_out"],
+    ids=["size", "dtype", "step", "isa", "threads", "optimizer", "bf16_out", "mixed-fp32", "mixed-bf16",
+         "fp16-moments", "precision-vs-dtype", "precision-name"],
 )
 def test_R16_native_adam_rejects_bad_arguments(area_api, reference_api, call, words):
-    """R16 (kernel inputs): wrong sizes, dtypes, step counts, ISA names, thread counts, optimizer types and
-    output buffers raise ConfigurationError naming the argument and what is allowed; nothing is written."""
+    """R16/R29 (kernel inputs): wrong sizes, dtypes, step counts, ISA names, thread counts, optimizer types,
+    output buffers, moments of two precisions or of one that is not a state precision, and a ``state_precision``
+    that is unknown or disagrees with the moments raise ConfigurationError naming the argument and what is
+    allowed; nothing is written."""
     kernel = _kernel(area_api)
     cfg = reference_api.OptimizerConfig(type="adam")
     t = torch.ones(8)

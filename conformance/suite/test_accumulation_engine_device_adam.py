@@ -20,8 +20,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance import optional_packages
-from conformance.accumulation_assertions import assert_tensor_equal, reference_optimizer_steps
+from conformance.accumulation_assertions import assert_bits_equal, assert_tensor_equal, reference_optimizer_steps
 from conformance.accumulation_strategies import optimizer_configs, optimizer_values
+from reference.contract.accumulation_state_precision import STATE_PRECISIONS
 from reference.contract.errors import ConfigurationError
 
 pytestmark = pytest.mark.conformance_area("accumulation")
@@ -79,6 +80,41 @@ def test_R16_fused_device_adam_equals_reference_formula_bitwise(
     assert_tensor_equal(p.cpu(), expected, f"{what}: master")
     assert_tensor_equal(m.cpu(), state.buffers["exp_avg"], f"{what}: exp_avg")
     assert_tensor_equal(v.cpu(), state.buffers["exp_avg_sq"], f"{what}: exp_avg_sq")
+
+
+@given(
+    cfg=optimizer_configs(types=("adam", "adamw")),
+    n=st.sampled_from((1, 7, 1025)),
+    steps=st.integers(1, 3),
+    clip=st.sampled_from((None, 0.37)),
+    seed=st.integers(0, 2**16),
+    data=st.data(),
+)
+def test_R29_fused_device_adam_bf16_moments_equal_reference_bitwise(
+    impl, area_api, reference_api, accelerator, cfg, n, steps, clip, seed, data
+):
+    """R29/R16: with bf16 moments the kernel widens, steps and stores them rounded to nearest even in its pass:
+    master and the moments' bit patterns equal the reference's on the accelerator's device, also where a
+    gradient element is NaN (the moment stored as 0x7FC0), infinite or subnormal; a kernel check (``self_check``)
+    with bf16 moments passes."""
+    kernel = _kernel(impl, area_api)
+    device = accelerator.device()
+    gen = torch.Generator().manual_seed(seed)
+    p0 = optimizer_values(n, gen, 1.0)
+    grads = [optimizer_values(n, gen, 10.0 ** data.draw(st.integers(-20, 3))) for _ in range(steps)]
+    grads[0][n // 2] = data.draw(st.sampled_from((float("nan"), float("inf"), 1e-41, 3.3961e38)))
+    bf16 = STATE_PRECISIONS["bf16"]
+    expected, state = reference_optimizer_steps(reference_api, cfg, p0, grads, clip, bf16)
+    p = p0.to(device)
+    m, v = (torch.zeros(n, dtype=torch.bfloat16, device=device) for _ in range(2))
+    for t, g in enumerate(grads, start=1):
+        kernel.adam_step(cfg, p, g.to(device), m, v, t, grad_scale=clip)
+    what = f"bf16 moments {cfg.type} wd={cfg.weight_decay} n={n} steps={steps} clip={clip} on {device}"
+    assert_tensor_equal(p.cpu(), expected, f"{what}: master")
+    assert_bits_equal(m.cpu(), state.buffers["exp_avg"], f"{what}: exp_avg")
+    assert_bits_equal(v.cpu(), state.buffers["exp_avg_sq"], f"{what}: exp_avg_sq")
+    if hasattr(kernel, "self_check") and device.type != "cpu":
+        assert kernel.self_check(device, cfg, precision=bf16) is None
 
 
 @pytest.mark.parametrize("n", [1, 9, 5000])

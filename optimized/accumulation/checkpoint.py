@@ -239,6 +239,9 @@ def _manifest(
         "zero_stage": engine.stage,
         "model_dtype": engine.config.dtype,
         "optimizer_type": engine.config.optimizer.type,
+        # R29: the precision the rank files' moments are stored in (a load converts: to bf16 rounded to nearest
+        # even, to fp32 exactly; a manifest without the key is fp32)
+        "state_precision": engine.config.state_precision,
         "optimizer_step": optimizer_step,
         "delayed_parameter_update": engine.path.lags_parameters,
         "state_buffers": state_names,
@@ -393,6 +396,7 @@ def _read_for_engine(engine: CheckpointView, directory: str, tag: str | None, wi
 
     model_dtype = engine.config.model_dtype
     master = assembled("master", hi - lo, torch.float32)
+    # R29: moments of either precision assemble into fp32 (bf16 widens exactly); the path stores them in its own.
     state = {k: assembled("state", hi - lo, torch.float32, state=k) for k in need_state} if with_state else None
     frozen = assembled("frozen", fhi - flo, model_dtype, frozen=True)
     applied = None

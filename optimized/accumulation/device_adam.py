@@ -4,8 +4,9 @@ Why: :func:`torch_optimizer.torch_step` writes R16 as a sequence of elementwise 
 every element's update moves about 230 bytes of device memory (16 passes, each reading and writing whole
 vectors; on an H200 the split update's device side took 4.7e-11 s per element, docs/benchmarks.md run U), where
 the update itself needs to read master, gradient and moments and write master and moments: 28 bytes, 30 with the
-bf16 weights written in the same pass. The no-offload path (``DeviceUpdate``) and R28's device side both step
-their masters through this module when it is in use.
+bf16 weights written in the same pass (22 with R29's bf16 moments, which the kernel widens and rounds itself).
+The no-offload path (``DeviceUpdate``) and R28's device side both step their masters through this module when it
+is in use.
 
 **Bitwise.** The kernel (``_device_adam_kernel.adam_kernel``) performs R16's operations in torch_step's order,
 each one IEEE fp32 operation with one rounding: it is compiled with FP contraction off (``enable_fp_fusion=False``:
@@ -41,6 +42,7 @@ import torch
 from optimized.accumulation.torch_optimizer import init_state, torch_step
 from reference.contract import envvars
 from reference.contract.accumulation_config import OptimizerConfig
+from reference.contract.accumulation_state_precision import STATE_PRECISIONS, StatePrecision
 from reference.contract.accumulation_step import ADAM_KERNEL_TYPES, check_adam_kernel_call
 from reference.contract.errors import ConfigurationError
 
@@ -52,9 +54,10 @@ BLOCK = 1024
 _log = logging.getLogger("optimized.accumulation")
 _lock = threading.Lock()
 _kernels: dict[str, object] = {}
-#: per (device, optimizer type, weight decay on): the self-check's verdict, None (passed) or why it failed. The
-#: kernel's code differs by those (AdamW's decay, Adam's L2 term), so each variant is checked where it is used.
-_verdicts: dict[tuple[str, str, bool], str | None] = {}
+#: per (device, optimizer type, weight decay on, state precision): the self-check's verdict, None (passed) or why
+#: it failed. The kernel's code differs by those (AdamW's decay, Adam's L2 term, R29's bf16 moments), so each
+#: variant is checked where it is used.
+_verdicts: dict[tuple[str, str, bool, str], str | None] = {}
 
 
 def _after_fork_in_child() -> None:
@@ -126,17 +129,23 @@ def adam_step(
     grad_scale: float | None = None,
     bf16_out: torch.Tensor | None = None,
 ) -> None:
-    """One Adam/AdamW step (``config.type``) on flat contiguous fp32 tensors of one device, in place, queued on
-    that device's current stream; ``step`` is the 1-based ``t``. ``grad_scale``: R15's clipping coefficient
-    (the gradient is multiplied by it rounded to fp32; ``grad`` is not modified). ``bf16_out``: receives the
-    updated weights cast to bf16 (round to nearest even) in the same pass. CPU tensors run in Triton's
+    """One Adam/AdamW step (``config.type``) on flat contiguous tensors of one device, in place, queued on that
+    device's current stream; ``step`` is the 1-based ``t``. Master and gradient fp32; the moments fp32 or (R29)
+    both bf16, read and stored (rounded to nearest even) in the same pass. ``grad_scale``: R15's clipping
+    coefficient (the gradient is multiplied by it rounded to fp32; ``grad`` is not modified). ``bf16_out``: receives
+    the updated weights cast to bf16 (round to nearest even) in the same pass. CPU tensors run in Triton's
     interpreter (for verification only)."""
     if not available():
         raise ConfigurationError("the fused device Adam needs Triton (pip install triton); it is not installed")
     check_adam_kernel_call(config, step, "has no fused device kernel")
     _check_flat("param", param, torch.float32, None)
-    for name, t in (("grad", grad), ("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
-        _check_flat(name, t, torch.float32, param)
+    _check_flat("grad", grad, torch.float32, param)
+    moments = StatePrecision.of(exp_avg) if isinstance(exp_avg, torch.Tensor) else STATE_PRECISIONS["fp32"]
+    for name, t in (("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
+        _check_flat(name, t, moments.dtype, param)
+    bf16_state = moments.dtype == torch.bfloat16
+    if bf16_state:  # the kernel reads and writes their bits
+        exp_avg, exp_avg_sq = exp_avg.view(torch.int16), exp_avg_sq.view(torch.int16)
     out = param  # any pointer of the right device when there is no output (HAS_OUT=False never touches it)
     if bf16_out is not None:
         out = _check_flat("bf16_out", bf16_out, torch.bfloat16, param).view(torch.int16)
@@ -153,7 +162,7 @@ def adam_step(
         _f32(1.0 / math.sqrt(1.0 - beta2**step)), _f32(config.eps), _f32(lr / (1.0 - beta1**step)),
     ]
     flags = dict(HAS_CLIP=grad_scale is not None, DECOUPLED=decoupled and wd > 0, L2=not decoupled and wd > 0,
-                 HAS_OUT=bf16_out is not None, BLOCK=BLOCK)
+                 HAS_OUT=bf16_out is not None, BLOCK=BLOCK, BF16_STATE=bf16_state)
     grid = (-(-n // BLOCK),)
     if param.device.type == "cpu":
         _kernel(True)[grid](param, grad, exp_avg, exp_avg_sq, out, n, *consts, **flags)
@@ -181,17 +190,18 @@ def _probe(device: torch.device, n: int = 1 << 16) -> tuple[torch.Tensor, list[t
     return master.to(device), grads
 
 
-def self_check(device: torch.device | str, config: OptimizerConfig, step_fn=None) -> str | None:
+def self_check(device: torch.device | str, config: OptimizerConfig, step_fn=None,
+               precision: StatePrecision | None = None) -> str | None:
     """Run ``step_fn`` (default :func:`adam_step`) and torch_step side by side on the probe for three steps, with
     and without clipping, and compare master, moments and the bf16 copy bitwise. None: identical; else a
-    one-line reason (the first differing element, or the exception)."""
+    one-line reason (the first differing element, or the exception). ``precision``: the moments' (R29; fp32)."""
     step_fn = adam_step if step_fn is None else step_fn
     device = torch.device(device)
     try:
         for clip in (None, 0.37):
             master, grads = _probe(device)
             mine, theirs = master.clone(), master.clone()
-            s_mine, s_theirs = init_state(config, mine), init_state(config, theirs)
+            s_mine, s_theirs = init_state(config, mine, precision), init_state(config, theirs, precision)
             out = torch.empty(master.numel(), dtype=torch.bfloat16, device=device)
             for t, g in enumerate(grads, start=1):
                 torch_step(config, theirs, g, s_theirs, clip_coef=clip)
@@ -210,9 +220,10 @@ def self_check(device: torch.device | str, config: OptimizerConfig, step_fn=None
     return None
 
 
-def use_for(config: OptimizerConfig, master: torch.Tensor) -> bool:
-    """Whether a device master steps through the kernel (the module docstring's rule), deciding once per device."""
-    return _decide(config, master.device)
+def use_for(config: OptimizerConfig, master: torch.Tensor, precision: StatePrecision | None = None) -> bool:
+    """Whether a device master with moments in ``precision`` (R29; default fp32) steps through the kernel (the
+    module docstring's rule), deciding once per device and precision."""
+    return _decide(config, master.device, precision or STATE_PRECISIONS["fp32"])
 
 
 def _device_key(device: torch.device) -> str:
@@ -222,7 +233,7 @@ def _device_key(device: torch.device) -> str:
     return str(device)
 
 
-def _decide(config: OptimizerConfig, device: torch.device) -> bool:
+def _decide(config: OptimizerConfig, device: torch.device, precision: StatePrecision) -> bool:
     mode = envvars.device_adam()
     if mode == "torch" or device.type == "cpu" or config.type not in ADAM_KERNEL_TYPES:
         return False
@@ -233,11 +244,11 @@ def _decide(config: OptimizerConfig, device: torch.device) -> bool:
                 f"{', '.join(envvars.DEVICE_ADAM_MODES)} (auto falls back to torch ops)"
             )
         return False
-    key = (_device_key(device), config.type, config.weight_decay > 0)
+    key = (_device_key(device), config.type, config.weight_decay > 0, precision.name)
     with _lock:
         known = key in _verdicts
     if not known:
-        verdict = self_check(device, config)
+        verdict = self_check(device, config, precision=precision)
         with _lock:
             _verdicts[key] = verdict
         if verdict is not None and mode == "auto":
@@ -252,7 +263,7 @@ def _decide(config: OptimizerConfig, device: torch.device) -> bool:
     return verdict is None
 
 
-def prepare(config: OptimizerConfig, device: torch.device | str) -> bool:
+def prepare(config: OptimizerConfig, device: torch.device | str, precision: StatePrecision | None = None) -> bool:
     """Make :func:`use_for`'s decision for masters on ``device`` now and launch each variant of the kernel once,
     so that training does not pay for them; returns that decision.
 
@@ -263,11 +274,13 @@ def prepare(config: OptimizerConfig, device: torch.device | str) -> bool:
     at construction, beside their other start-up costs; an unusable ``HOSTOFFLOAD_DEVICE_ADAM=fused`` then fails
     there too, before any buffer is pinned."""
     device = torch.device(device)
-    if not _decide(config, device):
+    precision = precision or STATE_PRECISIONS["fp32"]
+    if not _decide(config, device, precision):
         return False
     for n in (32, 33):  # Triton specializes an int argument on divisibility by 16
         master = torch.zeros(n, dtype=torch.float32, device=device)
-        grad, exp_avg, exp_avg_sq = (torch.zeros_like(master) for _ in range(3))
+        grad = torch.zeros_like(master)
+        exp_avg, exp_avg_sq = (torch.zeros_like(master, dtype=precision.dtype) for _ in range(2))
         out = torch.empty(n, dtype=torch.bfloat16, device=device)
         for clip in (None, 1.0):
             for bf16_out in (None, out):
@@ -279,4 +292,5 @@ def verdicts() -> dict[str, str]:
     """What the self-checks of this process found, for reports: ``"cuda:0/adamw/decay"`` -> ``"passed"`` or why
     the kernel is not used there."""
     with _lock:
-        return {f"{d}/{t}/{'decay' if w else 'no decay'}": v or "passed" for (d, t, w), v in _verdicts.items()}
+        return {f"{d}/{t}/{'decay' if w else 'no decay'}{'' if p == 'fp32' else '/' + p + ' state'}": v or "passed"
+                for (d, t, w, p), v in _verdicts.items()}

@@ -12,6 +12,10 @@ decides; the same bits either way, a fraction of the memory traffic).
 Everything else (SGD, device masters without the fused kernel) runs :func:`torch_step`
 (:mod:`optimized.accumulation.torch_optimizer`, re-exported here with :func:`init_state` and
 :data:`CHUNK_ELEMENTS`): the reference's torch-op sequence, in place and chunk by chunk.
+
+R29 (``state_precision: bf16``): the moment buffers are bf16 and their dtype is the precision. The native kernel
+and the fused device kernel read and write them in their one pass; :func:`torch_step` widens a chunk, runs the
+same fp32 sequence and stores it back rounded by the contract's ``round_to_bf16``.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from optimized import cpu_adam
 from optimized.accumulation import device_adam
 from optimized.accumulation.torch_optimizer import CHUNK_ELEMENTS, init_state, torch_step
 from reference.contract.accumulation_config import OptimizerConfig
+from reference.contract.accumulation_state_precision import StatePrecision
 from reference.contract.accumulation_step import OptimizerState
 
 __all__ = [
@@ -42,6 +47,12 @@ def uses_native(config: OptimizerConfig, master: torch.Tensor) -> bool:
         and master.dtype == torch.float32
         and master.is_contiguous()
     )
+
+
+def _moments(state: OptimizerState) -> StatePrecision | None:
+    """R29: the precision Adam's moments are stored in (None for a state without them: SGD)."""
+    m = state.buffers.get("exp_avg")
+    return None if m is None else StatePrecision.of(m)
 
 
 def step_master(
@@ -72,7 +83,7 @@ def step_master(
         )
         return bf16_out is not None
     if (master.is_contiguous() and grad.is_contiguous() and grad.device == master.device
-            and device_adam.use_for(config, master)):
+            and device_adam.use_for(config, master, _moments(state))):
         state.step += 1
         fill = bf16_out is not None and bf16_out.device == master.device and bf16_out.is_contiguous()
         device_adam.adam_step(

@@ -18,14 +18,19 @@ import math
 import torch
 
 from reference.contract.accumulation_config import OptimizerConfig
+from reference.contract.accumulation_state_precision import StatePrecision
 from reference.contract.accumulation_step import OptimizerState, state_buffer_names
 
 __all__ = ["CHUNK_ELEMENTS", "init_state", "torch_step"]
 
 
-def init_state(config: OptimizerConfig, master: torch.Tensor) -> OptimizerState:
-    """Zeroed state buffers (the contract's names) for ``master``, on its device, fp32."""
-    return OptimizerState(0, {n: torch.zeros_like(master, dtype=torch.float32) for n in state_buffer_names(config)})
+def init_state(
+    config: OptimizerConfig, master: torch.Tensor, precision: StatePrecision | None = None
+) -> OptimizerState:
+    """Zeroed state buffers (the contract's names) for ``master``, on its device; Adam's moments in ``precision``
+    (R29; default fp32), SGD's momentum fp32."""
+    dtype = torch.float32 if precision is None or config.type == "sgd" else precision.dtype
+    return OptimizerState(0, {n: torch.zeros_like(master, dtype=dtype) for n in state_buffer_names(config)})
 
 
 def _sqrt_rounded_once(x: torch.Tensor) -> torch.Tensor:
@@ -79,11 +84,18 @@ def torch_step(
                 p.mul_(1.0 - lr * wd)
             else:
                 g = torch.add(g, torch.mul(p, wd))
-        m = state.buffers["exp_avg"][lo:hi]
-        v = state.buffers["exp_avg_sq"][lo:hi]
+        stored_m = state.buffers["exp_avg"][lo:hi]
+        stored_v = state.buffers["exp_avg_sq"][lo:hi]
+        precision = StatePrecision.of(stored_m)
+        # R29: fp32 moments are updated in place; bf16 ones are widened into fp32 chunks and stored back rounded.
+        m = stored_m if precision.dtype == torch.float32 else stored_m.to(torch.float32)
+        v = stored_v if precision.dtype == torch.float32 else stored_v.to(torch.float32)
         m.mul_(beta1).add_(torch.mul(g, 1.0 - beta1))
         gg = torch.mul(g, g)
         v.mul_(beta2).add_(gg.mul_(1.0 - beta2))
         denom = _sqrt_rounded_once(v)
         denom.mul_(1.0 / math.sqrt(1.0 - beta2**t)).add_(config.eps)
         p.sub_(torch.div(m, denom).mul_(lr / (1.0 - beta1**t)))
+        if m is not stored_m:
+            precision.store(stored_m, m)
+            precision.store(stored_v, v)

@@ -102,7 +102,7 @@ class AccumulationEngine(ScheduledEngine):
         else:
             masters = [shard(self.layout, master_full, r).clone().to(self.master_device) for r in range(world_size)]
         self._masters: list[torch.Tensor] = masters
-        self._opt_states: list[OptimizerState] = [init_state(cfg.optimizer, m) for m in masters]
+        self._opt_states: list[OptimizerState] = [init_state(cfg.optimizer, m, cfg.moment_precision) for m in masters]
         # R28: each rank's partition cut between the device and the host (gpu_share 0: all on the host, R17).
         self._split = SplitUpdate(cfg, self.layout.partition_size, self.device, self.master_device, world_size)
         # R17 (nvme): between steps each rank's optimizer state lives in files, not in memory.

@@ -31,6 +31,10 @@ AdamW (decoupled weight decay, applied before the moment update)::
 
     if wd > 0: p = p * (1 - lr * wd)
     then the Adam lines without the L2 term.
+
+R29 (``state_precision: bf16``): the moments are *stored* in bf16. ``m`` and ``v`` above are then their exact fp32
+widenings, the lines run unchanged in fp32 (``p`` from the unrounded new ``m`` and ``v``), and the new moments are
+stored rounded by :func:`reference.contract.accumulation_state_precision.round_to_bf16` (to nearest even).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import math
 import torch
 
 from reference.contract.accumulation_config import OptimizerConfig
+from reference.contract.accumulation_state_precision import StatePrecision
 from reference.contract.accumulation_step import OptimizerState, state_buffer_names
 
 
@@ -54,9 +59,13 @@ def correctly_rounded_sqrt(x: torch.Tensor) -> torch.Tensor:
     return torch.sqrt(x.to(torch.float64)).to(torch.float32)
 
 
-def init_state(config: OptimizerConfig, master: torch.Tensor) -> OptimizerState:
-    """Zeroed state for ``master`` on ``master``'s device (the host when ``offload_optimizer='cpu'``, R17)."""
-    return OptimizerState(0, {n: torch.zeros_like(master, dtype=torch.float32) for n in state_buffer_names(config)})
+def init_state(
+    config: OptimizerConfig, master: torch.Tensor, precision: StatePrecision | None = None
+) -> OptimizerState:
+    """Zeroed state for ``master`` on ``master``'s device (the host when ``offload_optimizer='cpu'``, R17); Adam's
+    moments in ``precision`` (R29; default fp32), SGD's momentum always fp32."""
+    dtype = torch.float32 if precision is None or config.type == "sgd" else precision.dtype
+    return OptimizerState(0, {n: torch.zeros_like(master, dtype=dtype) for n in state_buffer_names(config)})
 
 
 def optimizer_step(config: OptimizerConfig, master: torch.Tensor, grad: torch.Tensor, state: OptimizerState) -> None:
@@ -95,11 +104,18 @@ def _adam(config: OptimizerConfig, p: torch.Tensor, g: torch.Tensor, state: Opti
             p.copy_(torch.mul(p, 1.0 - config.lr * config.weight_decay))
         else:
             g = torch.add(g, torch.mul(p, config.weight_decay))
-    m = state.buffers["exp_avg"]
-    v = state.buffers["exp_avg_sq"]
-    m.copy_(torch.add(torch.mul(m, beta1), torch.mul(g, 1.0 - beta1)))
-    v.copy_(torch.add(torch.mul(v, beta2), torch.mul(torch.mul(g, g), 1.0 - beta2)))
+    stored_m = state.buffers["exp_avg"]
+    stored_v = state.buffers["exp_avg_sq"]
+    precision = StatePrecision.of(stored_m)  # R29: the buffers' dtype is the state precision
+    if StatePrecision.of(stored_v) != precision:
+        raise TypeError(f"exp_avg is {stored_m.dtype} but exp_avg_sq is {stored_v.dtype}; both must be one precision")
+    m = stored_m.to(torch.float32)  # exact widening (the buffer itself at fp32)
+    v = stored_v.to(torch.float32)
+    m = torch.add(torch.mul(m, beta1), torch.mul(g, 1.0 - beta1))
+    v = torch.add(torch.mul(v, beta2), torch.mul(torch.mul(g, g), 1.0 - beta2))
     inv_bias_correction2_sqrt = 1.0 / math.sqrt(1.0 - beta2**t)
     step_size = config.lr / (1.0 - beta1**t)
     denom = torch.add(torch.mul(correctly_rounded_sqrt(v), inv_bias_correction2_sqrt), config.eps)
     p.copy_(torch.sub(p, torch.mul(torch.div(m, denom), step_size)))
+    precision.store(stored_m, m)  # R29: fp32 stores as is, bf16 rounds to nearest even
+    precision.store(stored_v, v)

@@ -83,7 +83,7 @@ class SplitUpdate:
     def _time_step(self, n: int, where: torch.device) -> float:
         master = torch.zeros(n, dtype=torch.float32, device=where)
         grad = torch.ones(n, dtype=torch.float32, device=where)
-        state = init_state(self._config.optimizer, master)
+        state = init_state(self._config.optimizer, master, self._config.moment_precision)
         sync = torch.cuda.synchronize if where.type == "cuda" else (lambda: None)
         sync()
         t0 = time.perf_counter()

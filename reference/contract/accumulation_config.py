@@ -20,6 +20,11 @@ from typing import Any
 
 import torch
 
+from reference.contract.accumulation_state_precision import (
+    DEFAULT_STATE_PRECISION,
+    StatePrecision,
+    resolve_state_precision,
+)
 from reference.contract.errors import ConfigurationError, allowed_values_error
 from reference.contract.io_config import SwapConfig
 
@@ -149,6 +154,8 @@ class AccumulationConfig:
     gpu_memory_budget: int | None = None
     #: R27: the first this many boundaries are not delayed (ignored without ``delayed_parameter_update``).
     delayed_update_warmup: int = DEFAULT_DELAYED_UPDATE_WARMUP
+    #: R29: the precision the Adam moments are stored in, "fp32" (default) or "bf16" (case-insensitive).
+    state_precision: str = DEFAULT_STATE_PRECISION
 
     def __post_init__(self) -> None:
         if type(self.zero_stage) is not int or self.zero_stage not in ZERO_STAGES:
@@ -182,6 +189,7 @@ class AccumulationConfig:
         _require_bool("delayed_parameter_update", self.delayed_parameter_update)
         _require_int("delayed_update_warmup", self.delayed_update_warmup, 0)
         self._check_split()
+        self._check_state_precision()
         self._check_combinations()
 
     def check_world_size(self, world_size: int) -> None:
@@ -293,6 +301,25 @@ class AccumulationConfig:
                     f"allowed: change those, or gpu_share=0.0"
                 )
 
+    def _check_state_precision(self) -> None:
+        """R19/R29: ``state_precision`` names a precision (any case); a compressed one stores Adam's moments, so it
+        needs Adam or AdamW, and the state in memory (``offload_optimizer`` 'none' or 'cpu': the ``nvme`` files
+        are fp32)."""
+        object.__setattr__(self, "state_precision", resolve_state_precision(self.state_precision).name)
+        if self.state_precision == DEFAULT_STATE_PRECISION:
+            return
+        wrong = []
+        if self.optimizer.type not in ("adam", "adamw"):
+            wrong.append(f"optimizer.type={self.optimizer.type!r} (allowed with it: 'adam', 'adamw')")
+        if self.offload_optimizer == "nvme":
+            wrong.append("offload_optimizer='nvme' (allowed with it: 'none', 'cpu')")
+        if wrong:
+            raise ConfigurationError(
+                f"state_precision={self.state_precision!r} stores Adam's moments compressed, which needs an Adam "
+                f"optimizer and the state in memory; got {', '.join(wrong)}; allowed: change those, or "
+                f"state_precision={DEFAULT_STATE_PRECISION!r}"
+            )
+
     def _outside_host_update(self, key: str) -> list[str]:
         """The settings that put a config outside the streamed host update (R27, R28), each with its allowed
         values."""
@@ -328,6 +355,11 @@ class AccumulationConfig:
     @property
     def accum_dtype(self) -> torch.dtype:
         return DTYPES[self.grad_accum_dtype or self.dtype]
+
+    @property
+    def moment_precision(self) -> StatePrecision:
+        """R29: the resolved precision of the optimizer's moment buffers (dtype and rounding)."""
+        return resolve_state_precision(self.state_precision)
 
     # ---- resolved placement --------------------------------------------------------------------------------
     @property
@@ -395,9 +427,10 @@ DEEPSPEED_ZERO_KEYS: tuple[str, ...] = (
 DEEPSPEED_OFFLOAD_KEYS: tuple[str, ...] = ("device", "nvme_path", "pin_memory")
 #: ``offload_optimizer`` also takes this project's ``delayed_parameter_update`` and ``delayed_update_warmup`` (R27;
 #: DeepSpeed has no key for them) and the split update's ``gpu_share`` and ``gpu_memory_budget`` (R28; DeepSpeed's
-#: nearest is a hand-set ratio).
+#: nearest is a hand-set ratio) and the moments' ``state_precision`` (R29).
 DEEPSPEED_OFFLOAD_OPTIMIZER_KEYS: tuple[str, ...] = (
     *DEEPSPEED_OFFLOAD_KEYS, "delayed_parameter_update", "delayed_update_warmup", "gpu_share", "gpu_memory_budget",
+    "state_precision",
 )
 DEEPSPEED_OPTIMIZER_PARAMS: tuple[str, ...] = ("lr", "betas", "eps", "weight_decay", "momentum", "adam_w_mode")
 
@@ -450,7 +483,8 @@ def _zero_keys(section: Any, out: dict[str, Any]) -> None:
                     f"(offloaded buffers are always pinned here)"
                 )
         out[key] = off.get("device", "none")
-        for own in ("delayed_parameter_update", "delayed_update_warmup", "gpu_share", "gpu_memory_budget"):
+        for own in ("delayed_parameter_update", "delayed_update_warmup", "gpu_share", "gpu_memory_budget",
+                    "state_precision"):
             if own in off:
                 out[own] = off[own]
         if "nvme_path" in off:

@@ -49,10 +49,12 @@ def split_point(share: float, partition_elements: int) -> int:
 
 
 def device_bytes_per_element(config: AccumulationConfig) -> int:
-    """Device bytes one element on the device side may cost: its fp32 master and fp32 optimizer state buffers,
-    and its accumulated gradient in ``grad_accum_dtype`` (kept on the device by an engine that does not send it
-    to the host and back): 16 for Adam with fp32 accumulation."""
-    return 4 * (1 + len(state_buffer_names(config.optimizer))) + config.accum_dtype.itemsize
+    """Device bytes one element on the device side may cost: its fp32 master, its optimizer state buffers in the
+    state precision (R29: 4 bytes each at fp32, 2 at bf16), and its accumulated gradient in ``grad_accum_dtype``
+    (kept on the device by an engine that does not send it to the host and back): 16 for Adam with fp32
+    accumulation, 12 with bf16 moments."""
+    moment = config.moment_precision.bytes_per_moment
+    return 4 + moment * len(state_buffer_names(config.optimizer)) + config.accum_dtype.itemsize
 
 
 def default_budget(free_device_bytes: int | None) -> int | None:

@@ -16,6 +16,7 @@ from optimized.accumulation.weights import LiveWeights
 from reference.contract.accumulation_config import AccumulationConfig, OptimizerConfig
 from reference.contract.accumulation_norm import norm_from_total
 from reference.contract.accumulation_partition import FlatLayout
+from reference.contract.accumulation_state_precision import StatePrecision
 from reference.contract.accumulation_step import OptimizerState, StepOutcome
 
 __all__ = [
@@ -189,8 +190,10 @@ class UpdatePath:
         self.zero_grad()
 
     def _install_state_buffers(self, opt_buffers: dict[str, torch.Tensor]) -> None:
+        # R29: into this engine's state precision -- a wider value rounded by the contract, a narrower one widened.
         for k, v in opt_buffers.items():
-            self.opt_state.buffers[k].copy_(v)
+            dst = self.opt_state.buffers[k]
+            StatePrecision.of(dst).store(dst, v.to(device=dst.device))
 
     def _install_cast(self, lp: torch.Tensor, applied: torch.Tensor | None) -> torch.Tensor:
         """What the live parameters become on :meth:`install` (the master's cast, by default)."""
@@ -217,13 +220,15 @@ def initial_master(ctx: UpdateContext, *, on_host: bool) -> torch.Tensor:
 
 
 def state_buffers(ctx: UpdateContext, names: Sequence[str], *, on_host: bool) -> dict[str, torch.Tensor]:
-    """Zeroed optimizer-state buffers next to the master."""
+    """Zeroed optimizer-state buffers next to the master, Adam's moments in the state precision (R29: bf16
+    halves their pinned bytes; SGD's momentum stays fp32)."""
+    dtype = torch.float32 if ctx.config.optimizer.type == "sgd" else ctx.config.moment_precision.dtype
     out = {}
     for name in names:
         if on_host:
-            b = ctx.host.empty(ctx.master_numel, torch.float32, pinned=True)
+            b = ctx.host.empty(ctx.master_numel, dtype, pinned=True)
         else:
-            b = torch.empty(ctx.master_numel, dtype=torch.float32, device=ctx.device)
+            b = torch.empty(ctx.master_numel, dtype=dtype, device=ctx.device)
         out[name] = b.zero_()
     return out
 

@@ -136,7 +136,7 @@ class DeviceSplit:
     def prepare(ctx: UpdateContext) -> None:
         """Before the path allocates anything: the device side's kernel checked and launched now ("auto" first
         uses it at the cut; :func:`device_adam.prepare`)."""
-        device_adam.prepare(ctx.config.optimizer, ctx.device)
+        device_adam.prepare(ctx.config.optimizer, ctx.device, ctx.config.moment_precision)
 
     def backward_starts(self) -> None:
         """A backward starts ("auto" times the second step from its first backward)."""
@@ -239,7 +239,8 @@ class AutoShare:
         return decision
 
     def _time_host(self, n: int) -> float:
-        z = [torch.zeros(n, dtype=torch.float32) for _ in range(4)]
+        moments = self.ctx.config.moment_precision.dtype  # R29: timed at the precision the run stores
+        z = [torch.zeros(n, dtype=torch.float32 if i < 2 else moments) for i in range(4)]
         for _ in range(2):  # the second run: threads started, pages touched
             t0 = time.perf_counter()
             cpu_adam.adam_step(self.ctx.config.optimizer, z[0], z[1], z[2], z[3], 1, threads=self._worker.threads)
@@ -249,7 +250,8 @@ class AutoShare:
     def _time_device(self, n: int) -> float:
         device = self.ctx.device
         master = torch.zeros(n, dtype=torch.float32, device=device)
-        state = OptimizerState(0, {k: torch.zeros_like(master) for k in ("exp_avg", "exp_avg_sq")})
+        moments = self.ctx.config.moment_precision.dtype  # R29: timed at the precision the run stores
+        state = OptimizerState(0, {k: torch.zeros_like(master, dtype=moments) for k in ("exp_avg", "exp_avg_sq")})
         grad = torch.zeros_like(master)
         for _ in range(2):  # the second run: kernels loaded, allocator warm
             self._sync_device()

@@ -157,7 +157,7 @@ class DeviceUpdate(WholePartitionUpdate):
 
     def __init__(self, ctx: UpdateContext) -> None:
         # The fused kernel's check and first launches now, not in the first training step (device_adam.prepare).
-        device_adam.prepare(ctx.config.optimizer, ctx.device)
+        device_adam.prepare(ctx.config.optimizer, ctx.device, ctx.config.moment_precision)
         super().__init__(ctx)
         self.reports = self._adam_timings = DeviceAdamTimings(ctx.device)
 
