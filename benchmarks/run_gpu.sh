@@ -55,6 +55,12 @@ suite accumulation-engine "${T_ACE:-300}" conformance.suite.test_accumulation_en
   conformance.suite.test_accumulation_engine_faults conformance.suite.test_accumulation_engine_scenarios \
   conformance.suite.test_accumulation_engine_overlap conformance.suite.test_accumulation_delayed_update \
   conformance.suite.test_accumulation_split_update conformance.suite.test_accumulation_engine_device_adam
+# The update paths on cuda after the streamed update's carve into stages and R29 (issue 40 items 1-2): the split,
+# the delayed update, the overlap, the fused device Adam (bf16 moments included) and the R29 matrix, for a call
+# without time for the whole accumulation-engine part above.
+suite accumulation-stages "${T_ASG:-180}" conformance.suite.test_accumulation_split_update \
+  conformance.suite.test_accumulation_delayed_update conformance.suite.test_accumulation_engine_overlap \
+  conformance.suite.test_accumulation_engine_device_adam conformance.suite.test_accumulation_state_precision
 # examples/train_zero_resume.py on NCCL, world size 1: 3 steps, save, resume to 6; then 6 uninterrupted steps.
 # The two "final checksum" lines must be equal.
 zero_resume() {
