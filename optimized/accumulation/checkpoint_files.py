@@ -40,7 +40,8 @@ from typing import Any
 
 import torch
 
-from reference.contract.errors import CheckpointError, ConfigurationError
+from reference.contract.accumulation_checkpoint_names import LATEST, LATEST_STAGING, check_tag
+from reference.contract.errors import CheckpointError
 
 __all__ = [
     "FORMAT",
@@ -62,7 +63,6 @@ FORMAT = "hostoffload.zero_checkpoint"
 #: 2: per-file sizes and CRC-32 in the manifest, the manifest's own CRC-32 (version 1 had sizes only).
 VERSION = 2
 MANIFEST = "manifest.json"
-LATEST = "latest"
 _RANK_FILE = re.compile(r"rank(\d+)\.pt")
 #: Writes at least this large are checksummed on the helper thread while they are written.
 _OVERLAP_BYTES = 1 << 20
@@ -75,14 +75,6 @@ _THREADS = max(1, min(4, len(os.sched_getaffinity(0)) - 1))
 
 def rank_file(rank: int) -> str:
     return f"rank{rank}.pt"
-
-
-def check_tag(tag: object) -> str:
-    if not isinstance(tag, str) or not tag or tag in (".", "..") or os.sep in tag or tag.startswith("."):
-        raise ConfigurationError(
-            f"tag={tag!r} must be a non-empty str without path separators that does not start with '.'"
-        )
-    return tag
 
 
 def staging_directory(directory: str, tag: str) -> str:
@@ -153,7 +145,7 @@ def prepare(directory: str, tag: str) -> str:
                     _remove(path)
                 else:
                     os.rename(path, final)
-            elif (entry.startswith(".") and entry.endswith(".partial")) or entry == LATEST + ".tmp":
+            elif (entry.startswith(".") and entry.endswith(".partial")) or entry == LATEST_STAGING:
                 _remove(path)
         staging = _staging(directory, tag)
         os.makedirs(staging)
@@ -271,7 +263,7 @@ def commit(directory: str, tag: str, manifest: dict[str, Any], *, save_latest: b
     """Rank 0, after every rank wrote its file: the manifest and ``latest.tmp`` first, then the renames (module
     docstring). Raises :class:`CheckpointError`; whatever it raises for, the previous checkpoint is in place."""
     staging, final, old = _staging(directory, tag), os.path.join(directory, tag), _old(directory, tag)
-    latest, latest_tmp = os.path.join(directory, LATEST), os.path.join(directory, LATEST + ".tmp")
+    latest, latest_tmp = os.path.join(directory, LATEST), os.path.join(directory, LATEST_STAGING)
     manifest = {**manifest, "manifest_crc32": 0}
     manifest["manifest_crc32"] = _manifest_crc(manifest)
     done: list[str] = []
