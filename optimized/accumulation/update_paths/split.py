@@ -47,6 +47,7 @@ from reference.contract.accumulation_split import (
     choose_split,
     default_budget,
     fixed_split,
+    warn_if_auto_without_device,
 )
 from reference.contract.accumulation_step import OptimizerState
 
@@ -104,6 +105,7 @@ class SplitHostUpdate(StreamedHostUpdate):
     def __init__(self, ctx: UpdateContext) -> None:
         # The device side's kernel checked and launched now: "auto" first uses it at the cut (device_adam.prepare).
         device_adam.prepare(ctx.config.optimizer, ctx.device)
+        warn_if_auto_without_device(ctx.config, ctx.device.type)
         self._side: _DeviceSide | None = None
         self._stale = False  # the host buffers' first n elements are older than the device side
         super().__init__(ctx)
