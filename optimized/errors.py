@@ -10,6 +10,7 @@ from __future__ import annotations
 from reference.contract.errors import (
     ConfigurationError,
     HostOffloadError,
+    PinnedAllocationError,
     PinnedMemoryLockError,
     UnknownPluginError,
     UnsupportedOperationError,
@@ -34,6 +35,7 @@ __all__ = [
     "HandleClosedError",
     "HostOffloadError",
     "IncompleteRecordError",
+    "PinnedAllocationError",
     "PinnedMemoryLockError",
     "RecordError",
     "RecordFormatError",

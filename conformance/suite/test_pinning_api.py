@@ -510,6 +510,27 @@ def test_impossible_sizes_name_the_shape(area_api, pin_backend, leak_check, call
     assert_names_argument(info.value, "shape")
 
 
+@pytest.mark.parametrize("call", ["pin_empty", "pin_empty_like"])
+def test_a_size_no_machine_can_map_is_a_pinned_allocation_error(area_api, pin_backend, leak_check, call):
+    """A size the arguments allow (under 2**63 bytes) but no allocator can give -- 2**60 bytes, beyond every
+    x86-64 and arm64 user address space, so it fails on any machine and overcommit policy -- is the contract's
+    ``PinnedAllocationError`` (a ``MemoryError`` and a ``HostOffloadError``) naming the size and what limits it,
+    on every backend; not torch's raw ``RuntimeError: [enforce fail at alloc_cpu.cpp ...]`` nor a bare
+    ``MemoryError: mmap ... failed``. Nothing is left pinned or registered (leak_check)."""
+    from reference.contract.errors import HostOffloadError, PinnedAllocationError
+
+    nbytes = 2**60
+    with pytest.raises(PinnedAllocationError) as info:
+        if call == "pin_empty":
+            area_api.pin_empty(nbytes, dtype=torch.uint8)
+        else:
+            area_api.pin_empty_like(torch.empty(nbytes // 8, dtype=torch.float64, device="meta"))
+    assert isinstance(info.value, MemoryError) and isinstance(info.value, HostOffloadError)
+    message = str(info.value)
+    assert str(nbytes) in message, message
+    assert "RLIMIT_MEMLOCK" in message and "overcommit" in message and "MemAvailable" in message, message
+
+
 @pytest.mark.parametrize("layout", ["sparse_coo", "sparse_csr"])
 @pytest.mark.parametrize("call", ["is_pinned", "unpin", "pin_memory", "pin_empty_like"])
 def test_sparse_tensors_are_refused_naming_the_argument(area_api, pin_backend, leak_check, layout, call):

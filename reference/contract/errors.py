@@ -32,6 +32,12 @@ class PinnedMemoryLockError(HostOffloadError, MemoryError):
     """
 
 
+class PinnedAllocationError(HostOffloadError, MemoryError):
+    """Host memory for a pinning call could not be allocated at all (before any page is locked): the size is more
+    than the machine gives this process (available memory, the ``vm.overcommit_memory`` policy, ``RLIMIT_AS``).
+    The message names the size and those limits. Raised with nothing allocated, locked or registered."""
+
+
 class UnsupportedOperationError(HostOffloadError, RuntimeError):
     """A call that is valid in general but not in the current state or configuration."""
 
@@ -58,6 +64,7 @@ __all__ = [
     "CheckpointError",
     "ConfigurationError",
     "HostOffloadError",
+    "PinnedAllocationError",
     "PinnedMemoryLockError",
     "UnknownPluginError",
     "UnsupportedOperationError",

@@ -347,7 +347,7 @@ def contract_types() -> dict[str, type]:
                 for hint in typing.get_type_hints(member, globalns=namespace, localns=namespace).values():
                     walk(hint)
     for cls in (Implementation, Capabilities, Accelerator, errors.HostOffloadError, errors.UnknownPluginError,
-                errors.PinnedMemoryLockError):
+                errors.PinnedMemoryLockError, errors.PinnedAllocationError):
         found[cls.__name__] = cls
     return found
 

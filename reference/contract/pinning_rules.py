@@ -14,18 +14,20 @@ The optimized native registry reports argument errors through :func:`check_range
 
 from __future__ import annotations
 
+import resource
 from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
 
-from reference.contract.errors import ConfigurationError
+from reference.contract.errors import ConfigurationError, PinnedAllocationError
 
 __all__ = [
     "MAX_NBYTES",
     "QUANTIZED_DTYPES",
     "PinnedRange",
     "PinnedStats",
+    "allocation_error",
     "check_bool",
     "check_dtype",
     "check_host_device",
@@ -36,6 +38,7 @@ __all__ = [
     "check_range_int",
     "check_tensor",
     "is_data_less",
+    "is_torch_allocation_failure",
     "normalize_shape",
     "pin_empty_arguments",
     "pin_empty_like_arguments",
@@ -274,3 +277,49 @@ def refuse_moving_a_view(t: torch.Tensor) -> None:
             "and replacing its data would detach it from that storage; pin the base tensor in place, or pass "
             "make_copy=True"
         )
+
+
+# ---- allocation failures ----------------------------------------------------------------------------------------
+def _limit(value: int) -> str:
+    return "unlimited" if value == resource.RLIM_INFINITY else f"{value} bytes"
+
+
+def _read_first(path: str, key: str | None = None) -> str | None:
+    try:
+        with open(path) as fh:
+            for line in fh:
+                if key is None:
+                    return line.strip()
+                if line.startswith(key + ":"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def allocation_error(nbytes: int, backend: str, cause: str) -> PinnedAllocationError:
+    """The one error of every backend when host memory for a pinning call cannot be allocated at all: it names
+    the size and what limits it here (available memory, the overcommit policy, the address-space and
+    locked-memory limits), so the user can tell a typo in a size from a machine that is too small. The caller
+    raises it ``from`` the backend's own error (torch's ``alloc_cpu.cpp`` enforce message, ``mmap``'s errno)."""
+    available = _read_first("/proc/meminfo", "MemAvailable")
+    overcommit = _read_first("/proc/sys/vm/overcommit_memory")
+    address_space = resource.getrlimit(resource.RLIMIT_AS)[0]
+    memlock = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
+    return PinnedAllocationError(
+        f"cannot allocate {nbytes} bytes ({nbytes / 2**30:.3g} GiB) of host memory to pin ({backend} backend: "
+        f"{cause}); what limits it here: available memory (MemAvailable) {available or 'unknown'}, "
+        f"vm.overcommit_memory={overcommit or 'unknown'} (0: requests far beyond RAM + swap are refused, 2: strict "
+        f"accounting), RLIMIT_AS {_limit(address_space)}, RLIMIT_MEMLOCK {_limit(memlock)} (what can then be "
+        f"page-locked); allowed: a size the machine can hold, or more memory or looser limits. Nothing was pinned"
+    )
+
+
+def is_torch_allocation_failure(exc: BaseException) -> bool:
+    """Whether an error from ``torch.empty`` (with or without ``pin_memory``) of a size the arguments already
+    accepted is the allocator running out: torch's CPU allocator raises a plain ``RuntimeError`` ("can't
+    allocate memory"), its pinned allocator an out-of-memory error; anything else is not ours to rename."""
+    if isinstance(exc, MemoryError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text)
