@@ -37,10 +37,12 @@ from optimized.accumulation.checkpoint_files import (
     commit,
     discard,
     prepare,
+    read_client_state,
     read_manifest,
     read_rank_file,
     resolve_tag,
     staging_directory,
+    write_client_state,
     write_rank_file,
 )
 from reference.contract.errors import CheckpointError, ConfigurationError
@@ -204,9 +206,11 @@ def save(
         except CheckpointError as exc:
             error = exc
     agree(comm, error, "save_checkpoint (staging)")
-    entry = None
+    entry = client_entry = None
     try:
-        entry, opt_state, state = _write_engine_rank_file(engine, staging, directory, client)
+        entry, opt_state, state = _write_engine_rank_file(engine, staging, directory)
+        if engine.rank == 0:  # client_state is stored once (docs/zero.md), rank 0's as DeepSpeed keeps it
+            client_entry = write_client_state(staging, client, directory)
     except (CheckpointError, ConfigurationError) as exc:  # reported to every rank, then re-raised here
         error = exc
     try:
@@ -217,6 +221,7 @@ def save(
         raise
     entries = comm.all_gather_objects(entry, "checkpoint manifest gather")
     manifest = _manifest(engine, tag, opt_state.step, sorted(state), entries)
+    manifest["client_state"] = client_entry  # rank 0 commits the manifest: its entry is the one that counts
     if engine.rank == 0:
         try:
             commit(directory, tag, manifest, save_latest=save_latest)
@@ -251,7 +256,7 @@ def _manifest(engine: Any, tag: str, optimizer_step: int, state_names: list[str]
     }
 
 
-def _write_engine_rank_file(engine: Any, staging: str, directory: str, client_state: dict[str, Any]) -> tuple:
+def _write_engine_rank_file(engine: Any, staging: str, directory: str) -> tuple:
     """This rank's part of a save: its tensors and state into ``staging/rank<r>.pt``."""
     opt_state = engine.optimizer_state()  # with nvme: read back from its files
     lo, hi = master_range(engine)
@@ -283,7 +288,6 @@ def _write_engine_rank_file(engine: Any, staging: str, directory: str, client_st
         "rng": rng,
         "optimizer": engine.optimizer.state_dict()["param_groups"],
         "lr_scheduler": None if scheduler is None else scheduler.state_dict(),
-        "client_state": client_state,
     }
     entry = write_rank_file(staging, engine.rank, payload, directory)
     entry["trainable"] = pieces_of_range(engine.layout.segments, lo, hi)
@@ -401,7 +405,8 @@ def _read_for_engine(engine: Any, directory: str, tag: str | None, with_state: b
     if engine._path.lags_parameters and manifest.get("delayed_parameter_update"):
         # R27: the weights the saved delayed run was computing with (the master's cast was still pending).
         applied = assembled("applied", hi - lo, model_dtype)
-    return path, manifest, master, state, frozen, files[own_rank], applied
+    own = {**files[own_rank], "client_state": read_client_state(path, manifest, files[own_rank])}
+    return path, manifest, master, state, frozen, own, applied
 
 
 def install_state(
