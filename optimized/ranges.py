@@ -60,6 +60,8 @@ def tensor_extent(t: torch.Tensor) -> tuple[int, int]:
         return ptr, t.nbytes
     if t.numel() == 0:
         return ptr, 0
+    if t.is_nested:  # strided nested: its components are packed in one buffer of numel elements
+        return ptr, t.numel() * t.element_size()
     last = 0
     for size, stride in zip(t.shape, t.stride(), strict=False):
         last += (size - 1) * stride

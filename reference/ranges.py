@@ -159,6 +159,8 @@ def tensor_extent(t: torch.Tensor) -> tuple[int, int]:
     ptr = t.data_ptr()
     if t.numel() == 0:
         return ptr, 0
+    if t.is_nested:  # strided nested: its components are packed in one buffer of numel elements
+        return ptr, t.numel() * t.element_size()
     last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
     return ptr, (last + 1) * t.element_size()
 

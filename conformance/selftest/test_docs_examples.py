@@ -1,6 +1,8 @@
 """Every Python example of README.md and docs/*.md runs as written, as a complete script on a CPU-only machine
 (``conformance.docs_examples`` says how blocks are found, marked and run). One child interpreter runs them all;
-each block is reported as its own test, named by its page and line."""
+each block is reported as its own test, named by its page and line. The blocks marked as running under torchrun
+run once more, in two child interpreters at once (ranks 0 and 1, gloo), as ``torchrun --nproc_per_node 2``
+would start them."""
 
 from __future__ import annotations
 
@@ -12,13 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from conformance.docs_examples import Block, all_blocks, blocks_of
+from conformance.docs_examples import PORTS_ENV, Block, all_blocks, blocks_of
 from conformance.selftest.runner import child_env, source_root
 
 pytestmark = pytest.mark.conformance_area("harness")
 
 ROOT = source_root()
 BLOCKS = all_blocks(ROOT) if ROOT is not None else []
+TORCHRUN_BLOCKS = [b for b in BLOCKS if b.torchrun and b.needs is None]
 
 
 def _cuda_available() -> bool:
@@ -28,9 +31,28 @@ def _cuda_available() -> bool:
 
 
 def _free_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
+    return _free_ports(1)[0]
+
+
+def _free_ports(n: int) -> list[str]:
+    """``n`` distinct free ports (each socket stays bound until all are chosen, so none is handed out twice)."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [str(s.getsockname()[1]) for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def _parse(stdout: str) -> dict[str, dict]:
+    out = {}
+    for line in stdout.splitlines():
+        if line.startswith('{"docs-example"'):
+            result = json.loads(line)["docs-example"]
+            out[result["name"]] = result
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -44,15 +66,42 @@ def results(tmp_path_factory) -> dict[str, dict]:
     proc = subprocess.run([sys.executable, "-m", "conformance.docs_examples", str(ROOT), *runnable],
                           capture_output=True, text=True, timeout=600, env=env,
                           cwd=tmp_path_factory.mktemp("docs-examples"))  # not ROOT: import what is installed
-    out = {}
-    for line in proc.stdout.splitlines():
-        if line.startswith('{"docs-example"'):
-            result = json.loads(line)["docs-example"]
-            out[result["name"]] = result
+    out = _parse(proc.stdout)
     missing = [n for n in runnable if n not in out]
     assert not missing, (f"the example runner stopped before {missing} (status {proc.returncode}):\n"
                          f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return out
+
+
+@pytest.fixture(scope="module")
+def torchrun_results(tmp_path_factory) -> list[dict[str, dict]]:
+    """Per rank (0, 1): name -> result of every torchrun block, the two ranks run at once as torchrun starts them
+    (the blocks one after another, each on its own port)."""
+    names = [b.name for b in TORCHRUN_BLOCKS]
+    base = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": None,
+            PORTS_ENV: ",".join(_free_ports(len(names))), "OMP_NUM_THREADS": "1"}
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "conformance.docs_examples", str(ROOT), *names],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=child_env({**base, "RANK": str(rank), "LOCAL_RANK": str(rank)}),
+                         cwd=tmp_path_factory.mktemp(f"docs-examples-rank{rank}"))
+        for rank in range(2)
+    ]
+    outputs = []
+    try:
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=300))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    results = [_parse(stdout) for stdout, _ in outputs]
+    for rank, (result, (stdout, stderr)) in enumerate(zip(results, outputs, strict=True)):
+        missing = [n for n in names if n not in result]
+        assert not missing, (f"rank {rank} of the torchrun examples stopped before {missing}:\n{stdout[-3000:]}\n"
+                             f"{stderr[-3000:]}")
+    return results
 
 
 @pytest.mark.skipif(ROOT is None, reason="docs/ not found: set HOSTOFFLOAD_SOURCE_ROOT to a source checkout")
@@ -69,6 +118,25 @@ def test_docs_example_runs_as_written(block: Block, results):
     assert result["ok"], f"{block.name} failed:\n{result['error']}"
 
 
+@pytest.mark.parametrize("block", TORCHRUN_BLOCKS, ids=[b.name for b in TORCHRUN_BLOCKS])
+def test_docs_example_runs_under_torchrun_at_two_ranks(block: Block, torchrun_results):
+    """A block marked ``torchrun`` runs as written in two processes at once (RANK 0 and 1, WORLD_SIZE 2, gloo):
+    what it does with files and collectives is right at N ranks, not only at one (docs/zero.md's first example
+    made a checkpoint directory per rank, and its save refused: ``ranks passed different (save_dir, tag)``)."""
+    for rank, results in enumerate(torchrun_results):
+        result = results[block.name]
+        assert result["ok"], f"{block.name} failed on rank {rank} of 2:\n{result['error']}"
+
+
+def test_blocks_that_start_a_process_group_are_marked_torchrun():
+    """An example that starts a torch.distributed group is one that claims to run under torchrun: it must carry
+    the marker, so that it is run at two ranks (above) and not only at one."""
+    unmarked = [b.name for b in BLOCKS if "init_process_group" in b.code and not b.torchrun]
+    assert not unmarked, f"examples that start a process group without <!-- docs-test: torchrun -->: {unmarked}"
+    if ROOT is not None:
+        assert TORCHRUN_BLOCKS, "no example is run under torchrun (docs/zero.md has some)"
+
+
 def test_blocks_are_found_dedented_and_marked(tmp_path: Path):
     """The extraction the test above relies on: a block in a list item is dedented, the marker applies to the
     block right after it only, an unknown marker is an error, and other languages are not taken."""
@@ -82,3 +150,5 @@ def test_blocks_are_found_dedented_and_marked(tmp_path: Path):
     page.write_text("<!-- docs-test: skip -->\n```python\nx = 1\n```\n")
     with pytest.raises(ValueError, match="unknown docs-test marker 'skip'"):
         blocks_of(page, tmp_path)
+    page.write_text("<!-- docs-test: torchrun -->\n```python\nx = 1\n```\n\n```python\ny = 2\n```\n")
+    assert [(b.line, b.needs, b.torchrun) for b in blocks_of(page, tmp_path)] == [(3, None, True), (7, None, False)]

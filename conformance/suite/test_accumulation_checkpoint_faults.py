@@ -187,6 +187,59 @@ def test_client_state_round_trips_or_is_refused_before_the_disk_is_touched(impl,
         assert restored and client == {"epoch": 1}, "the previous checkpoint no longer loads as it was saved"
 
 
+#: The client_state tensor of the stored-once test: 1 MiB, far more than anything else a rank file of the tiny
+#: model holds, so where its bytes went is visible in the file sizes.
+_CLIENT_BYTES = 1 << 20
+
+
+def _tag_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
+
+
+def _client_state_once(group, impl, directory: str) -> dict:
+    """Two ranks: save with and without a 1 MiB tensor in client_state (rank 0's value differs from rank 1's,
+    as DeepSpeed's scripts may have it: rank 0's is the one stored), then load into a fresh engine."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank(group)
+    engine = engine_class(impl)(ModelSpec().build(SEED), CONFIG, process_group=group)
+    big = torch.arange(_CLIENT_BYTES // 4, dtype=torch.float32) + 7 * rank
+    try:
+        _boundary(engine, 0)
+        engine.save_checkpoint(directory, "plain", client_state={"epoch": 3})
+        engine.save_checkpoint(directory, "tensor", client_state={"epoch": 3, "big": big})
+        dist.barrier(group)
+        sizes = {tag: _tag_bytes(os.path.join(directory, tag)) for tag in ("plain", "tensor")}
+    finally:
+        engine.destroy()
+    fresh = engine_class(impl)(ModelSpec().build(SEED + 1), CONFIG, process_group=group)
+    try:
+        _, client = fresh.load_checkpoint(directory, "tensor")
+        _, plain = fresh.load_checkpoint(directory, "plain")
+    finally:
+        fresh.destroy()
+    return {"sizes": sizes, "client": client, "plain": plain}
+
+
+def test_a_client_state_tensor_is_stored_once_and_every_rank_loads_it(impl, tmp_path):
+    """docs/zero.md, "Checkpoints": client_state is stored once (rank 0's, as DeepSpeed keeps it in one model
+    file), not once per rank -- a 1 MiB tensor in it adds about 1 MiB to the checkpoint at two ranks, not 2 MiB
+    -- and ``load_checkpoint`` returns it on every rank, equal to what rank 0 saved."""
+    api = engine_api(impl)
+    out = api.run_on_ranks(_client_state_once, 2, impl, str(tmp_path))
+    sizes = out[0]["sizes"]
+    added = sizes["tensor"] - sizes["plain"]
+    assert _CLIENT_BYTES <= added < _CLIENT_BYTES + (_CLIENT_BYTES // 2), (
+        f"a {_CLIENT_BYTES}-byte client_state tensor added {added} bytes to a two-rank checkpoint: stored "
+        f"{added / _CLIENT_BYTES:.2f} times, documented once"
+    )
+    expected = torch.arange(_CLIENT_BYTES // 4, dtype=torch.float32)
+    for rank, o in enumerate(out):
+        assert o["plain"] == {"epoch": 3}, f"rank {rank}: {o['plain']}"
+        assert set(o["client"]) == {"epoch", "big"} and o["client"]["epoch"] == 3, f"rank {rank}: {o['client']}"
+        assert torch.equal(o["client"]["big"], expected), f"rank {rank} did not load rank 0's client_state tensor"
+
+
 _PLAIN = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5)
     | st.binary(max_size=5),

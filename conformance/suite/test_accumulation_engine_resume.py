@@ -25,6 +25,7 @@ import torch
 
 from conformance.accumulation_engines import REQUIRES_CHECKPOINT, engine_api
 from reference.accumulation import ModelSpec, compute_loss
+from reference.contract.accumulation_checkpoint_names import RESERVED_TAGS
 from reference.contract.errors import CheckpointError, ConfigurationError, UnsupportedOperationError
 
 pytestmark = [pytest.mark.conformance_area("accumulation"), REQUIRES_CHECKPOINT, pytest.mark.runs_in_subprocesses]
@@ -320,6 +321,50 @@ def test_R20_a_save_that_fails_on_one_rank_leaves_the_previous_checkpoint(impl, 
         assert o["second"] is not None, f"rank {r}: the failing save did not raise"
         assert o["restored"] and o["steps"] == 1, f"rank {r}: tag 'ck' no longer holds the first checkpoint"
     assert "rank 1" in out[0]["second"][1], out[0]["second"]
+
+
+def _reserved_tags(group, engine_cls, directory: str) -> dict:
+    """One rank: a good save, then a save under every name the layout reserves (with and without
+    ``save_latest``); then what the directory holds and what ``load_checkpoint(dir)`` resumes."""
+    spec = ModelSpec()
+    engine = engine_cls(spec.build(SEED), _config(1), process_group=group)
+    for j in range(2):
+        x, y = _batch(j, spec, 2)
+        engine.backward(compute_loss(engine.module, x, y, engine.config.model_dtype))
+        engine.step()
+    engine.save_checkpoint(directory, "good")
+    listing = sorted(os.listdir(directory))
+    out: dict = {"refused": {}}
+    for name in RESERVED_TAGS:
+        for save_latest in (False, True):
+            try:
+                engine.save_checkpoint(directory, name, save_latest=save_latest)
+            except Exception as exc:  # classified by the test
+                out["refused"][(name, save_latest)] = (type(exc), str(exc))
+            else:
+                out["refused"][(name, save_latest)] = None
+            out.setdefault("listings", []).append(sorted(os.listdir(directory)) == listing)
+    path, _ = engine.load_checkpoint(directory)
+    out["resumed"] = os.path.basename(path)
+    engine.destroy()
+    return out
+
+
+def test_R20_reserved_tag_names_are_refused_before_anything_is_written(impl, tmp_path):
+    """R20: a tag equal to a name the checkpoint layout reserves (``latest``, ``latest.tmp``:
+    ``reference.contract.accumulation_checkpoint_names.RESERVED_TAGS``) is a ConfigurationError naming it, with
+    ``save_latest`` True or False, and the directory is left exactly as it was: ``tag="latest",
+    save_latest=False`` used to replace the ``latest`` file with a directory, and the next ``load_checkpoint(dir)``
+    could not resume."""
+    api = engine_api(impl)
+    out = api.run_on_ranks(_reserved_tags, 1, api.ZeroEngine, str(tmp_path))[0]
+    for (name, save_latest), got in out["refused"].items():
+        assert got is not None, f"save_checkpoint(tag={name!r}, save_latest={save_latest}) was accepted"
+        cls, msg = got
+        assert issubclass(cls, ConfigurationError), f"tag={name!r}: raised {cls.__name__}: {msg}"
+        assert repr(name) in msg and "reserved" in msg, f"tag={name!r}: the message does not name it: {msg}"
+    assert all(out["listings"]), "a refused save changed the checkpoint directory"
+    assert out["resumed"] == "good", out["resumed"]
 
 
 def _state_dicts(group, engine_cls, stage: int) -> dict:

@@ -13,6 +13,7 @@ between shares.
 from __future__ import annotations
 
 import math
+import warnings
 from fractions import Fraction
 
 import pytest
@@ -30,6 +31,7 @@ from conformance.accumulation_strategies import SPLIT_SHARES, split_update_scena
 from reference.accumulation import AccumulationConfig, ModelSpec, Scenario, compute_loss, scenario_calls
 from reference.contract.accumulation_partition import FLAT_ALIGNMENT
 from reference.contract.accumulation_split import (
+    DevicelessSplitWarning,
     SplitMeasurement,
     choose_split,
     device_bytes_per_element,
@@ -63,6 +65,20 @@ def test_R28_R19_split_keys_flat_and_nested(area_api):
     assert (nested.gpu_share, nested.gpu_memory_budget, nested.zero_stage) == ("auto", 1 << 20, 3)
     with pytest.raises(ConfigurationError, match="gpu_share"):
         cfg_cls.from_dict({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "gpu_share": 0.5}}})
+
+
+@REQUIRES_SPLIT
+@pytest.mark.parametrize("spelling", ["AUTO", "Auto", "aUtO"])
+def test_R28_R19_auto_is_accepted_in_any_case(area_api, spelling):
+    """R28/R19: ``gpu_share`` "auto" is read case-insensitively, like the optimizer type ("AdamW"), flat and
+    nested, and stored as "auto" (so ``split_report()`` and a re-read config say the one spelling)."""
+    cfg_cls = area_api.AccumulationConfig
+    assert cfg_cls.from_dict({**VALID, "gpu_share": spelling}).gpu_share == "auto"
+    nested = cfg_cls.from_dict({
+        "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "gpu_share": spelling}},
+        "optimizer": {"type": "AdamW"},
+    })
+    assert nested.gpu_share == "auto"
 
 
 @REQUIRES_SPLIT
@@ -239,6 +255,32 @@ def test_R28_reference_auto_reports_the_rules_choice(reference_api):
             engine.destroy()
 
 
+def _split_warnings(caught) -> list[str]:
+    return [str(w.message) for w in caught if issubclass(w.category, DevicelessSplitWarning)]
+
+
+def test_R28_reference_auto_without_a_device_says_so_once(reference_api):
+    """R28: "auto" on an engine whose device is the host (the cpu accelerator) compares the host with itself,
+    so the share it picks is noise: the engine warns (``DevicelessSplitWarning``) once, at construction, and not
+    again at the boundary where it chooses; on an accelerator device, and for a numeric share, it says nothing."""
+    for share in ("auto", 0.5):
+        cfg = AccumulationConfig(zero_stage=2, offload_optimizer="cpu", gradient_accumulation_steps=1,
+                                 gpu_share=share)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            engine = reference_api.AccumulationEngine(lambda: ModelSpec().build(3), cfg, 2)
+            try:
+                _reference_boundary(engine)
+                _reference_boundary(engine)
+                device = engine.device.type
+            finally:
+                engine.destroy()
+        said = _split_warnings(caught)
+        expected = 1 if share == "auto" and device == "cpu" else 0
+        assert len(said) == expected, f"gpu_share={share!r} on {device}: {len(said)} warnings {said}"
+        assert all("gpu_share" in m and "cpu" in m for m in said), said
+
+
 def _reference_boundary(engine) -> None:
     spec = ModelSpec()
     gen = torch.Generator().manual_seed(0)
@@ -348,6 +390,35 @@ def test_R28_engine_auto_reports_the_rules_choice(impl, budget):
             assert after["budget_bytes"] == budget and after["device_bytes"] <= budget
         shares.add(after["gpu_share"])
     assert len(shares) == 1, f"ranks cut differently: {shares}"
+
+
+def _construction_warnings(group, engine_cls, config: dict) -> tuple[str, list[str]]:
+    """One rank: the engine's device and the DevicelessSplitWarnings of building it and running 2 boundaries."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        engine = engine_cls(WIDE.build(5), config, process_group=group, bucket_elements=16)
+        try:
+            for k in range(2):
+                _micro_steps(engine, 0, k, [])
+            device = engine.device.type
+        finally:
+            engine.destroy()
+    return device, _split_warnings(caught)
+
+
+@REQUIRES_SPLIT
+@REQUIRES_ENGINE
+@IN_RANK_PROCESSES
+def test_R28_engine_auto_without_a_device_says_so_once(impl):
+    """R28: an engine whose device is the host warns once (``DevicelessSplitWarning``, naming gpu_share and the
+    cpu device) when ``gpu_share`` is "auto" -- any spelling -- and never for a numeric share or on an
+    accelerator device."""
+    api = engine_api(impl)
+    for share in ("AUTO", 0.5):
+        device, said = api.run_on_ranks(_construction_warnings, 1, api.ZeroEngine, _config(2, share))[0]
+        expected = 1 if share == "AUTO" and device == "cpu" else 0
+        assert len(said) == expected, f"gpu_share={share!r} on {device}: {len(said)} warnings {said}"
+        assert all("gpu_share" in m and "cpu" in m for m in said), said
 
 
 @REQUIRES_SPLIT

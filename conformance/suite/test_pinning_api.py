@@ -510,6 +510,27 @@ def test_impossible_sizes_name_the_shape(area_api, pin_backend, leak_check, call
     assert_names_argument(info.value, "shape")
 
 
+@pytest.mark.parametrize("call", ["pin_empty", "pin_empty_like"])
+def test_a_size_no_machine_can_map_is_a_pinned_allocation_error(area_api, pin_backend, leak_check, call):
+    """A size the arguments allow (under 2**63 bytes) but no allocator can give -- 2**60 bytes, beyond every
+    x86-64 and arm64 user address space, so it fails on any machine and overcommit policy -- is the contract's
+    ``PinnedAllocationError`` (a ``MemoryError`` and a ``HostOffloadError``) naming the size and what limits it,
+    on every backend; not torch's raw ``RuntimeError: [enforce fail at alloc_cpu.cpp ...]`` nor a bare
+    ``MemoryError: mmap ... failed``. Nothing is left pinned or registered (leak_check)."""
+    from reference.contract.errors import HostOffloadError, PinnedAllocationError
+
+    nbytes = 2**60
+    with pytest.raises(PinnedAllocationError) as info:
+        if call == "pin_empty":
+            area_api.pin_empty(nbytes, dtype=torch.uint8)
+        else:
+            area_api.pin_empty_like(torch.empty(nbytes // 8, dtype=torch.float64, device="meta"))
+    assert isinstance(info.value, MemoryError) and isinstance(info.value, HostOffloadError)
+    message = str(info.value)
+    assert str(nbytes) in message, message
+    assert "RLIMIT_MEMLOCK" in message and "overcommit" in message and "MemAvailable" in message, message
+
+
 @pytest.mark.parametrize("layout", ["sparse_coo", "sparse_csr"])
 @pytest.mark.parametrize("call", ["is_pinned", "unpin", "pin_memory", "pin_empty_like"])
 def test_sparse_tensors_are_refused_naming_the_argument(area_api, pin_backend, leak_check, layout, call):
@@ -521,6 +542,87 @@ def test_sparse_tensors_are_refused_naming_the_argument(area_api, pin_backend, l
     with pytest.raises(ConfigurationError) as info:
         getattr(area_api, call)(sparse)
     assert_names_argument(info.value, "t")
+
+
+class _Subclass(torch.Tensor):
+    """A plain tensor subclass (as wrappers such as parameters-with-metadata are): its data is its own."""
+
+
+def _exotic(kind: str) -> torch.Tensor:
+    """A pageable host tensor of ``kind`` (one of :data:`EXOTIC`)."""
+    dense = torch.arange(12, dtype=torch.float32).view(3, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # nested, sparse CSR, quantized creation warn (prototype, beta, deprecated)
+        if kind == "nested":
+            return torch.nested.nested_tensor([dense[:1], dense[1:]])
+        if kind == "nested_jagged":
+            return torch.nested.nested_tensor([dense[:1], dense[1:]], layout=torch.jagged)
+        if kind == "sparse_coo":
+            return dense.to_sparse()
+        if kind == "sparse_csr":
+            return dense.to_sparse_csr()
+        if kind == "quantized":
+            return torch.quantize_per_tensor(dense, 0.5, 0, torch.qint8)
+        if kind == "subclass":
+            return dense.clone().as_subclass(_Subclass)
+        if kind == "meta":
+            return torch.empty(3, 4, device="meta")
+    raise AssertionError(kind)
+
+
+#: For each kind: what is_pinned / unpin answer for a pageable one ("refused": ConfigurationError naming ``t``),
+#: and whether pin_memory / pin_empty_like (no dtype) make a dense pinned tensor of it or refuse it naming ``t``.
+#: Layouts without one strided host buffer (sparse, jagged) are refused by every call; a strided nested tensor
+#: packs its components in one buffer, which the queries answer about, but has no single shape to copy into; a
+#: quantized tensor is strided, but a pinned copy of its integers would lose its scale and zero point.
+EXOTIC = {
+    "nested": {"query": False, "pin_memory": "refused", "pin_empty_like": "refused"},
+    "nested_jagged": {"query": "refused", "pin_memory": "refused", "pin_empty_like": "refused"},
+    "sparse_coo": {"query": "refused", "pin_memory": "refused", "pin_empty_like": "refused"},
+    "sparse_csr": {"query": "refused", "pin_memory": "refused", "pin_empty_like": "refused"},
+    "quantized": {"query": False, "pin_memory": "refused", "pin_empty_like": "refused"},
+    "subclass": {"query": False, "pin_memory": "dense", "pin_empty_like": "dense"},
+    "meta": {"query": False, "pin_memory": "refused", "pin_empty_like": "dense"},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(EXOTIC))
+@pytest.mark.parametrize("call", ["is_pinned", "unpin", "pin_memory", "pin_empty_like"])
+def test_exotic_tensors_get_the_same_answer_everywhere(area_api, pin_backend, backend_pins, leak_check, kind, call):
+    """Nested (strided and jagged), sparse COO and CSR, quantized, tensor-subclass and meta tensors: every
+    implementation answers each pinning call the one way docs/usage.md ("Tensors that are not plain") says --
+    a value, or a ConfigurationError naming ``t`` -- never an error from inside torch. (``reference.is_pinned`` of
+    a strided nested tensor raised torch's "NestedTensorImpl doesn't support sizes" while ``optimized`` said
+    False.)"""
+    t = _exotic(kind)
+    expected = EXOTIC[kind]["query" if call in ("is_pinned", "unpin") else call]
+    if expected == "refused":
+        with pytest.raises(ConfigurationError) as info:
+            getattr(area_api, call)(t)
+        assert_names_argument(info.value, "t")
+        return
+    out = getattr(area_api, call)(t)
+    if call in ("is_pinned", "unpin"):
+        assert out is expected, f"{call}({kind}) returned {out!r}, expected {expected!r}"
+        return
+    assert type(out) is torch.Tensor and out.layout is torch.strided and not out.is_nested, type(out)
+    assert tuple(out.shape) == tuple(t.shape) and out.dtype == t.dtype and out.device.type == "cpu"
+    assert_pinned(area_api, out, backend_pins, f"{call}({kind})")
+    if call == "pin_memory":
+        assert_bitwise_equal(out, t.as_subclass(torch.Tensor), f"pin_memory({kind}) values")
+
+
+def test_a_subclass_of_pinned_memory_is_pinned_and_quantized_dtypes_are_refused(area_api, pin_backend,
+                                                                                 backend_pins, leak_check):
+    """The queries look at the memory, whatever wraps it: a tensor subclass over a pinned buffer is pinned; a
+    quantized dtype is refused by ``pin_empty`` naming ``dtype`` (nothing is allocated)."""
+    base = area_api.pin_empty(3, 4)
+    assert_pinned(area_api, base.as_subclass(_Subclass), backend_pins, "subclass view of a pinned buffer")
+    with pytest.raises(ConfigurationError) as info:
+        area_api.pin_empty(3, 4, dtype=torch.qint8)
+    assert_names_argument(info.value, "dtype")
+    del base
+    gc.collect()
 
 
 @pytest.mark.parametrize("call", ["is_pinned", "unpin"])

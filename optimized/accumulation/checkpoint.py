@@ -37,10 +37,12 @@ from optimized.accumulation.checkpoint_files import (
     commit,
     discard,
     prepare,
+    read_client_state,
     read_manifest,
     read_rank_file,
     resolve_tag,
     staging_directory,
+    write_client_state,
     write_rank_file,
 )
 from optimized.accumulation.checkpoint_view import CheckpointView
@@ -206,9 +208,11 @@ def save(
         except CheckpointError as exc:
             error = exc
     agree(comm, error, "save_checkpoint (staging)")
-    entry = None
+    entry = client_entry = None
     try:
-        entry, opt_state, state = _write_engine_rank_file(engine, staging, directory, client)
+        entry, opt_state, state = _write_engine_rank_file(engine, staging, directory)
+        if engine.rank == 0:  # client_state is stored once (docs/zero.md), rank 0's as DeepSpeed keeps it
+            client_entry = write_client_state(staging, client, directory)
     except (CheckpointError, ConfigurationError) as exc:  # reported to every rank, then re-raised here
         error = exc
     try:
@@ -219,6 +223,7 @@ def save(
         raise
     entries = comm.all_gather_objects(entry, "checkpoint manifest gather")
     manifest = _manifest(engine, tag, opt_state.step, sorted(state), entries)
+    manifest["client_state"] = client_entry  # rank 0 commits the manifest: its entry is the one that counts
     if engine.rank == 0:
         try:
             commit(directory, tag, manifest, save_latest=save_latest)
@@ -252,9 +257,7 @@ def _manifest(
     }
 
 
-def _write_engine_rank_file(
-    engine: CheckpointView, staging: str, directory: str, client_state: dict[str, Any]
-) -> tuple:
+def _write_engine_rank_file(engine: CheckpointView, staging: str, directory: str) -> tuple:
     """This rank's part of a save: its tensors and state into ``staging/rank<r>.pt``."""
     opt_state = engine.optimizer_state()  # with nvme: read back from its files
     lo, hi = master_range(engine)
@@ -286,7 +289,6 @@ def _write_engine_rank_file(
         "rng": rng,
         "optimizer": engine.optimizer.state_dict()["param_groups"],
         "lr_scheduler": None if scheduler is None else scheduler.state_dict(),
-        "client_state": client_state,
     }
     entry = write_rank_file(staging, engine.rank, payload, directory)
     entry["trainable"] = pieces_of_range(engine.layout.segments, lo, hi)
@@ -403,7 +405,8 @@ def _read_for_engine(engine: CheckpointView, directory: str, tag: str | None, wi
     if engine.path.lags_parameters and manifest.get("delayed_parameter_update"):
         # R27: the weights the saved delayed run was computing with (the master's cast was still pending).
         applied = assembled("applied", hi - lo, model_dtype)
-    return path, manifest, master, state, frozen, files[own_rank], applied
+    own = {**files[own_rank], "client_state": read_client_state(path, manifest, files[own_rank])}
+    return path, manifest, master, state, frozen, own, applied
 
 
 def install_state(

@@ -1,8 +1,9 @@
 """The durable on-disk format of ZeroEngine checkpoints: what is written, in which order, and what a load verifies.
 
 Layout of ``<dir>/<tag>/``: ``rank<r>.pt`` (``torch.save`` of one rank's tensors and state, loadable with
-``weights_only=True``) and ``manifest.json`` (format marker, world size, parameter names and shapes, which pieces
-each rank file holds, counters, and for every rank file its size and the CRC-32 of each 16 MiB block as written;
+``weights_only=True``), ``client_state.pt`` (rank 0's ``client_state``: stored once, not in every rank file) and
+``manifest.json`` (format marker, world size, parameter names and shapes, which pieces each rank file holds,
+counters, and for every rank file and the client_state file its size and the CRC-32 of each 16 MiB block as written;
 the manifest carries the CRC-32 of its own canonical text too). ``<dir>/latest`` names the newest tag
 (DeepSpeed's convention).
 
@@ -40,12 +41,15 @@ from typing import Any
 
 import torch
 
-from reference.contract.errors import CheckpointError, ConfigurationError
+from reference.contract.accumulation_checkpoint_names import LATEST, LATEST_STAGING, check_tag
+from reference.contract.errors import CheckpointError
 
 __all__ = [
+    "CLIENT_STATE",
     "FORMAT",
     "LATEST",
     "MANIFEST",
+    "READABLE_VERSIONS",
     "VERSION",
     "commit",
     "discard",
@@ -55,14 +59,19 @@ __all__ = [
     "read_rank_file",
     "resolve_tag",
     "staging_directory",
+    "write_client_state",
     "write_rank_file",
 ]
 
 FORMAT = "hostoffload.zero_checkpoint"
 #: 2: per-file sizes and CRC-32 in the manifest, the manifest's own CRC-32 (version 1 had sizes only).
-VERSION = 2
+#: 3: ``client_state`` stored once, in :data:`CLIENT_STATE` (version 2 kept a copy in every rank file).
+VERSION = 3
+#: The versions a load reads.
+READABLE_VERSIONS = (2, 3)
 MANIFEST = "manifest.json"
-LATEST = "latest"
+#: Rank 0's ``client_state``, the one copy (docs/zero.md: stored once; every rank's load returns it).
+CLIENT_STATE = "client_state.pt"
 _RANK_FILE = re.compile(r"rank(\d+)\.pt")
 #: Writes at least this large are checksummed on the helper thread while they are written.
 _OVERLAP_BYTES = 1 << 20
@@ -75,14 +84,6 @@ _THREADS = max(1, min(4, len(os.sched_getaffinity(0)) - 1))
 
 def rank_file(rank: int) -> str:
     return f"rank{rank}.pt"
-
-
-def check_tag(tag: object) -> str:
-    if not isinstance(tag, str) or not tag or tag in (".", "..") or os.sep in tag or tag.startswith("."):
-        raise ConfigurationError(
-            f"tag={tag!r} must be a non-empty str without path separators that does not start with '.'"
-        )
-    return tag
 
 
 def staging_directory(directory: str, tag: str) -> str:
@@ -153,7 +154,7 @@ def prepare(directory: str, tag: str) -> str:
                     _remove(path)
                 else:
                     os.rename(path, final)
-            elif (entry.startswith(".") and entry.endswith(".partial")) or entry == LATEST + ".tmp":
+            elif (entry.startswith(".") and entry.endswith(".partial")) or entry == LATEST_STAGING:
                 _remove(path)
         staging = _staging(directory, tag)
         os.makedirs(staging)
@@ -224,7 +225,17 @@ class _ChecksummedFile:
 def write_rank_file(staging: str, rank: int, payload: dict[str, Any], directory: str) -> dict[str, Any]:
     """Write ``rank<r>.pt`` into the staging directory, fsynced; return its manifest entry (file, bytes, crc32).
     A failure removes the file and raises a :class:`CheckpointError` naming the path and the cause."""
-    path = os.path.join(staging, rank_file(rank))
+    return _write_checked(staging, rank_file(rank), payload, directory, f"rank {rank}'s")
+
+
+def write_client_state(staging: str, client_state: dict[str, Any], directory: str) -> dict[str, Any]:
+    """Rank 0: write :data:`CLIENT_STATE` (the one copy of ``client_state``) like a rank file; its entry goes into
+    the manifest under ``client_state``."""
+    return _write_checked(staging, CLIENT_STATE, {"client_state": client_state}, directory, "the client_state")
+
+
+def _write_checked(staging: str, name: str, payload: dict[str, Any], directory: str, whose: str) -> dict[str, Any]:
+    path = os.path.join(staging, name)
     needed = sum(t.nbytes for t in _tensors(payload))
     out = None
     try:
@@ -237,12 +248,12 @@ def write_rank_file(staging: str, rank: int, payload: dict[str, Any], directory:
         _remove(path)
         cause = exc if isinstance(exc, OSError) else (out.error if out is not None else None)
         if cause is not None:
-            what = f"save_checkpoint cannot write rank {rank}'s file"
+            what = f"save_checkpoint cannot write {whose} file"
             raise os_error(cause, what, path, directory, needed) from exc
         raise CheckpointError(
-            f"save_checkpoint cannot serialise rank {rank}'s state into {path!r} ({type(exc).__name__}: {exc})"
+            f"save_checkpoint cannot serialise {whose} state into {path!r} ({type(exc).__name__}: {exc})"
         ) from exc
-    return {"file": rank_file(rank), "bytes": out.size, "block": BLOCK, "crc32": out.blocks}
+    return {"file": name, "bytes": out.size, "block": BLOCK, "crc32": out.blocks}
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
@@ -271,7 +282,7 @@ def commit(directory: str, tag: str, manifest: dict[str, Any], *, save_latest: b
     """Rank 0, after every rank wrote its file: the manifest and ``latest.tmp`` first, then the renames (module
     docstring). Raises :class:`CheckpointError`; whatever it raises for, the previous checkpoint is in place."""
     staging, final, old = _staging(directory, tag), os.path.join(directory, tag), _old(directory, tag)
-    latest, latest_tmp = os.path.join(directory, LATEST), os.path.join(directory, LATEST + ".tmp")
+    latest, latest_tmp = os.path.join(directory, LATEST), os.path.join(directory, LATEST_STAGING)
     manifest = {**manifest, "manifest_crc32": 0}
     manifest["manifest_crc32"] = _manifest_crc(manifest)
     done: list[str] = []
@@ -362,8 +373,9 @@ def read_manifest(directory: str, tag: str) -> tuple[str, dict[str, Any]]:
         found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
         raise CheckpointError(f"{where} is not a hostoffload ZeroEngine checkpoint ({MANIFEST} format {found!r}, "
                               f"expected {FORMAT!r})")
-    if manifest.get("version") != VERSION:
-        raise CheckpointError(f"{where} has format version {manifest.get('version')!r}; this engine reads {VERSION}")
+    if manifest.get("version") not in READABLE_VERSIONS:
+        raise CheckpointError(f"{where} has format version {manifest.get('version')!r}; this engine reads "
+                              f"{', '.join(map(str, READABLE_VERSIONS))}")
     if manifest.get("manifest_crc32") != _manifest_crc(manifest):
         raise CheckpointError(f"{where}: {MANIFEST} is damaged or was edited after save_checkpoint wrote it (its "
                               f"checksum does not match its contents); the checkpoint cannot be trusted")
@@ -401,8 +413,15 @@ def _block_crcs(path: str, block: int) -> list[int]:
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
+def read_client_state(path: str, manifest: dict[str, Any], own: dict[str, Any]) -> Any:
+    """The saved ``client_state``: the one copy (version 3), or the loading rank's own (version 2)."""
+    entry = manifest.get("client_state")
+    return own["client_state"] if entry is None else read_rank_file(path, entry)["client_state"]
+
+
 def read_rank_file(path: str, entry: dict[str, Any]) -> dict[str, Any]:
-    """One rank file, its CRC-32 verified against the manifest before it is unpickled."""
+    """One rank file (or the client_state file), its CRC-32 verified against the manifest before it is
+    unpickled."""
     fpath = os.path.join(path, entry["file"])
     try:
         crcs = _block_crcs(fpath, entry["block"])

@@ -41,7 +41,8 @@ from reference.contract.envvars import (
     pin_populate_threads,
     pin_register_overlap,
 )
-from reference.contract.pinning_rules import PinnedStats
+from reference.contract.errors import HostOffloadError
+from reference.contract.pinning_rules import PinnedStats, allocation_error
 
 # The reference CUDA accelerator registers with cudaHostRegisterDefault; the native path uses the same flags
 # so both implementations produce the same kind of registration.
@@ -117,7 +118,12 @@ def allocate(nbytes: int, accelerator: Accelerator, register: bool, *, slab: boo
     overlap = pin_register_overlap()
     want_registration = register and accelerator.supports_host_registration
     native_cuda = want_registration and _uses_native_cuda(accelerator)
-    alloc = _native.allocate(nbytes, huge, threads, native_cuda, _CUDA_REGISTER_FLAGS, slab, overlap)
+    try:
+        alloc = _native.allocate(nbytes, huge, threads, native_cuda, _CUDA_REGISTER_FLAGS, slab, overlap)
+    except MemoryError as exc:
+        if isinstance(exc, HostOffloadError):  # PinnedMemoryLockError: the lock limit, named already
+            raise
+        raise allocation_error(nbytes, "native", str(exc)) from exc
     # Until export() hands it to torch, `alloc` is the only owner: any exception below drops it, and its
     # destructor unregisters, unlocks, drops the range and unmaps.
     if native_cuda:

@@ -28,6 +28,7 @@ from reference.contract.accumulation_split import (
     choose_split,
     default_budget,
     fixed_split,
+    warn_if_auto_without_device,
 )
 from reference.contract.accumulation_step import OptimizerState
 
@@ -49,6 +50,7 @@ class SplitUpdate:
         self._backward_s = 0.0
         self._boundaries = 0
         auto = config.gpu_share == GPU_SHARE_AUTO
+        warn_if_auto_without_device(config, device.type)
         #: None until "auto" has decided (at the second boundary)
         self.decision: SplitDecision | None = (
             None if auto else fixed_split(config.gpu_share, partition_elements, config)

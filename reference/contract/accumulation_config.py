@@ -269,10 +269,14 @@ class AccumulationConfig:
                 )
 
     def _check_split(self) -> None:
-        """R19/R28: ``gpu_share`` is "auto" or a number in [0, 1] (ints 0 and 1 taken as floats); anything but 0
-        needs the streamed host update it splits (``offload_optimizer: cpu``, stage 2 or 3, Adam/AdamW, as R27);
+        """R19/R28: ``gpu_share`` is "auto" (any case) or a number in [0, 1] (ints 0 and 1 taken as floats);
+        anything but 0 needs the streamed host update it splits (``offload_optimizer: cpu``, stage 2 or 3,
+        Adam/AdamW, as R27);
         ``gpu_memory_budget`` is None or bytes (an int >= 0) and is read by "auto" only."""
         share = self.gpu_share
+        if isinstance(share, str) and share.lower() == GPU_SHARE_AUTO:
+            share = GPU_SHARE_AUTO  # "Auto", "AUTO": spelled like the optimizer type, case-insensitively
+            object.__setattr__(self, "gpu_share", share)
         if share != GPU_SHARE_AUTO:
             if not (isinstance(share, (int, float)) and type(share) is not bool and math.isfinite(share)
                     and 0.0 <= share <= 1.0):

@@ -24,6 +24,7 @@ and reported with the decision.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 
@@ -32,9 +33,30 @@ from reference.contract.accumulation_partition import FLAT_ALIGNMENT
 from reference.contract.accumulation_step import state_buffer_names
 
 __all__ = [
-    "GPU_SHARE_AUTO", "SplitDecision", "SplitMeasurement", "choose_split", "default_budget",
-    "device_bytes_per_element", "fixed_split", "split_point",
+    "GPU_SHARE_AUTO", "DevicelessSplitWarning", "SplitDecision", "SplitMeasurement", "choose_split", "default_budget",
+    "device_bytes_per_element", "fixed_split", "split_point", "warn_if_auto_without_device",
 ]
+
+
+class DevicelessSplitWarning(UserWarning):
+    """``gpu_share: "auto"`` on an engine whose device is the host (the cpu accelerator)."""
+
+
+def warn_if_auto_without_device(config: AccumulationConfig, device_type: str) -> bool:
+    """Warn once per engine (at its construction) when ``gpu_share`` is "auto" and the engine's device is the
+    host: both sides of the cut are then the same CPU, so the measurement compares the host with itself and the
+    share it picks is timing noise (runs of one script chose 0.48, 0.43 and 0.0). The choice is still made as on
+    a device (so the split path and its report work the same everywhere, and the result is bitwise the all-host
+    update, R28), but nothing about it is worth reading. Returns whether it warned."""
+    if config.gpu_share != GPU_SHARE_AUTO or device_type != "cpu":
+        return False
+    warnings.warn(
+        "gpu_share='auto' on the cpu device: both sides of the split are the host, so the share 'auto' picks is "
+        "timing noise (the update is the same either way); gpu_share means something only with an accelerator "
+        "device -- set gpu_share=0.0 to silence this",
+        DevicelessSplitWarning, stacklevel=3,
+    )
+    return True
 
 
 def split_point(share: float, partition_elements: int) -> int:

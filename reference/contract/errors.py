@@ -35,6 +35,12 @@ class PinnedMemoryLockError(HostOffloadError, MemoryError):
     """
 
 
+class PinnedAllocationError(HostOffloadError, MemoryError):
+    """Host memory for a pinning call could not be allocated at all (before any page is locked): the size is more
+    than the machine gives this process (available memory, the ``vm.overcommit_memory`` policy, ``RLIMIT_AS``).
+    The message names the size and those limits. Raised with nothing allocated, locked or registered."""
+
+
 class UnsupportedOperationError(HostOffloadError, RuntimeError):
     """A call that is valid in general but not in the current state or configuration."""
 
@@ -71,6 +77,7 @@ __all__ = [
     "ConfigurationError",
     "HostOffloadError",
     "MissingDependencyError",
+    "PinnedAllocationError",
     "PinnedMemoryLockError",
     "UnknownPluginError",
     "UnsupportedOperationError",

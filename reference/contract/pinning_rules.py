@@ -14,26 +14,31 @@ The optimized native registry reports argument errors through :func:`check_range
 
 from __future__ import annotations
 
+import resource
 from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
 
-from reference.contract.errors import ConfigurationError
+from reference.contract.errors import ConfigurationError, PinnedAllocationError
 
 __all__ = [
     "MAX_NBYTES",
+    "QUANTIZED_DTYPES",
     "PinnedRange",
     "PinnedStats",
+    "allocation_error",
     "check_bool",
     "check_dtype",
     "check_host_device",
     "check_host_tensor",
     "check_nbytes",
+    "check_plain_source",
     "check_range_end",
     "check_range_int",
     "check_tensor",
     "is_data_less",
+    "is_torch_allocation_failure",
     "normalize_shape",
     "pin_empty_arguments",
     "pin_empty_like_arguments",
@@ -113,8 +118,10 @@ def is_data_less(t: torch.Tensor) -> bool:
 
 
 def check_tensor(name: str, t: object) -> torch.Tensor:
-    """A tensor with a dense (strided) layout. Sparse, sparse-compressed and mkldnn tensors have no single byte
-    extent to pin or look up, so every pinning call refuses them by name instead of failing inside torch."""
+    """A tensor with a dense (strided) layout. Sparse, sparse-compressed, jagged and mkldnn tensors have no single
+    byte extent to pin or look up, so every pinning call refuses them by name instead of failing inside torch. A
+    strided nested tensor passes: its components are packed in one buffer, which is its extent (``ranges``); only
+    the calls that would build a dense copy of it refuse it (:func:`check_plain_source`)."""
     if not isinstance(t, torch.Tensor):
         raise ConfigurationError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.layout is not torch.strided:
@@ -139,6 +146,28 @@ def check_nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
             f"shape {shape!r} of {dtype} is {nbytes} bytes; allowed values: at most {MAX_NBYTES} bytes (2**63 - 1)"
         )
     return nbytes
+
+
+#: Quantized dtypes: their values mean something only with the tensor's quantizer (scale, zero point), which a
+#: pinned buffer of that dtype would not have (torch builds one that cannot be read or copied into).
+QUANTIZED_DTYPES = frozenset({torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4})
+
+
+def check_plain_source(name: str, t: torch.Tensor) -> torch.Tensor:
+    """A tensor whose shape and values a plain dense pinned tensor can hold. Refused by name: a nested tensor (it
+    has no single shape; pin its buffer or its components) and a quantized one (its quantizer would be lost)."""
+    if t.is_nested:
+        raise ConfigurationError(
+            f"{name} is a nested tensor: it has no single shape for a dense pinned copy; allowed: a dense tensor "
+            f"(pin each component of {name}.unbind(), or a dense buffer you build the nested tensor from)"
+        )
+    if t.dtype in QUANTIZED_DTYPES:
+        raise ConfigurationError(
+            f"{name} is quantized ({t.dtype}): a pinned copy of its integers would lose its scale and zero point; "
+            f"allowed: a dense tensor of a plain dtype (pin {name}.int_repr() and keep {name}.q_scale() / "
+            f"{name}.q_zero_point() beside it)"
+        )
+    return t
 
 
 def check_host_tensor(name: str, t: object) -> torch.Tensor:
@@ -166,6 +195,11 @@ def check_dtype(dtype: object) -> torch.dtype:
         return torch.get_default_dtype()
     if not isinstance(dtype, torch.dtype):
         raise ConfigurationError(f"dtype must be a torch.dtype or None, got {dtype!r}")
+    if dtype in QUANTIZED_DTYPES:
+        raise ConfigurationError(
+            f"dtype={dtype} is quantized: a pinned buffer of it has no scale or zero point; allowed: a plain dtype "
+            f"(pin the tensor's int_repr() and keep its q_scale() / q_zero_point() beside it)"
+        )
     return dtype
 
 
@@ -204,6 +238,8 @@ def pin_empty_like_arguments(t: object, dtype: object) -> tuple[tuple[int, ...],
     """The checks of ``pin_empty_like(t, dtype)`` (``t`` may live anywhere, even on meta: only its shape and dtype
     are read); returns the shape and dtype to allocate."""
     t = check_tensor("t", t)
+    if dtype is None or t.is_nested:
+        check_plain_source("t", t)
     dims, dt = tuple(t.shape), check_dtype(dtype if dtype is not None else t.dtype)
     check_nbytes(dims, dt)
     return dims, dt
@@ -212,7 +248,7 @@ def pin_empty_like_arguments(t: object, dtype: object) -> tuple[tuple[int, ...],
 def pin_memory_arguments(t: object, make_copy: object, match_shape: object) -> tuple[int, ...]:
     """The checks of ``pin_memory(t, make_copy, match_shape)``; returns the shape of the pinned result (``t``'s, or
     flat with ``match_shape=False``). The in-place rule for views is :func:`refuse_moving_a_view`."""
-    t = check_host_tensor("t", t)
+    t = check_plain_source("t", check_host_tensor("t", t))
     check_bool("make_copy", make_copy)
     check_bool("match_shape", match_shape)
     return tuple(t.shape) if match_shape else (t.numel(),)
@@ -241,3 +277,49 @@ def refuse_moving_a_view(t: torch.Tensor) -> None:
             "and replacing its data would detach it from that storage; pin the base tensor in place, or pass "
             "make_copy=True"
         )
+
+
+# ---- allocation failures ----------------------------------------------------------------------------------------
+def _limit(value: int) -> str:
+    return "unlimited" if value == resource.RLIM_INFINITY else f"{value} bytes"
+
+
+def _read_first(path: str, key: str | None = None) -> str | None:
+    try:
+        with open(path) as fh:
+            for line in fh:
+                if key is None:
+                    return line.strip()
+                if line.startswith(key + ":"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def allocation_error(nbytes: int, backend: str, cause: str) -> PinnedAllocationError:
+    """The one error of every backend when host memory for a pinning call cannot be allocated at all: it names
+    the size and what limits it here (available memory, the overcommit policy, the address-space and
+    locked-memory limits), so the user can tell a typo in a size from a machine that is too small. The caller
+    raises it ``from`` the backend's own error (torch's ``alloc_cpu.cpp`` enforce message, ``mmap``'s errno)."""
+    available = _read_first("/proc/meminfo", "MemAvailable")
+    overcommit = _read_first("/proc/sys/vm/overcommit_memory")
+    address_space = resource.getrlimit(resource.RLIMIT_AS)[0]
+    memlock = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
+    return PinnedAllocationError(
+        f"cannot allocate {nbytes} bytes ({nbytes / 2**30:.3g} GiB) of host memory to pin ({backend} backend: "
+        f"{cause}); what limits it here: available memory (MemAvailable) {available or 'unknown'}, "
+        f"vm.overcommit_memory={overcommit or 'unknown'} (0: requests far beyond RAM + swap are refused, 2: strict "
+        f"accounting), RLIMIT_AS {_limit(address_space)}, RLIMIT_MEMLOCK {_limit(memlock)} (what can then be "
+        f"page-locked); allowed: a size the machine can hold, or more memory or looser limits. Nothing was pinned"
+    )
+
+
+def is_torch_allocation_failure(exc: BaseException) -> bool:
+    """Whether an error from ``torch.empty`` (with or without ``pin_memory``) of a size the arguments already
+    accepted is the allocator running out: torch's CPU allocator raises a plain ``RuntimeError`` ("can't
+    allocate memory"), its pinned allocator an out-of-memory error; anything else is not ours to rename."""
+    if isinstance(exc, MemoryError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text)

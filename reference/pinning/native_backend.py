@@ -26,7 +26,7 @@ import torch
 
 from reference.contract.accelerators import Accelerator
 from reference.contract.errors import PinnedMemoryLockError
-from reference.contract.pinning_rules import PinnedStats
+from reference.contract.pinning_rules import PinnedStats, allocation_error
 from reference.ranges import RangeRegistry
 
 __all__ = ["NativeAllocation", "PinnedStats", "allocation_of", "empty", "stats"]
@@ -120,7 +120,7 @@ class NativeAllocation:
         ptr = _libc.mmap(None, self.size, _PROT_READ_WRITE, _MAP_PRIVATE_ANON, -1, 0)
         if ptr is None or ptr == _MAP_FAILED:
             err = ctypes.get_errno()
-            raise MemoryError(f"mmap of {self.size} bytes failed: {os.strerror(err)}")
+            raise allocation_error(self.size, "native", f"mmap of {self.size} bytes failed: {os.strerror(err)}")
         self.ptr = int(ptr)
         self.mapped = True
         try:

@@ -56,6 +56,7 @@ from reference.contract.accumulation_split import (
     choose_split,
     default_budget,
     fixed_split,
+    warn_if_auto_without_device,
 )
 from reference.contract.accumulation_step import OptimizerState
 
@@ -122,6 +123,7 @@ class DeviceSplit:
         self._timings = timings
         #: R27 or not: the order of the device side's update and publish (:mod:`.release`)
         self._release = release
+        warn_if_auto_without_device(ctx.config, ctx.device.type)
         self._side: _DeviceSide | None = None
         self._stale = False  # the host buffers' first n elements are older than the device side
         cfg = ctx.config
