@@ -11,6 +11,11 @@ judges it on every variant it names and every accelerator of the run whose devic
   operation order) is compared within it, bounded by the contract's ceiling.
 - The gradient is never modified; bad arguments are a ConfigurationError naming the argument, and nothing is
   written.
+- R29: a kernel that declares ``"bfloat16"`` in ``state_precisions`` is given bf16 moments and judged, step by
+  step from its own state, against R29's step (widen, R16, store rounded to nearest even): bitwise kernels to
+  the bit pattern, tolerance kernels each stored moment the rounding of a value within the tolerance
+  (conformance/kernel_claims.py); special values (ties, overflow, subnormals, NaN/inf) included. A kernel that
+  does not declare bf16 is not judged on R29: each R29 test skips for it, saying so.
 
 A kernel whose required package is missing here is skipped with the reason the report lists at its top, with
 the rules it leaves unjudged (conformance/optional_packages.py).
