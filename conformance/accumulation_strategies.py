@@ -209,3 +209,14 @@ def optimizer_values(n: int, gen: torch.Generator, scale: float) -> torch.Tensor
     x = torch.randn(n, generator=gen) * scale
     x[:: max(1, n // 7)] = 0.0
     return x
+
+
+#: fp32 gradients whose bf16 rounding (R29) is delicate, for the optimizer-kernel tests: with betas (0, 0) a step
+#: stores ``m = g`` and ``v = g * g`` before rounding, so these are rounded as they are. Ties to even, down and up
+#: (``1 + 2^-8``, ``1 + 3 * 2^-8``), and ``g * g`` an exact tie (``1.0625^2 = 1 + 2^-3 + 2^-8``); the largest values
+#: that round to infinity or stay finite; subnormals of fp32 and of bf16; signed zeros; infinities and NaN.
+BF16_ROUNDING_CASES = (
+    1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8, -(1.0 + 2.0**-8), 1.0 + 2.0**-8 + 2.0**-20, 1.0625, -1.3125, 3.3961e38,
+    3.3895e38, 3.4028235e38, -3.3961e38, 1e-40, -1e-40, 2.0**-133, 3 * 2.0**-134, 1.4e-45, 1e-38, 0.0, -0.0, 1e30,
+    -1e-30, 6.5e-5, 1e20, float("inf"), -float("inf"), float("nan"),
+)

@@ -171,7 +171,7 @@ def _moment_precision(exp_avg: object, state_precision: str | None) -> StatePrec
         return resolve_state_precision(state_precision)
     if not isinstance(exp_avg, torch.Tensor):
         raise ConfigurationError(f"exp_avg must be a torch.Tensor, got {type(exp_avg).__name__}")
-    return StatePrecision.of(exp_avg)
+    return StatePrecision.of(exp_avg, "exp_avg")
 
 
 def cast_to_bf16(src: torch.Tensor, dst: torch.Tensor, *, isa: str | None = None, threads: int | None = None) -> None:

@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance.accumulation_assertions import assert_bits_equal, assert_tensor_equal, reference_optimizer_steps
-from conformance.accumulation_strategies import optimizer_configs, optimizer_values
+from conformance.accumulation_strategies import BF16_ROUNDING_CASES, optimizer_configs, optimizer_values
 from reference.contract.accumulation_state_precision import STATE_PRECISIONS
 from reference.contract.errors import ConfigurationError
 
@@ -91,24 +91,15 @@ def test_R29_native_adam_bf16_moments_equal_reference_bitwise(area_api, referenc
             assert_bits_equal(v, state.buffers["exp_avg_sq"], f"{what}: exp_avg_sq")
 
 
-#: fp32 values whose bf16 rounding is delicate: ties to even (up and down), the largest values that round to
-#: infinity or stay finite, subnormals (fp32's and bf16's), signed zeros, infinities and NaN.
-_SPECIAL = (
-    1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8, -(1.0 + 2.0**-8), 1.0 + 2.0**-8 + 2.0**-20, 3.3961e38, 3.3895e38, 3.4028235e38,
-    -3.3961e38, 1e-40, -1e-40, 2.0**-133, 3 * 2.0**-134, 1.4e-45, 1e-38, 0.0, -0.0, 1e30, -1e-30, 6.5e-5, 1e20,
-    float("inf"), -float("inf"), float("nan"),
-)
-
-
-@pytest.mark.parametrize("n", [len(_SPECIAL), 16 * len(_SPECIAL) + 5])
+@pytest.mark.parametrize("n", [len(BF16_ROUNDING_CASES), 16 * len(BF16_ROUNDING_CASES) + 5])
 def test_R29_native_adam_bf16_rounding_of_special_values(area_api, reference_api, n):
     """R29: with betas (0, 0) a step stores ``m = g`` and ``v = g*g`` exactly before rounding, so the kernel's
     stored moments are the contract's rounding of chosen values -- ties, overflow to infinity, subnormals, signed
     zeros, infinities, NaN (stored as 0x7FC0) -- on every lane of every ISA; a second step from those stored
     moments (with betas (0.9, 0.999)) equals the reference too."""
     kernel = _kernel(area_api)
-    special = torch.tensor(_SPECIAL, dtype=torch.float32)
-    g = special.repeat(n // len(_SPECIAL) + 1)[:n].roll(n // 3)
+    special = torch.tensor(BF16_ROUNDING_CASES, dtype=torch.float32)
+    g = special.repeat(n // len(BF16_ROUNDING_CASES) + 1)[:n].roll(n // 3)
     p0 = torch.linspace(-2.0, 2.0, n)
     configs = (reference_api.OptimizerConfig(type="adam", lr=1e-3, betas=(0.0, 0.0)),
                reference_api.OptimizerConfig(type="adamw", lr=1e-2, weight_decay=0.1))

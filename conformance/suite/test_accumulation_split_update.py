@@ -481,6 +481,68 @@ def test_R28_training_loop_equals_the_all_host_loop(impl, share, stage, world, d
     _assert_same(got, want, f"share {share} stage {stage} W={world} delayed={delayed}")
 
 
+def _mirrors_of(engine, d: int) -> list[torch.Tensor]:
+    """The pinned host buffers that hold the master or a moment of the whole partition: right after a read
+    (``master_partition()`` / ``optimizer_state()`` refresh every host copy), those whose dtype, size and values
+    are the master's or a moment's. Their first ``d`` elements are the device side's."""
+    if not d:
+        return []
+    wanted = [engine.master_partition(), *engine.optimizer_state().buffers.values()]
+    return [t.view(-1) for t in engine.pinned_buffers()
+            if any(t.dtype == w.dtype and t.numel() == w.numel() and torch.equal(t.view(-1), w.view(-1))
+                   for w in wanted)]
+
+
+def _poisoned_loop(group, engine_cls, config: dict, boundaries: int) -> dict:
+    """One rank: :func:`_loop`'s loop, with the host's copies of the device side's master and moments overwritten
+    with NaN after the first boundary (the cut is made), through ``pinned_buffers()``; how many were found."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank(group)
+    engine = engine_cls(WIDE.build(5), config, process_group=group, bucket_elements=16)
+    try:
+        losses: list = []
+        _micro_steps(engine, rank, 0, losses)
+        d = split_point(float(config["gpu_share"]), engine.master_partition().numel())
+        mirrors = _mirrors_of(engine, d)
+        for t in mirrors:
+            t[:d].fill_(float("nan"))
+        for k in range(1, boundaries):
+            _micro_steps(engine, rank, k, losses)
+        return {"losses": losses, "weights": engine.state_dict(), "master": engine.master_partition(),
+                "state": engine.optimizer_state().buffers, "mirrors": len(mirrors), "device_elements": d}
+    finally:
+        engine.destroy()
+
+
+@REQUIRES_SPLIT
+@REQUIRES_ENGINE
+@IN_RANK_PROCESSES
+@pytest.mark.parametrize(("share", "delayed"), [(0.5, False), (1.0, False), (0.5, True)],
+                         ids=["0.5-sync", "1-sync", "0.5-delayed"])
+def test_R28_host_update_never_touches_the_device_sides_elements(impl, share, delayed):
+    """R28 (ownership): the device side's elements are stepped on the device only; the host's update neither
+    reads nor writes its full-size buffers' copies of them, which are a mirror refreshed when read. On the cpu
+    accelerator both sides compute the same bits, so a host that also stepped ``[0, d)`` would go unseen by the
+    values alone; here the mirrors of the master and moments (the pinned host buffers holding them right after
+    a read) are overwritten with NaN once the cut is made, and 3 boundaries (stage 2, W = 1, with and without
+    the delayed update, shares 0.5 and 1) must still equal the all-host loop bitwise: losses, weights, master,
+    optimizer state. An engine that lists no such buffer in ``pinned_buffers()`` keeps no host copy to misuse
+    and is skipped with that reason."""
+    if delayed and not impl.capabilities.accumulation_delayed_parameter_update:
+        pytest.skip(f"{impl.name} does not declare accumulation_delayed_parameter_update (R27)")
+    api = engine_api(impl)
+    extra = {"delayed_parameter_update": True, "delayed_update_warmup": 1} if delayed else {}
+    got = api.run_on_ranks(_poisoned_loop, 1, api.ZeroEngine, _config(2, share, **extra), 3)[0]
+    if not got["mirrors"]:
+        pytest.skip(f"{impl.name}'s engine lists no pinned host buffer holding the master or a moment after a read "
+                    f"(pinned_buffers()): no host copy of the device side's {got['device_elements']} elements to "
+                    "observe")
+    want = api.run_on_ranks(_loop, 1, api.ZeroEngine, _config(2, 0.0, **extra), 3)[0]
+    _assert_same(got, want, f"share {share} delayed={delayed}, the host's copies of the device side's elements "
+                 f"poisoned ({got['mirrors']} buffers)")
+
+
 # ---- on the GPU (NCCL, world size 1) --------------------------------------------------------------------------
 
 

@@ -11,6 +11,11 @@ judges it on every variant it names and every accelerator of the run whose devic
   operation order) is compared within it, bounded by the contract's ceiling.
 - The gradient is never modified; bad arguments are a ConfigurationError naming the argument, and nothing is
   written.
+- R29: a kernel that declares ``"bfloat16"`` in ``state_precisions`` is given bf16 moments and judged, step by
+  step from its own state, against R29's step (widen, R16, store rounded to nearest even): bitwise kernels to
+  the bit pattern, tolerance kernels each stored moment the rounding of a value within the tolerance
+  (conformance/kernel_claims.py); special values (ties, overflow, subnormals, NaN/inf) included. A kernel that
+  does not declare bf16 is not judged on R29: each R29 test skips for it, saying so.
 
 A kernel whose required package is missing here is skipped with the reason the report lists at its top, with
 the rules it leaves unjudged (conformance/optional_packages.py).
@@ -25,7 +30,9 @@ from hypothesis import strategies as st
 
 from conformance import optional_packages
 from conformance.accumulation_assertions import assert_tensor_equal, reference_optimizer_steps
-from conformance.accumulation_strategies import optimizer_configs, optimizer_values
+from conformance.accumulation_strategies import BF16_ROUNDING_CASES, optimizer_configs, optimizer_values
+from conformance.kernel_claims import assert_claim, assert_stored_moment_claim
+from reference.contract.accumulation_state_precision import STATE_PRECISIONS
 from reference.contract.errors import ConfigurationError
 from reference.contract.optimizer_kernels import AdamKernel
 
@@ -68,23 +75,6 @@ def _variants(kernel: AdamKernel) -> tuple[str | None, ...]:
     return kernel.variants or (None,)
 
 
-def _assert_claim(kernel: AdamKernel, actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
-    """Bitwise for the reference's arithmetic, else within the kernel's declared tolerance."""
-    if kernel.bitwise:
-        assert_tensor_equal(actual, expected, what)
-        return
-    tol = kernel.arithmetic
-    a, e = actual.detach().cpu(), expected.detach().cpu()
-    assert a.shape == e.shape and a.dtype == e.dtype, f"{what}: {a.shape}/{a.dtype} != {e.shape}/{e.dtype}"
-    nan = torch.isnan(e)
-    assert torch.equal(torch.isnan(a), nan), f"{what}: NaN where the reference has none, or the reverse"
-    excess = ((a.double() - e.double()).abs() - (tol.atol + tol.rtol * e.double().abs()))[~nan]
-    if excess.numel() and bool((excess > 0).any()):
-        i = int(excess.argmax())
-        raise AssertionError(f"{what}: {int((excess > 0).sum())} of {a.numel()} elements differ by more than the "
-                             f"declared {tol.describe()}; worst exceeds it by {float(excess[i]):.3g}")
-
-
 @given(
     n=st.sampled_from((1, 7, 16, 17, 1023, 1025, 4099)),
     steps=st.integers(1, 3),
@@ -120,9 +110,142 @@ def test_R16_declared_kernel_meets_the_reference_as_it_claims(
             kernel.call(cfg, p, g, m, v, t, grad_scale=clip, variant=variant)
             assert_tensor_equal(g, g_before, f"{kernel.name} variant={variant}: gradient must stay unmodified")
         what = f"{kernel.describe()} variant={variant} {cfg} n={n} steps={steps} clip={clip} on {device}"
-        _assert_claim(kernel, p, expected, f"{what}: master")
-        _assert_claim(kernel, m, state.buffers["exp_avg"], f"{what}: exp_avg")
-        _assert_claim(kernel, v, state.buffers["exp_avg_sq"], f"{what}: exp_avg_sq")
+        assert_claim(kernel, p, expected, f"{what}: master")
+        assert_claim(kernel, m, state.buffers["exp_avg"], f"{what}: exp_avg")
+        assert_claim(kernel, v, state.buffers["exp_avg_sq"], f"{what}: exp_avg_sq")
+
+
+# -- R29: bf16 moments -----------------------------------------------------------------------------------------
+def _bf16_kernel(impl, area_api, accelerator, kernel_name: str) -> AdamKernel:
+    """The kernel, if it declares bf16 moments; a kernel that does not is not judged on R29, and the skip says so
+    (the report lists it under the kernel's cell)."""
+    kernel = _kernel(impl, area_api, accelerator, kernel_name)
+    if "bfloat16" not in kernel.state_precisions:
+        pytest.skip(f"kernel {kernel.name} declares state_precisions {kernel.state_precisions}, not bfloat16: "
+                    "R29 (bf16 moments) is not judged for it")
+    return kernel
+
+
+def _r29_reference_step(oracle, cfg, p, m, v, g, t: int, clip: float | None):
+    """R29's step ``t`` from the state (``p``; bf16 moments ``m``, ``v``) the kernel was in before it: the master
+    and stored moments of the reference's bf16 state, and the moments before rounding (R29 step 2: R16's fp32
+    sequence from the widened moments), which a tolerance kernel's stored moments are judged against."""
+    g = torch.mul(g, clip) if clip is not None else g
+    out = {}
+    for name, precision, widen in (("stored", STATE_PRECISIONS["bf16"], False), ("fp32", None, True)):
+        master = p.detach().cpu().clone()
+        state = oracle.init_state(cfg, master, precision)
+        state.step = t - 1  # optimizer_step advances it to t
+        for key, moment in (("exp_avg", m), ("exp_avg_sq", v)):
+            state.buffers[key].copy_(moment.detach().cpu().float() if widen else moment.detach().cpu())
+        oracle.optimizer_step(cfg, master, g, state)
+        out[name] = (master, state.buffers["exp_avg"], state.buffers["exp_avg_sq"])
+    return out
+
+
+def _check_r29_step(kernel, oracle, cfg, p, m, v, g, t, clip, variant, what) -> None:
+    """One kernel step on (``p``, ``m``, ``v``) in place, judged against R29's step from the same state."""
+    expected = _r29_reference_step(oracle, cfg, p, m, v, g, t, clip)
+    g = g.to(p.device)
+    g_before = g.clone()
+    kernel.call(cfg, p, g, m, v, t, grad_scale=clip, variant=variant)
+    assert_tensor_equal(g, g_before, f"{what}: the gradient must stay unmodified")
+    (e_p, e_m, e_v), (_, u_m, u_v) = expected["stored"], expected["fp32"]
+    assert_claim(kernel, p, e_p, f"{what}: master")
+    assert_stored_moment_claim(kernel, m, e_m, u_m, f"{what}: exp_avg (bf16)")
+    assert_stored_moment_claim(kernel, v, e_v, u_v, f"{what}: exp_avg_sq (bf16)")
+
+
+@given(
+    n=st.sampled_from((1, 7, 16, 17, 1023, 1025, 4099)),
+    steps=st.integers(1, 3),
+    clip=st.sampled_from((None, 0.37)),
+    seed=st.integers(0, 2**16),
+    data=st.data(),
+)
+def test_R29_declared_kernel_bf16_moments_meet_the_reference_as_it_claims(
+    impl, area_api, accelerator, kernel_name, n, steps, clip, seed, data
+):
+    """R29/R16/R15: a kernel that declares bf16 moments, given bf16 moment tensors, widens them, takes R16's step
+    and stores them rounded to nearest even: each step, from the state the kernel is in, the master and both
+    stored moments equal R29's step bitwise (bit patterns) where it claims the reference's arithmetic, else the
+    master is within its tolerance and each stored moment is the rounding of a value within it; gradients from
+    1e-20 to 1e3 (subnormal squares, moments far from 1), each declared optimizer, every variant, the clipping
+    coefficient applied inside; the gradient is not modified."""
+    import reference
+
+    kernel = _bf16_kernel(impl, area_api, accelerator, kernel_name)
+    oracle = reference.IMPLEMENTATION.load("accumulation")
+    cfg = data.draw(optimizer_configs(types=kernel.optimizers), label="config")
+    device = accelerator.device()
+    gen = torch.Generator().manual_seed(seed)
+    p0 = optimizer_values(n, gen, 1.0)
+    grads = [optimizer_values(n, gen, 10.0 ** data.draw(st.integers(-20, 3))) for _ in range(steps)]
+    for variant in _variants(kernel):
+        p = p0.to(device, copy=True)
+        m, v = (torch.zeros(n, dtype=torch.bfloat16, device=device) for _ in range(2))
+        for t, g in enumerate(grads, start=1):
+            what = f"{kernel.describe()} variant={variant} {cfg} n={n} step {t} of {steps} clip={clip} on {device}"
+            _check_r29_step(kernel, oracle, cfg, p, m, v, g, t, clip, variant, what)
+
+
+@pytest.mark.parametrize("n", [len(BF16_ROUNDING_CASES), 16 * len(BF16_ROUNDING_CASES) + 5])
+def test_R29_declared_kernel_rounds_special_values_as_the_contract(impl, area_api, accelerator, kernel_name, n):
+    """R29: with betas (0, 0) a step stores ``m = g`` and ``v = g * g`` rounded, so the stored moments are the
+    contract's rounding of chosen values on every lane: ties to even (down and up, in m and in v), values that
+    round to infinity or stay the largest finite, fp32 and bf16 subnormals (no flush to zero), signed zeros,
+    infinities and NaN gradients (NaN stored as 0x7FC0); then a step with betas (0.9, 0.999) and weight decay
+    from those stored moments (NaN and infinite moments widened), and one more with the clipping coefficient.
+    Each against R29's step from the kernel's own state, as the kernel claims (bitwise, or within its tolerance)."""
+    import reference
+
+    kernel = _bf16_kernel(impl, area_api, accelerator, kernel_name)
+    oracle = reference.IMPLEMENTATION.load("accumulation")
+    Config = oracle.OptimizerConfig
+    special = torch.tensor(BF16_ROUNDING_CASES, dtype=torch.float32)
+    g = special.repeat(n // len(BF16_ROUNDING_CASES) + 1)[:n].roll(n // 3)
+    kinds = kernel.optimizers
+    steps = ((Config(type=kinds[0], lr=1e-3, betas=(0.0, 0.0)), g, None),
+             (Config(type=kinds[-1], lr=1e-2, weight_decay=0.1), g.flip(0), None),
+             (Config(type=kinds[0], lr=1e-3), g.roll(5), 0.37))
+    device = accelerator.device()
+    for variant in _variants(kernel):
+        p = torch.linspace(-2.0, 2.0, n).to(device)
+        m, v = (torch.zeros(n, dtype=torch.bfloat16, device=device) for _ in range(2))
+        for t, (cfg, grad, clip) in enumerate(steps, start=1):
+            what = f"{kernel.describe()} variant={variant} special values n={n} step {t} ({cfg}) on {device}"
+            _check_r29_step(kernel, oracle, cfg, p, m, v, grad, t, clip, variant, what)
+
+
+_BAD_BF16_CALLS = {
+    "mixed-bf16-fp32": (lambda t: (t.bfloat16(), t.clone()), ["exp_avg_sq"]),
+    "mixed-fp32-bf16": (lambda t: (t.clone(), t.bfloat16()), ["exp_avg_sq"]),
+    "float16": (lambda t: (t.half(), t.half()), ["exp_avg", "bfloat16"]),
+}
+
+
+@pytest.mark.parametrize("case", list(_BAD_BF16_CALLS))
+def test_R29_declared_kernel_rejects_moments_of_two_or_no_state_precision(
+    impl, area_api, accelerator, kernel_name, case
+):
+    """R29/R16 (kernel inputs): a kernel that declares bf16 moments refuses moments of two precisions (both are
+    one state precision) or of a dtype that is no state precision (float16): ConfigurationError naming the
+    argument (and, for a foreign dtype, the allowed ones), and the param and moments are left as they were."""
+    import reference
+
+    kernel = _bf16_kernel(impl, area_api, accelerator, kernel_name)
+    cfg = reference.IMPLEMENTATION.load("accumulation").OptimizerConfig(type=kernel.optimizers[0])
+    make, words = _BAD_BF16_CALLS[case]
+    t = torch.arange(16, dtype=torch.float32, device=accelerator.device())
+    m, v = make(t)
+    before = [x.clone() for x in (t, m, v)]
+    with pytest.raises(ConfigurationError) as info:
+        kernel.call(cfg, t, t.clone(), m, v, 1)
+    for word in words:
+        assert word in str(info.value), f"{kernel.name}: {word!r} not in {info.value}"
+    for x, b, name in zip((t, m, v), before, ("param", "exp_avg", "exp_avg_sq"), strict=True):
+        assert_tensor_equal(x, b, f"{kernel.name}: {name} after a refused call")
+
 
 
 _BAD_CALLS = {

@@ -140,7 +140,7 @@ def adam_step(
     check_adam_kernel_call(config, step, "has no fused device kernel")
     _check_flat("param", param, torch.float32, None)
     _check_flat("grad", grad, torch.float32, param)
-    moments = StatePrecision.of(exp_avg) if isinstance(exp_avg, torch.Tensor) else STATE_PRECISIONS["fp32"]
+    moments = StatePrecision.of(exp_avg, "exp_avg") if isinstance(exp_avg, torch.Tensor) else STATE_PRECISIONS["fp32"]
     for name, t in (("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
         _check_flat(name, t, moments.dtype, param)
     bf16_state = moments.dtype == torch.bfloat16

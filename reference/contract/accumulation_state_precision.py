@@ -85,13 +85,14 @@ class StatePrecision:
             dst.copy_(round_to_bf16(value.to(torch.float32)))
 
     @staticmethod
-    def of(buffer: torch.Tensor) -> StatePrecision:
-        """The precision a moment buffer is stored in (its dtype says; anything else is refused)."""
+    def of(buffer: torch.Tensor, name: str = "optimizer state buffer") -> StatePrecision:
+        """The precision a moment buffer is stored in (its dtype says; anything else is refused, naming the buffer
+        as ``name``: a kernel passes its argument's name)."""
         for p in STATE_PRECISIONS.values():
             if p.dtype == buffer.dtype:
                 return p
         raise ConfigurationError(
-            f"optimizer state buffer of dtype {buffer.dtype} is not a state precision; allowed dtypes: "
+            f"{name} of dtype {buffer.dtype} is not a state precision; allowed dtypes: "
             f"{', '.join(str(p.dtype) for p in STATE_PRECISIONS.values())}"
         )
 

@@ -1,4 +1,4 @@
-"""The optimizer-kernel area: an Adam / AdamW kernel declares what it claims, and the suite holds it to R16.
+"""The optimizer-kernel area: an Adam / AdamW kernel declares what it claims; the suite holds it to R16 (and R29).
 
 A kernel is any callable that performs R16's Adam or AdamW step in place on flat tensors (a native CPU kernel, a
 fused device kernel, another library's CPU Adam). An implementation declares its kernels in the module of its
@@ -22,7 +22,10 @@ Why each field exists:
   suite says so at the top of its report, naming the rules left unjudged, instead of passing silently.
 - ``state_precisions``: the dtypes the kernel keeps the moments ``exp_avg`` / ``exp_avg_sq`` in. The precision
   is carried by the moment tensors the suite passes (their dtype), so a new state precision adds a value here
-  and a rule the suite judges it by, never a new call signature.
+  and a rule the suite judges it by, never a new call signature. ``"float32"`` is R16; ``"bfloat16"`` is R29
+  (docs/accumulation.md: widen, R16's step, store rounded to nearest even by
+  :func:`~reference.contract.accumulation_state_precision.round_to_bf16`). A kernel is judged on R29 only when
+  it declares ``"bfloat16"``; otherwise the suite reports each R29 test skipped for it, with that reason.
 
 The call every kernel accepts: ``step(config, param, grad, exp_avg, exp_avg_sq, t, *, grad_scale=None)`` plus
 ``variant=`` when it declares variants; ``config`` is an
@@ -59,7 +62,7 @@ __all__ = [
 #: the square root) stays within rtol 1e-6, atol 1e-7 of R16 over the suite's inputs.
 MAX_RTOL = 1e-5
 MAX_ATOL = 1e-6
-#: Moment dtypes a kernel may declare (``float32``: R16; lower precisions arrive with their own rule).
+#: Moment dtypes a kernel may declare (``float32``: R16; ``bfloat16``: R29).
 STATE_PRECISIONS = ("float32", "bfloat16")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 
