@@ -1,8 +1,8 @@
 """Issue 42 item 2: a rule is never left unjudged silently when an optional package is missing.
 
 A real conformance run of the optimizer-kernel and fused-device-Adam tests of the optimized implementation, in a
-child process where ``import triton`` fails (a package of that name, earlier on the path, that raises ImportError:
-what a machine without Triton does). The fused device Adam's tests skip; the report must say at its top, before
+child process where ``import triton`` fails (a finder first on ``sys.meta_path`` refuses it: what a machine
+without Triton does). The fused device Adam's tests skip; the report must say at its top, before
 anything else, that triton is missing and which rules that left unjudged, and report.json must carry the same.
 The ledger's attribution is also checked on the collector directly.
 """
@@ -47,17 +47,35 @@ def test_ledger_attributes_a_missing_package_to_the_rules_it_left_unjudged():
     assert "optional package `triton` is missing" in top and "not judged: R13" in top, top
 
 
+_HIDE_TRITON = """import sys
+
+
+class _HideTriton:
+    def find_spec(self, name, path=None, target=None):
+        if name == "triton" or name.startswith("triton."):
+            raise ImportError("triton is hidden by the harness self-test")
+        return None
+
+
+sys.meta_path.insert(0, _HideTriton())
+"""
+
+
 def test_report_top_names_the_rules_a_hidden_triton_left_unjudged(tmp_path):
-    hidden = tmp_path / "hidden" / "triton"
-    hidden.mkdir(parents=True)
-    (hidden / "__init__.py").write_text("raise ImportError('triton is hidden by the harness self-test')\n")
+    # A finder first on sys.meta_path refuses triton, loaded with -p before any other plugin imports anything. A
+    # package named triton early on PYTHONPATH is not enough: where the suite is installed, pytest puts
+    # site-packages (the suite's root) ahead of PYTHONPATH for its conftest, and the real triton is found again.
+    hider = tmp_path / "hider"
+    hider.mkdir()
+    (hider / "hostoffload_hide_triton.py").write_text(_HIDE_TRITON)
     report = tmp_path / "report"
     proc = run_pytest(
+        "-p", "hostoffload_hide_triton",
         "--pyargs", "conformance.suite.test_optimizer_kernels",
         "conformance.suite.test_accumulation_engine_device_adam",
         "--conformance-impl", "optimized", "--conformance-accelerator", "cpu", "--conformance-profile", "ci",
         "--conformance-report", str(report), "-q",
-        env={"PYTHONPATH": os.pathsep.join(filter(None, [str(hidden.parent), os.environ.get("PYTHONPATH")]))},
+        env={"PYTHONPATH": os.pathsep.join(filter(None, [str(hider), os.environ.get("PYTHONPATH")]))},
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
