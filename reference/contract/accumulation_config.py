@@ -465,10 +465,10 @@ DEEPSPEED_ZERO_KEYS: tuple[str, ...] = (
 DEEPSPEED_OFFLOAD_KEYS: tuple[str, ...] = ("device", "nvme_path", "pin_memory")
 #: ``offload_optimizer`` also takes this project's ``delayed_parameter_update`` and ``delayed_update_warmup`` (R27;
 #: DeepSpeed has no key for them) and the split update's ``gpu_share`` and ``gpu_memory_budget`` (R28; DeepSpeed's
-#: nearest is a hand-set ratio) and the moments' ``state_precision`` (R29).
+#: nearest is a hand-set ratio), the moments' ``state_precision`` (R29) and ``host_update_start`` (R30).
 DEEPSPEED_OFFLOAD_OPTIMIZER_KEYS: tuple[str, ...] = (
     *DEEPSPEED_OFFLOAD_KEYS, "delayed_parameter_update", "delayed_update_warmup", "gpu_share", "gpu_memory_budget",
-    "state_precision",
+    "state_precision", "host_update_start",
 )
 DEEPSPEED_OPTIMIZER_PARAMS: tuple[str, ...] = ("lr", "betas", "eps", "weight_decay", "momentum", "adam_w_mode")
 
@@ -522,7 +522,7 @@ def _zero_keys(section: Any, out: dict[str, Any]) -> None:
                 )
         out[key] = off.get("device", "none")
         for own in ("delayed_parameter_update", "delayed_update_warmup", "gpu_share", "gpu_memory_budget",
-                    "state_precision"):
+                    "state_precision", "host_update_start"):
             if own in off:
                 out[own] = off[own]
         if "nvme_path" in off:
