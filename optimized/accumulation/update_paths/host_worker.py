@@ -69,7 +69,7 @@ class HostUpdateWorker:
         #: R30: the buckets updated under the last backward, settled in the step's task
         self._speculation = speculation
         if speculation is not None:
-            speculation.bind(self)
+            speculation.bind(self.run_on_thread, self.adam)
         #: R28: the partition's elements below this are the device side's
         self._host_from = 0
         self._done: list[threading.Event] = [threading.Event() for _ in ranges]

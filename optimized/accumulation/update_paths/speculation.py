@@ -47,7 +47,9 @@ from reference.contract.accumulation_config import OptimizerConfig
 
 if TYPE_CHECKING:
     from optimized.accumulation.update_paths.gradient_stream import GradientStream
-    from optimized.accumulation.update_paths.host_worker import HostUpdateWorker
+
+#: One bucket's R15 + R16 on the worker's kernel: ``(bucket, hyper-parameters, step, clip_coef, gradient)``.
+AdamFn = Callable[[BucketRange, OptimizerConfig, int, "float | None", torch.Tensor], object]
 
 __all__ = ["SpeculativeUpdate"]
 
@@ -70,7 +72,9 @@ class SpeculativeUpdate:
         self._make_backup = backup
         self._backup: dict[str, torch.Tensor] | None = None
         self._hyper_now = hyper_now
-        self._worker: HostUpdateWorker | None = None
+        #: the worker's thread and kernel (:meth:`bind`)
+        self._run_on_thread: Callable[[Callable[[], None]], Future] | None = None
+        self._adam: AdamFn | None = None
         #: (hyper-parameters, step) the open speculation used; None: nothing speculated since the last boundary
         self._guess: tuple[OptimizerConfig, int] | None = None
         #: whether a step took the open speculation over (its task settles it; nothing may discard it then)
@@ -82,9 +86,11 @@ class SpeculativeUpdate:
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(REPORT_KEYS, 0)
 
-    def bind(self, worker: HostUpdateWorker) -> None:
-        """The worker whose thread and kernel the speculation uses (called by the worker's constructor)."""
-        self._worker = worker
+    def bind(self, run_on_thread: Callable[[Callable[[], None]], Future], adam: AdamFn) -> None:
+        """The worker's thread (first in, first out with its updates) and its kernel, which the speculation uses
+        (called by the worker's constructor; callbacks, so this module does not import the worker's)."""
+        self._run_on_thread = run_on_thread
+        self._adam = adam
 
     # ---- the boundary's last backward ---------------------------------------------------------------------
     def begin(self, step: int) -> None:
@@ -97,8 +103,8 @@ class SpeculativeUpdate:
         """Bucket ``b``'s gradient is final and its D2H queued (its event recorded): update it on the worker."""
         if self._guess is None or self._claimed or not b.length:
             return
-        assert self._worker is not None
-        self._futures.append(self._worker.run_on_thread(lambda: self._speculate(b)))
+        assert self._run_on_thread is not None
+        self._futures.append(self._run_on_thread(lambda: self._speculate(b)))
 
     def _speculate(self, b: BucketRange) -> None:
         """On the worker thread: back the bucket's state up, then R15 + R16 unclipped with the guessed values."""
@@ -108,7 +114,7 @@ class SpeculativeUpdate:
         for name, buf in self._state.items():
             self._backup[name][b.lo : b.hi].copy_(buf[b.lo : b.hi])
         hyper, step = self._guess
-        self._worker.adam(b, hyper, step, None, self._gradients.accumulator)
+        self._adam(b, hyper, step, None, self._gradients.accumulator)
         with self._lock:
             self._speculated[b.index] = b
             self._counts["buckets_speculated"] += 1
@@ -136,7 +142,7 @@ class SpeculativeUpdate:
         if clip_coef is None and self._guess == (config, step):
             return True
         self._restore(speculated)
-        self._worker.adam(speculated, config, step, clip_coef, grad)
+        self._adam(speculated, config, step, clip_coef, grad)
         self._redone_here += 1
         return True
 
