@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from conformance.accumulation_assertions import assert_replay_consistent, assert_traces_match
 from conformance.accumulation_assertions import cross_implementation_tolerance as tolerance
 from conformance.accumulation_engines import IN_RANK_PROCESSES, REQUIRES_ENGINE, engine_api
+from conformance.accumulation_strategies import overlapped_update_scenarios
 from conformance.suite.test_accumulation_split_update import WIDE, _assert_same
 from reference.accumulation import AccumulationConfig, Scenario, compute_loss, scenario_calls
 from reference.contract.errors import ConfigurationError
@@ -124,6 +127,19 @@ def test_R30_R25_boundary_moves_match_reference(area_api, reference_api, impl, a
     clipping that triggers, stage 2, bf16 model: the trace is the reference's."""
     calls = scenario_calls("BSBFSBSBSBTSBSBFSBS")
     scenario = Scenario(_config(2, 0.05, dtype="bf16"), world, calls, seed=31, name="R30-boundary-moves")
+    expected = reference_api.run_scenario(scenario)
+    assert_replay_consistent(expected)
+    actual = area_api.run_scenario(scenario)
+    assert_traces_match(actual, expected, tolerance(scenario, impl, accelerator))
+
+
+@REQUIRES_OVERLAP
+@given(data=st.data())
+def test_R30_R25_drawn_scenario_matches_reference(area_api, reference_api, impl, accelerator, data):
+    """R30/R25 on drawn scenarios (R30's domain: stages 2/3, W 1-2, gas, any model and communication dtypes,
+    clipping off / on / always, Adam/AdamW, either state precision, boundary overrides that move the boundary
+    after a predicted one's backward): the trace equals the reference's; the reference's replays."""
+    scenario = data.draw(overlapped_update_scenarios())
     expected = reference_api.run_scenario(scenario)
     assert_replay_consistent(expected)
     actual = area_api.run_scenario(scenario)

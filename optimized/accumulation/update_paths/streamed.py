@@ -122,7 +122,9 @@ class StreamedHostUpdate(UpdatePath):
         )
         self._upload = WeightUpload(ctx.device, len(ranges), self._timings)
         #: R30: the update under the last backward (None: it starts in step())
-        self._speculation = self._speculative_stage(ctx) if self.speculates else None
+        self._speculation = (
+            _speculative_stage(ctx, self._gradients, self._host_master, self.opt_state) if self.speculates else None
+        )
         self._worker = HostUpdateWorker(
             ranges=ranges, gradients=self._gradients, upload=self._upload, timings=self._timings,
             master=self._host_master, exp_avg=self.opt_state.buffers["exp_avg"],
@@ -138,14 +140,6 @@ class StreamedHostUpdate(UpdatePath):
         self._launched: deque[Any] = deque()
         #: whether this backward takes the R14 piece sums on the device as buckets stream out
         self._want_norm_pieces = False
-
-    def _speculative_stage(self, ctx: UpdateContext) -> SpeculativeUpdate:
-        """R30: the speculative stage over the state one bucket's update writes (its backup on the host)."""
-        state = {"master": self._host_master, **self.opt_state.buffers}
-        return SpeculativeUpdate(
-            gradients=self._gradients, state=state, hyper_now=ctx.hyper_now,
-            backup=lambda buf: ctx.host.empty(buf.numel(), buf.dtype, pinned=False),
-        )
 
     def _settled(self) -> None:
         """R30: undo a speculation no step claimed before anything reads or replaces the state it wrote."""
@@ -189,19 +183,13 @@ class StreamedHostUpdate(UpdatePath):
         # (one behind, so a gradient hook does not wait on its own collective).
         self._launched.append(bucket)
         while len(self._launched) > 1:
-            self._absorb(self._launched.popleft())
+            _absorb(self._gradients, self._launched.popleft(), self._want_norm_pieces, self._speculation)
 
     def finish_backward(self, buckets: Sequence[Any]) -> None:
         while self._launched:
-            self._absorb(self._launched.popleft())
+            _absorb(self._gradients, self._launched.popleft(), self._want_norm_pieces, self._speculation)
         self._gradients.end_backward(self._want_norm_pieces)
 
-    def _absorb(self, bucket: Any) -> None:
-        """R10 for one bucket: its reduced slice into the host accumulator; R30: then its speculative update
-        (queued after the bucket's D2H event was recorded, which the worker waits for)."""
-        _absorb(self._gradients, bucket, self._want_norm_pieces)
-        if self._speculation is not None:
-            self._speculation.bucket_landed(self._gradients.ranges[bucket.index])
 
     # ---- the boundary --------------------------------------------------------------------------------------
     def before_step(self) -> None:
@@ -341,12 +329,25 @@ class StreamedReports(PathReports):
         return self._speculation.report()
 
 
-def _absorb(gradients: GradientStream, bucket: Any, want_sums: bool) -> None:
-    """R10 for one bucket: its reduced slice into the host accumulator."""
+def _absorb(gradients: GradientStream, bucket: Any, want_sums: bool, speculation: SpeculativeUpdate | None) -> None:
+    """R10 for one bucket: its reduced slice into the host accumulator; R30: then its speculative update (queued
+    after the bucket's D2H event was recorded, which the worker waits for)."""
     reduced = bucket.reduce.result()
     gradients.absorb(bucket.index, reduced, want_sums)
     bucket.reduce = None
     bucket.keep_alive = None
+    if speculation is not None:
+        speculation.bucket_landed(gradients.ranges[bucket.index])
+
+
+def _speculative_stage(ctx: UpdateContext, gradients: GradientStream, master: torch.Tensor,
+                       opt_state: OptimizerState) -> SpeculativeUpdate:
+    """R30: the speculative stage over the state one bucket's update writes (its backup on the host, unpinned:
+    only the worker thread reads it)."""
+    return SpeculativeUpdate(
+        gradients=gradients, state={"master": master, **opt_state.buffers}, hyper_now=ctx.hyper_now,
+        backup=lambda buf: ctx.host.empty(buf.numel(), buf.dtype, pinned=False),
+    )
 
 
 def _all_gather_per_bucket(ctx: UpdateContext, worker: HostUpdateWorker) -> None:
