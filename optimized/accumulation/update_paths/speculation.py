@@ -62,7 +62,7 @@ class SpeculativeUpdate:
     """The speculative stage of one rank's streamed host update (see the module docstring).
 
     ``state``: the buffers one bucket's update writes in place (the fp32 master and the moments), by name;
-    ``backup``: allocates a host buffer like one of them (the backup, made on the first speculation).
+    ``backup``: allocates a host buffer like one of them (the backup, made when the first speculation opens).
     """
 
     def __init__(self, *, gradients: GradientStream, state: Mapping[str, torch.Tensor],
@@ -96,6 +96,8 @@ class SpeculativeUpdate:
     def begin(self, step: int) -> None:
         """A backward the schedule predicts is the boundary's starts; the boundary will be step ``step``."""
         self.discard()
+        if self._backup is None:  # here, on the training thread, like every other allocation of the engine
+            self._backup = {name: self._make_backup(buf) for name, buf in self._state.items()}
         self._guess = (self._hyper_now(), step)
         self._counts["boundaries_speculated"] += 1
 
@@ -109,15 +111,13 @@ class SpeculativeUpdate:
     def _speculate(self, b: BucketRange) -> None:
         """On the worker thread: back the bucket's state up, then R15 + R16 unclipped with the guessed values."""
         self._gradients.wait_landed(b.index)  # the bucket's D2H has run: its host gradient is final
-        if self._backup is None:
-            self._backup = {name: self._make_backup(buf) for name, buf in self._state.items()}
         for name, buf in self._state.items():
             self._backup[name][b.lo : b.hi].copy_(buf[b.lo : b.hi])
-        hyper, step = self._guess
-        self._adam(b, hyper, step, None, self._gradients.accumulator)
-        with self._lock:
+        with self._lock:  # recorded before the kernel writes: a failed update is restored too
             self._speculated[b.index] = b
             self._counts["buckets_speculated"] += 1
+        hyper, step = self._guess
+        self._adam(b, hyper, step, None, self._gradients.accumulator)
 
     def _restore(self, b: BucketRange) -> None:
         for name, buf in self._state.items():

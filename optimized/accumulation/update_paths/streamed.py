@@ -190,7 +190,6 @@ class StreamedHostUpdate(UpdatePath):
             _absorb(self._gradients, self._launched.popleft(), self._want_norm_pieces, self._speculation)
         self._gradients.end_backward(self._want_norm_pieces)
 
-
     # ---- the boundary --------------------------------------------------------------------------------------
     def before_step(self) -> None:
         self._release.before_step(self._worker)
