@@ -13,6 +13,9 @@ peak memory and host RSS are the arm's own; a crash or OOM of one arm is reporte
   arithmetic as the engines' bf16 model with fp32 optimizer state is not available in FSDP2's mixed precision
   policy, so FSDP2 keeps fp32 parameters and computes in bf16 -- the usual FSDP2 recipe), with and without
   ``CPUOffloadPolicy``;
+- ``ours-s2-offload-overlap`` (issue 40 item 3, R30): share 0 with ``host_update_start: last_backward`` (each
+  bucket's host Adam started under the last backward, redone where the norm clips; the timeline line prints the
+  boundaries and buckets redone);
 - ``ours-s2-offload-matched`` (issue 40): our engine at DeepSpeed's GPU memory: ``gpu_share: "auto"`` with a
   ``gpu_memory_budget`` of what DeepSpeed's peak leaves above our all-on-the-host arm's peak (see
   :func:`_memory_match`; the arms it needs run first);
@@ -94,7 +97,8 @@ MODELS: dict[str, tuple[int, int, int, int, int, int, int, int]] = {
     "13b": (5120, 40, 40, 13824, 32000, 2048, 4, 2),
 }
 
-ARMS = ["ours-s2", "ours-s2-offload", "ours-s2-offload-bf16state", "ours-s2-offload-split", "ours-s2-offload-dpu",
+ARMS = ["ours-s2", "ours-s2-offload", "ours-s2-offload-bf16state", "ours-s2-offload-overlap", "ours-s2-offload-split",
+        "ours-s2-offload-dpu",
         "ours-s2-offload-dpu-warmup", "ours-s3", "ours-s3-offload", "ours-s3-offload-split", "ours-s3-offload-dpu",
         "ours-s3-offload-dpu-warmup", "ds-z2-offload", "ds-z3-offload", "fsdp2", "fsdp2-offload",
         "ours-s2-offload-matched", *PEER_PACKAGES]
@@ -105,6 +109,8 @@ CONVERGE_ARMS = ["ours-s2", "ours-s2-offload", "ours-s2-offload-bf16state", "our
                  *PEER_PACKAGES]
 #: The arm-name token of R29's compressed state (``state_precision: bf16``), e.g. ``ours-s2-offload-bf16state``.
 BF16_STATE = "-bf16state"
+#: The arm-name suffix of R30's overlapped update (``host_update_start: last_backward``).
+OVERLAP = "-overlap"
 #: The memory-matched arm (issue 40) and what it needs measured before it: our arm with every update on the host
 #: (its peak is the base the budget adds to) and DeepSpeed's (the peak to match; not needed with
 #: ``--match-memory-gib``).
@@ -205,6 +211,8 @@ def _ours_zero(arm: str, opts) -> tuple[dict, int]:
         off: dict = {"device": "cpu"}
         if BF16_STATE in arm:  # R29: Adam's moments stored in bf16 (share 0 unless the arm also splits)
             off["state_precision"] = "bf16"
+        if arm.endswith(OVERLAP):  # R30: the host update started under the boundary's last backward
+            off["host_update_start"] = "last_backward"
         if arm.endswith("-split"):
             off["gpu_share"] = _gpu_share(opts.gpu_share)
             if opts.gpu_memory_budget_gib is not None:
@@ -256,6 +264,9 @@ def _build_ours(arm: str, model, device, shape: tuple, opts, row: dict) -> Train
         report = getattr(engine, "split_report", None)  # R28's measurement, where the engine has one
         if callable(report):
             row["split"] = report()
+        overlap = getattr(engine, "overlap_report", None)  # R30's redone boundaries, where the engine has them
+        if callable(overlap):
+            row["overlap"] = overlap()
         try:  # which kernel stepped the device masters (a tree without the fused device Adam has no module)
             from optimized.accumulation import device_adam
         except ImportError:
@@ -625,6 +636,12 @@ def _timelines(rows: list[dict]) -> str:
                          f"up {t.get('grad_up', 0.0):.1f}, host Adam {t['host_adam']:.1f}, H2D {t['h2d']:.1f}")
         if r.get("split"):
             lines.append(f"  {r['arm']} ({r['model']}) split: {r['split']}")
+        o = r.get("overlap")
+        if o:
+            lines.append(f"  {r['arm']} ({r['model']}, gas {r.get('gas')}) update under the last backward: "
+                         f"{o['boundaries_redone']} of {o['boundaries_speculated']} boundaries redone "
+                         f"({o['buckets_redone']} of {o['buckets_speculated']} buckets; "
+                         f"{o['speculations_discarded']} discarded), warm-up included")
         if r.get("dpu_warmup_by"):
             lines.append(f"  {r['arm']} ({r['model']}) warm-up: {r['dpu_warmup_by']}")
         if r.get("match_budget_gib") is not None:

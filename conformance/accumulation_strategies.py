@@ -203,6 +203,28 @@ def split_update_scenarios(draw: st.DrawFn, world_sizes: tuple[int, ...] = (1, 2
     )
 
 
+@st.composite
+def overlapped_update_scenarios(draw: st.DrawFn, world_sizes: tuple[int, ...] = (1, 2)) -> Scenario:
+    """Valid ``host_update_start: last_backward`` scenarios (R30): R19's domain (stages 2/3, ``cpu`` optimizer
+    offload, Adam/AdamW, a managed schedule, share 0, no delay), either state precision (R29), clipping off /
+    default / tiny (the tiny one always clips), boundary overrides, the rest drawn as in :func:`scenarios`."""
+    base = draw(accumulation_configs(stages=(2, 3), managed=True))
+    config = base.replace(
+        optimizer={**base.to_dict()["optimizer"], "type": draw(st.sampled_from(("adam", "adamw"))), "momentum": 0.0},
+        offload_optimizer="cpu",
+        state_precision=draw(st.sampled_from(("fp32", "bf16"))),
+        host_update_start="last_backward",
+    )
+    return Scenario(
+        config=config,
+        world_size=draw(st.sampled_from(world_sizes)),
+        calls=tuple(draw(call_sequences(config, max_steps=4))),
+        model=draw(model_specs()),
+        seed=draw(st.integers(0, 2**16)),
+        name="drawn-overlap",
+    )
+
+
 def optimizer_values(n: int, gen: torch.Generator, scale: float) -> torch.Tensor:
     """``n`` normal values times ``scale`` with exact zeros every ``n // 7`` (sqrt(0) and 0 / denom in R16): the
     inputs the optimizer-kernel tests (native CPU, fused device) hold to the formula."""

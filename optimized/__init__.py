@@ -66,6 +66,8 @@ IMPLEMENTATION = Implementation(
         accumulation_split_update=True,
         # state_precision (R29): bf16 moments read and written by the native CPU Adam in its one pass.
         accumulation_state_precision=True,
+        # host_update_start (R30): the host update started under the last backward, redone where the norm clips.
+        accumulation_overlapped_update=True,
         # Tuning environments the native pinning path must be correct under: the CUDA pinning tests repeat their
         # registration and DMA checks with each (registration overlapped with population, and sequential).
         pin_env_variants=(

@@ -62,6 +62,8 @@ IMPLEMENTATION = Implementation(
         accumulation_split_update=True,
         # The oracle of R29: Adam's moments stored in bf16, rounded by the contract's round_to_bf16.
         accumulation_state_precision=True,
+        # R30 (host_update_start): the oracle computes "last_backward" as "step" -- its arithmetic is the spec.
+        accumulation_overlapped_update=True,
         # Pure Python over torch and the shared native pinning core: the crash-isolation self-test
         # (conformance.selftest) shows a native abort is caught in a child; the suite runs these tests in-process
         # for speed, and the lifetime probes marked ``isolated`` still run in a child.

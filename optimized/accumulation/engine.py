@@ -207,7 +207,7 @@ class ZeroEngine(ScheduledEngine):
         self._path = path_class(UpdateContext(
             config=cfg, layout=self.layout, rank=self.rank, world_size=self.world_size, stage=self.stage,
             device=self.device, comm=self._comm, weights=self._weights, host=self._host, buckets=buckets,
-            boundaries_done=lambda: self._schedule.global_steps,
+            boundaries_done=lambda: self._schedule.global_steps, hyper_now=lambda: self.optimizer.current(),
         ))
         self._weights.drop_initial()
         trainable_of = {id(self._params[n]): n for n in self.trainable_names}
@@ -601,6 +601,16 @@ class ZeroEngine(ScheduledEngine):
         "auto" before the second boundary)."""
         path = self.__dict__.get("_path")
         return None if path is None else path.reports.split_report()
+
+    def overlap_report(self) -> dict[str, int] | None:
+        """R30 (``host_update_start: last_backward``): counts since construction -- ``boundaries_speculated``
+        (boundaries whose update started under their last backward), ``buckets_speculated``,
+        ``boundaries_redone`` / ``buckets_redone`` (settled by restoring the untouched state and updating again:
+        the norm clipped, or the hyper-parameters changed before the step) and ``speculations_discarded`` (no step
+        followed the predicted boundary's backward) -- or None (``host_update_start: step``). Waits for the update
+        in flight."""
+        path = self.__dict__.get("_path")
+        return None if path is None else path.reports.overlap_report()
 
     def _check_alive(self) -> None:
         if self._destroyed:

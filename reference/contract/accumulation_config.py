@@ -41,6 +41,10 @@ ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
 GPU_SHARE_AUTO = "auto"
 #: R27: undelayed boundaries before the one-step delay starts, by default (docs/accumulation.md says why 100).
 DEFAULT_DELAYED_UPDATE_WARMUP = 100
+#: R30: when the host optimizer step of a boundary starts: in ``step()`` once the global norm is known (the
+#: default), or per bucket during the boundary's last backward, speculatively unclipped and redone from the
+#: untouched state where the norm then clips.
+HOST_UPDATE_STARTS: tuple[str, ...] = ("step", "last_backward")
 
 
 def _require_bool(name: str, value: object) -> None:
@@ -156,6 +160,9 @@ class AccumulationConfig:
     delayed_update_warmup: int = DEFAULT_DELAYED_UPDATE_WARMUP
     #: R29: the precision the Adam moments are stored in, "fp32" (default) or "bf16" (case-insensitive).
     state_precision: str = DEFAULT_STATE_PRECISION
+    #: R30: "step" (default) or "last_backward" (the streamed host update starts under the boundary's last
+    #: backward, speculatively assuming no clipping; same arithmetic as "step").
+    host_update_start: str = "step"
 
     def __post_init__(self) -> None:
         if type(self.zero_stage) is not int or self.zero_stage not in ZERO_STAGES:
@@ -190,6 +197,7 @@ class AccumulationConfig:
         _require_int("delayed_update_warmup", self.delayed_update_warmup, 0)
         self._check_split()
         self._check_state_precision()
+        self._check_host_update_start()
         self._check_combinations()
 
     def check_world_size(self, world_size: int) -> None:
@@ -324,6 +332,32 @@ class AccumulationConfig:
                 f"state_precision={DEFAULT_STATE_PRECISION!r}"
             )
 
+    def _check_host_update_start(self) -> None:
+        """R19/R30: ``host_update_start`` is "step" or "last_backward"; the latter starts the streamed host update
+        under the boundary's last backward, so it needs that update (``offload_optimizer: cpu``, stage 2 or 3,
+        Adam/AdamW), a boundary known at backward time (``managed_gradient_accumulation``), and neither R27's
+        delayed update (which already moves the whole update out of the step) nor R28's split (whose device side
+        steps in ``step()``): both refused rather than half-supported."""
+        start = self.host_update_start
+        if not isinstance(start, str) or start not in HOST_UPDATE_STARTS:
+            raise allowed_values_error("host_update_start", start, HOST_UPDATE_STARTS)
+        if start == "step":
+            return
+        wrong = self._outside_host_update("host_update_start='last_backward'")
+        if not self.managed_gradient_accumulation:
+            wrong.append("managed_gradient_accumulation=False (allowed with it: True)")
+        if self.delayed_parameter_update:
+            wrong.append("delayed_parameter_update=True (allowed with it: False)")
+        if self.gpu_share != 0.0:
+            wrong.append(f"gpu_share={self.gpu_share!r} (allowed with it: 0.0)")
+        if wrong:
+            raise ConfigurationError(
+                f"host_update_start='last_backward' starts the streamed host update under the boundary's last "
+                f"backward, which needs offload_optimizer='cpu', zero_stage 2 or 3, an Adam optimizer, a managed "
+                f"schedule, no delayed update and no split; got {', '.join(wrong)}; allowed: change those, or "
+                f"host_update_start='step'"
+            )
+
     def _outside_host_update(self, key: str) -> list[str]:
         """The settings that put a config outside the streamed host update (R27, R28), each with its allowed
         values."""
@@ -431,10 +465,10 @@ DEEPSPEED_ZERO_KEYS: tuple[str, ...] = (
 DEEPSPEED_OFFLOAD_KEYS: tuple[str, ...] = ("device", "nvme_path", "pin_memory")
 #: ``offload_optimizer`` also takes this project's ``delayed_parameter_update`` and ``delayed_update_warmup`` (R27;
 #: DeepSpeed has no key for them) and the split update's ``gpu_share`` and ``gpu_memory_budget`` (R28; DeepSpeed's
-#: nearest is a hand-set ratio) and the moments' ``state_precision`` (R29).
+#: nearest is a hand-set ratio), the moments' ``state_precision`` (R29) and ``host_update_start`` (R30).
 DEEPSPEED_OFFLOAD_OPTIMIZER_KEYS: tuple[str, ...] = (
     *DEEPSPEED_OFFLOAD_KEYS, "delayed_parameter_update", "delayed_update_warmup", "gpu_share", "gpu_memory_budget",
-    "state_precision",
+    "state_precision", "host_update_start",
 )
 DEEPSPEED_OPTIMIZER_PARAMS: tuple[str, ...] = ("lr", "betas", "eps", "weight_decay", "momentum", "adam_w_mode")
 
@@ -488,7 +522,7 @@ def _zero_keys(section: Any, out: dict[str, Any]) -> None:
                 )
         out[key] = off.get("device", "none")
         for own in ("delayed_parameter_update", "delayed_update_warmup", "gpu_share", "gpu_memory_budget",
-                    "state_precision"):
+                    "state_precision", "host_update_start"):
             if own in off:
                 out[own] = off[own]
         if "nvme_path" in off:

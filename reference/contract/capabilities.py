@@ -56,6 +56,10 @@ class Capabilities:
     - ``accumulation_state_precision``: the accumulation area implements R29's compressed optimizer state (config
       key ``state_precision``: Adam's moments stored in bf16, rounded to nearest even); without it the R29
       tests are skipped.
+    - ``accumulation_overlapped_update``: the accumulation area accepts R30's ``host_update_start`` (config key:
+      "step" or "last_backward", the host update started under the boundary's last backward with R15's arithmetic
+      kept exact) and a distributed engine reports it (``overlap_report()``); without it the R30 tests are
+      skipped.
     - ``accumulation_checkpoint``: the distributed engine implements ``save_checkpoint`` / ``load_checkpoint``
       with the guarantees of docs/zero.md ("Checkpoints: what is guaranteed": atomic saves that leave the
       previous checkpoint on any failure, checksummed files, clear errors); the suite's resume tests and its
@@ -80,6 +84,7 @@ class Capabilities:
     accumulation_delayed_parameter_update: bool = False
     accumulation_split_update: bool = False
     accumulation_state_precision: bool = False
+    accumulation_overlapped_update: bool = False
     accumulation_checkpoint: bool = False
     range_address_limit: int | None = None
     offload_streams: bool = False
@@ -97,7 +102,7 @@ class Capabilities:
             object.__setattr__(self, "pin_env_variants", _frozen_env(variants))
         for name in ("concurrent_registry_reads", "distributed_engine", "accumulation_rank_ordered_reduction",
                      "accumulation_delayed_parameter_update", "accumulation_split_update",
-                     "accumulation_state_precision",
+                     "accumulation_state_precision", "accumulation_overlapped_update",
                      "accumulation_checkpoint", "offload_streams", "io_streams", "crash_isolation"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}={getattr(self, name)!r} must be a bool")

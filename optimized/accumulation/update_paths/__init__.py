@@ -16,13 +16,17 @@ path                               chosen when                                  
 :class:`SplitHostUpdate`           ``cpu`` streamed, ``gpu_share`` other than 0      :mod:`.streamed`
                                    (R28: the leading part on the device)
 :class:`SplitDelayedHostUpdate`    the same with ``delayed_parameter_update``       :mod:`.streamed`
+:class:`OverlappedHostUpdate`      ``cpu`` streamed, ``host_update_start:             :mod:`.streamed`
+                                   last_backward`` (R30: started under the last
+                                   backward, :mod:`.speculation`)
 =================================  ===============================================  =========================
 
-The four streamed paths are one class, :class:`StreamedHostUpdate`, composed of one object per stage (the
+The five streamed paths are one class, :class:`StreamedHostUpdate`, composed of one object per stage (the
 gradient stream off the device :mod:`.gradient_stream` with R14's sums :mod:`.norm_sums`, the host update worker
 :mod:`.host_worker`, the weight upload :mod:`.weight_upload`, the timings :mod:`.timings`), a release policy
-(:mod:`.release`: now, or R27's one boundary later) and, for R28, a device side (:mod:`.split`); the other three
-only declare which release and whether a device side.
+(:mod:`.release`: now, or R27's one boundary later) and, for R28, a device side (:mod:`.split`), for R30 a
+speculative stage (:mod:`.speculation`); the others only declare which release, whether a device side and whether
+they speculate.
 
 The interface (:class:`~.base.UpdatePath`; defaults there describe a path with nothing in flight). A path owns
 its buffers (master, optimizer state, gradient accumulator, cast and staging buffers; host memory through the
@@ -33,7 +37,8 @@ the gradient buckets and their reduce-scatters, the stage-3 gathers and the sche
 - construction: ``cls.check_config(config)`` before touching the model (e.g. ``nvme_path`` writable), then
   ``cls(ctx)`` with an :class:`~.base.UpdateContext` (config, layout, rank, world size, stage, device,
   collectives, live weights -- whose ``initial`` is the broadcast starting point of the master --, host
-  buffers, gradient buckets, ``boundaries_done()``: R3's boundary count, e.g. for R27's warm-up); afterwards
+  buffers, gradient buckets, ``boundaries_done()``: R3's boundary count, e.g. for R27's warm-up; ``hyper_now()``:
+  the hyper-parameters a step now would use, R30's guess); afterwards
   ``install_forward_waits(module, names_of, add_hook)``;
 - attributes: ``master`` (fp32, this rank's range: whole at stage 0), ``opt_state`` (its ``step`` is the R16
   step count), ``accumulator`` (stages 0/1: the full flat buffer the engine's gradient hooks add into, on the
@@ -50,7 +55,8 @@ the gradient buckets and their reduce-scatters, the stage-3 gathers and the sche
   ``install(master, opt_buffers, applied)`` (checkpoint load, ``load_state_dict``); and ``close()`` from
   ``destroy()`` (never raises, never communicates);
 - reports, for benchmarks and inspection: ``reports`` (a :class:`~.base.PathReports`: ``offload_timings()``,
-  ``split_report()``, ``resident_buffers()``, ``swap_directory``, ``swap_stats()``; its defaults report nothing).
+  ``split_report()``, ``overlap_report()``, ``resident_buffers()``, ``swap_directory``, ``swap_stats()``; its
+  defaults report nothing).
 
 A new path is one more subclass here and one more branch in :func:`update_path_class`; checkpoints stay in
 parameter coordinates (``master`` and ``optimizer_state()`` cover this rank's whole range), so they load at any
@@ -63,6 +69,7 @@ from optimized.accumulation.optimizers import native_adam
 from optimized.accumulation.update_paths.base import PathReports, UpdateContext, UpdatePath
 from optimized.accumulation.update_paths.streamed import (
     DelayedHostUpdate,
+    OverlappedHostUpdate,
     SplitDelayedHostUpdate,
     SplitHostUpdate,
     StreamedHostUpdate,
@@ -76,6 +83,7 @@ __all__ = [
     "DeviceUpdate",
     "HostUpdate",
     "NvmeUpdate",
+    "OverlappedHostUpdate",
     "PathReports",
     "SplitDelayedHostUpdate",
     "SplitHostUpdate",
@@ -107,4 +115,11 @@ def update_path_class(config: AccumulationConfig) -> type[UpdatePath]:
                 "does not have; allowed: delayed_parameter_update=False, or a build with the native extension"
             )
         return DelayedHostUpdate
+    if config.host_update_start == "last_backward":  # R30: R19 already put the config in the streamed domain
+        if not streams:
+            raise ConfigurationError(
+                "host_update_start='last_backward' needs the native CPU Adam (optimized.cpu_adam), which this build "
+                "does not have; allowed: host_update_start='step', or a build with the native extension"
+            )
+        return OverlappedHostUpdate
     return StreamedHostUpdate if streams else HostUpdate

@@ -52,6 +52,8 @@ class UpdateContext:
     #: how many boundaries the engine has completed (R3's ``global_steps``; during ``boundary()`` the ones before
     #: this one, also after a checkpoint load)
     boundaries_done: Callable[[], int] = lambda: 0
+    #: the hyper-parameters a ``step()`` now would use (the optimizer facade's group; R30 guesses with them)
+    hyper_now: Callable[[], OptimizerConfig] = OptimizerConfig
 
     @property
     def partition(self) -> tuple[int, int]:
@@ -72,6 +74,11 @@ class PathReports:
 
     def offload_timings(self) -> dict[str, float] | None:
         """Where a streamed update spent its time since the last call, or None (see ``ZeroEngine``)."""
+        return None
+
+    def overlap_report(self) -> dict[str, int] | None:
+        """R30: how many boundaries (and buckets) were updated under the last backward and redone, or None
+        (``host_update_start: step``)."""
         return None
 
     def split_report(self) -> dict | None:

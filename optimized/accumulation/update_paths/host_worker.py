@@ -14,6 +14,9 @@ writes it) into the live parameters, bucket by bucket in flat order, then runs t
 once the bucket's publish has read the source. The next forward waits only for the publish of its buckets
 (:meth:`HostUpdateWorker.wait_published`); only the next boundary waits for the Adam.
 
+R30 (``host_update_start: last_backward``, ``speculation``): buckets already updated under the last backward by
+:mod:`.speculation` are settled there instead (kept, or restored and updated again), then uploaded as any other.
+
 R28 (the split): :meth:`HostUpdateWorker.update_from` leaves the partition's leading elements to the device side;
 the worker updates, publishes and copies out the rest only.
 """
@@ -31,6 +34,7 @@ import torch
 from optimized import cpu_adam
 from optimized.accumulation.update_paths.gradient_stream import GradientStream
 from optimized.accumulation.update_paths.norm_sums import BucketRange
+from optimized.accumulation.update_paths.speculation import SpeculativeUpdate
 from optimized.accumulation.update_paths.timings import UpdateTimings
 from optimized.accumulation.update_paths.weight_upload import WeightUpload
 from reference.contract.accumulation_config import OptimizerConfig
@@ -49,7 +53,8 @@ class HostUpdateWorker:
 
     def __init__(self, *, ranges: Sequence[BucketRange], gradients: GradientStream, upload: WeightUpload,
                  timings: UpdateTimings, master: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
-                 cast_out: torch.Tensor | None, weights: torch.Tensor, publish_first: bool) -> None:
+                 cast_out: torch.Tensor | None, weights: torch.Tensor, publish_first: bool,
+                 speculation: SpeculativeUpdate | None = None) -> None:
         self.ranges = ranges
         self._gradients = gradients
         self._upload = upload
@@ -61,6 +66,10 @@ class HostUpdateWorker:
         self.weights = weights
         #: R27: publish the previous boundary's weights, then update (see the module docstring)
         self.publish_first = publish_first
+        #: R30: the buckets updated under the last backward, settled in the step's task
+        self._speculation = speculation
+        if speculation is not None:
+            speculation.bind(self.run_on_thread, self.adam)
         #: R28: the partition's elements below this are the device side's
         self._host_from = 0
         self._done: list[threading.Event] = [threading.Event() for _ in ranges]
@@ -91,6 +100,12 @@ class HostUpdateWorker:
         fixed costs do not inflate it."""
         return self._last_host_rate
 
+    def run_on_thread(self, fn: Callable[[], None]) -> Future:
+        """Queue ``fn`` on the worker thread (first in, first out with the updates: R30's speculation)."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hostoffload-zero-update")
+        return self._executor.submit(fn)
+
     # ---- the update -----------------------------------------------------------------------------------------
     def start(self, config: OptimizerConfig, step: int, clip_coef: float | None) -> None:
         """Update every bucket on the worker, in flat order, with these hyper-parameters (R15 + R16, step ``t``).
@@ -101,15 +116,13 @@ class HostUpdateWorker:
         self._upload.fence()
         for e in self._done:
             e.clear()
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hostoffload-zero-update")
         if not self.publish_first:
-            self._pending = self._executor.submit(self._run, config, step, clip_coef, grad)
+            self._pending = self.run_on_thread(lambda: self._run(config, step, clip_coef, grad))
             return
         for e in self._published:
             e.clear()
         self._gradients.hand_over()  # R27: the next backward fills the other accumulator (R13 step 6)
-        self._pending = self._executor.submit(self._run_delayed, config, step, clip_coef, grad)
+        self._pending = self.run_on_thread(lambda: self._run_delayed(config, step, clip_coef, grad))
 
     def _host_part(self, b: BucketRange) -> BucketRange | None:
         """R28: the part of bucket ``b`` the host updates (None: nothing of it, or all of it is the device's)."""
@@ -132,6 +145,8 @@ class HostUpdateWorker:
         except BaseException as exc:  # reported by the next wait, on the caller's thread
             self._error = exc
         finally:
+            if self._speculation is not None:  # before the waiters go on (a next backward opens a new one)
+                self._speculation.finish()
             for e in self._done:
                 e.set()
             self._gradients.restart()  # R13 step 6: the next backward starts a new accumulation
@@ -150,7 +165,7 @@ class HostUpdateWorker:
                 h = self._host_part(b)
                 if h is not None:
                     self._upload.wait_read(b.index)
-                    self._adam(h, config, step, clip_coef, grad)
+                    self.adam(h, config, step, clip_coef, grad)
                 self._done[b.index].set()
         except BaseException as exc:  # reported by the next wait, on the caller's thread
             self._error = exc
@@ -162,14 +177,16 @@ class HostUpdateWorker:
         self, b: BucketRange, config: OptimizerConfig, step: int, clip_coef: float | None, grad: torch.Tensor
     ) -> None:
         self._gradients.wait_landed(b.index)  # this bucket's gradient has landed (the others may not)
-        out = self._adam(b, config, step, clip_coef, grad)
-        src = self.master[b.lo : b.hi] if out is None else out
+        spec = self._speculation
+        if spec is None or not spec.settle(b, config, step, clip_coef, grad):
+            self.adam(b, config, step, clip_coef, grad)
+        src = self.master[b.lo : b.hi] if self.cast_out is None else self.cast_out[b.lo : b.hi]
         dst = self.weights[b.lo : b.hi]
         if dst.data_ptr() == src.data_ptr():
             return
         self._upload.copy(b.index, src, dst, publish=False)
 
-    def _adam(
+    def adam(
         self, b: BucketRange, config: OptimizerConfig, step: int, clip_coef: float | None, grad: torch.Tensor
     ) -> torch.Tensor | None:
         """R15 + R16 on bucket ``b`` (native kernel, bf16 copy in the same pass); returns the bf16 slice or None."""

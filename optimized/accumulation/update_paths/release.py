@@ -19,7 +19,7 @@ from optimized.accumulation.update_paths.base import UpdateContext, host_model_b
 from optimized.accumulation.update_paths.host_worker import HostUpdateWorker
 from reference.contract.accumulation_config import OptimizerConfig
 
-__all__ = ["DelayedRelease", "ImmediateRelease", "Release"]
+__all__ = ["ConfirmedRelease", "DelayedRelease", "ImmediateRelease", "Release"]
 
 
 class ImmediateRelease:
@@ -82,6 +82,17 @@ class ImmediateRelease:
         fits = live.dtype == torch.bfloat16 and live.is_contiguous() and live.device == side.master.device
         if not side.step(hyper, step, clip_coef, grad, out=live if fits else None):
             live.copy_(side.cast())
+
+
+class ConfirmedRelease(ImmediateRelease):
+    """R30 (``host_update_start: last_backward``): as :class:`ImmediateRelease`, but the kernel's model-dtype
+    output is always a buffer of its own, copied into the live parameters only once the step settled the bucket:
+    a speculative update runs while the last backward still reads the live weights (host parameters included)."""
+
+    def cast_buffer(self, master: torch.Tensor) -> torch.Tensor:
+        cast = host_model_buffer(self.ctx)
+        cast.copy_(master)
+        return cast
 
 
 class DelayedRelease:

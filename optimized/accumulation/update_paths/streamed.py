@@ -16,7 +16,9 @@ stage, each with one job:
 - :class:`.UpdateTimings` -- what each stage spent, for ``engine.offload_timings()``;
 - :class:`.ImmediateRelease` / :class:`.DelayedRelease` -- whether the weights reach the parameters in this
   step or one boundary later (R27);
-- :class:`.DeviceSplit` (R28, ``gpu_share``), optional -- the leading part of the partition on the device.
+- :class:`.DeviceSplit` (R28, ``gpu_share``), optional -- the leading part of the partition on the device;
+- :class:`.SpeculativeUpdate` (R30, ``host_update_start: last_backward``), optional -- each bucket's update
+  started under the boundary's last backward, settled in ``step()`` (:class:`OverlappedHostUpdate`).
 
 This module is the path around them: its buffers, the boundary, and what waits for what. Every operation is the
 reference's, elementwise, on the same values: streaming changes when and where, never the arithmetic (the
@@ -47,7 +49,8 @@ from optimized.accumulation.update_paths.base import (
 from optimized.accumulation.update_paths.gradient_stream import GradientStream
 from optimized.accumulation.update_paths.host_worker import HostUpdateWorker
 from optimized.accumulation.update_paths.norm_sums import BucketRange, NormPieceSums
-from optimized.accumulation.update_paths.release import DelayedRelease, ImmediateRelease, Release
+from optimized.accumulation.update_paths.release import ConfirmedRelease, DelayedRelease, ImmediateRelease, Release
+from optimized.accumulation.update_paths.speculation import SpeculativeUpdate
 from optimized.accumulation.update_paths.split import DeviceSplit
 from optimized.accumulation.update_paths.timings import UpdateTimings
 from optimized.accumulation.update_paths.weight_upload import WeightUpload
@@ -55,7 +58,8 @@ from reference.contract.accumulation_config import OptimizerConfig
 from reference.contract.accumulation_norm import clip_coefficient, fold_left
 from reference.contract.accumulation_step import OptimizerState, StepOutcome
 
-__all__ = ["DelayedHostUpdate", "SplitDelayedHostUpdate", "SplitHostUpdate", "StreamedHostUpdate"]
+__all__ = ["DelayedHostUpdate", "OverlappedHostUpdate", "SplitDelayedHostUpdate", "SplitHostUpdate",
+           "StreamedHostUpdate"]
 
 
 def bucket_ranges(ctx: UpdateContext) -> list[BucketRange]:
@@ -88,6 +92,8 @@ class StreamedHostUpdate(UpdatePath):
     release_class: ClassVar[type[Release]] = ImmediateRelease
     #: R28: whether the leading part of the partition is updated on the device (``gpu_share``)
     splits: ClassVar[bool] = False
+    #: R30: each bucket's update starts under the boundary's last backward (:class:`.SpeculativeUpdate`)
+    speculates: ClassVar[bool] = False
 
     def __init__(self, ctx: UpdateContext) -> None:
         if self.splits:
@@ -115,25 +121,35 @@ class StreamedHostUpdate(UpdatePath):
             accum_dtype=cfg.accum_dtype, accumulators=accumulators, timings=self._timings,
         )
         self._upload = WeightUpload(ctx.device, len(ranges), self._timings)
+        #: R30: the update under the last backward (None: it starts in step())
+        self._speculation = (
+            _speculative_stage(ctx, self._gradients, self._host_master, self.opt_state) if self.speculates else None
+        )
         self._worker = HostUpdateWorker(
             ranges=ranges, gradients=self._gradients, upload=self._upload, timings=self._timings,
             master=self._host_master, exp_avg=self.opt_state.buffers["exp_avg"],
             exp_avg_sq=self.opt_state.buffers["exp_avg_sq"], cast_out=self._cast, weights=weights,
-            publish_first=self._release.lags_parameters,
+            publish_first=self._release.lags_parameters, speculation=self._speculation,
         )
         #: R28: the device side and the cut (None: the host updates the whole partition)
         self._split = (
             DeviceSplit(ctx, self._gradients, self._worker, self._timings, self._release) if self.splits else None
         )
-        self.reports = StreamedReports(self._worker, self._split)
+        self.reports = StreamedReports(self._worker, self._split, self._speculation)
         #: buckets whose reduce-scatter was launched and whose result is not yet absorbed
         self._launched: deque[Any] = deque()
         #: whether this backward takes the R14 piece sums on the device as buckets stream out
         self._want_norm_pieces = False
 
+    def _settled(self) -> None:
+        """R30: undo a speculation no step claimed before anything reads or replaces the state it wrote."""
+        if self._speculation is not None:
+            self._speculation.discard()
+
     @property
     def master(self) -> torch.Tensor:
         """This rank's fp32 master (the host's full-partition buffer; with a split, its device side joined in)."""
+        self._settled()
         if self._split is not None:
             self._split.store(self._host_master, self.opt_state, self._cast)
         return self._host_master
@@ -149,6 +165,11 @@ class StreamedHostUpdate(UpdatePath):
         self._want_norm_pieces = boundary_predicted or (not managed and self.ctx.device.type != "cpu")
         self._gradients.begin_backward()
         self._launched.clear()
+        if self._speculation is not None:  # R30: an earlier open speculation is undone first
+            if boundary_predicted:
+                self._speculation.begin(self.opt_state.step + 1)
+            else:
+                self._speculation.discard()
 
     def bucket_gradients(self, bucket: Any) -> torch.Tensor:
         """Allocated at the bucket's first gradient and dropped once reduced (no model-sized flat buffer)."""
@@ -162,11 +183,11 @@ class StreamedHostUpdate(UpdatePath):
         # (one behind, so a gradient hook does not wait on its own collective).
         self._launched.append(bucket)
         while len(self._launched) > 1:
-            _absorb(self._gradients, self._launched.popleft(), self._want_norm_pieces)
+            _absorb(self._gradients, self._launched.popleft(), self._want_norm_pieces, self._speculation)
 
     def finish_backward(self, buckets: Sequence[Any]) -> None:
         while self._launched:
-            _absorb(self._gradients, self._launched.popleft(), self._want_norm_pieces)
+            _absorb(self._gradients, self._launched.popleft(), self._want_norm_pieces, self._speculation)
         self._gradients.end_backward(self._want_norm_pieces)
 
     # ---- the boundary --------------------------------------------------------------------------------------
@@ -184,6 +205,8 @@ class StreamedHostUpdate(UpdatePath):
         norm = global_norm(ctx, fold_left(gradients.piece_sums()))
         clip_coef = clip_coefficient(norm, self.config.gradient_clipping)
         self.opt_state.step += 1
+        if self._speculation is not None:  # R30: the update task queued next settles what ran under backward
+            self._speculation.claim()
         if self._split is not None:  # R28: the device side's step, before the host's
             self._split.step_device_side(hyper, self.opt_state.step, clip_coef, self._host_master, self.opt_state)
         self._worker.start(hyper, self.opt_state.step, clip_coef)
@@ -221,12 +244,14 @@ class StreamedHostUpdate(UpdatePath):
 
     # ---- state ----------------------------------------------------------------------------------------------
     def zero_grad(self) -> None:
+        self._settled()
         self._worker.wait_all()
         self._gradients.wait_transfers_out()
         self._gradients.restart()
         super().zero_grad()
 
     def optimizer_state(self) -> OptimizerState:
+        self._settled()
         if self._split is not None:
             self._split.store(self._host_master, self.opt_state, self._cast)
         return super().optimizer_state()
@@ -259,6 +284,14 @@ class DelayedHostUpdate(StreamedHostUpdate):
     lags_parameters = DelayedRelease.lags_parameters
 
 
+class OverlappedHostUpdate(StreamedHostUpdate):
+    """R30 (``host_update_start: last_backward``): the streamed update, each bucket's CPU Adam started under the
+    boundary's last backward as its gradient lands (unclipped), settled in ``step()`` once the norm is known."""
+
+    release_class = ConfirmedRelease
+    speculates = True
+
+
 class SplitHostUpdate(StreamedHostUpdate):
     """R28 (``gpu_share``) on the synchronous streamed path: the leading part of the partition on the device."""
 
@@ -276,9 +309,11 @@ class SplitDelayedHostUpdate(StreamedHostUpdate):
 class StreamedReports(PathReports):
     """What the streamed path reports (``engine.offload_timings()``, ``engine.split_report()``)."""
 
-    def __init__(self, worker: HostUpdateWorker, split: DeviceSplit | None) -> None:
+    def __init__(self, worker: HostUpdateWorker, split: DeviceSplit | None,
+                 speculation: SpeculativeUpdate | None) -> None:
         self._worker = worker
         self._split = split
+        self._speculation = speculation
 
     def offload_timings(self) -> dict[str, float] | None:
         return self._worker.take_timings()
@@ -286,13 +321,32 @@ class StreamedReports(PathReports):
     def split_report(self) -> dict | None:
         return None if self._split is None else self._split.report()
 
+    def overlap_report(self) -> dict | None:
+        if self._speculation is None:
+            return None
+        self._worker.wait_all()  # the last boundary's settling counted
+        return self._speculation.report()
 
-def _absorb(gradients: GradientStream, bucket: Any, want_sums: bool) -> None:
-    """R10 for one bucket: its reduced slice into the host accumulator."""
+
+def _absorb(gradients: GradientStream, bucket: Any, want_sums: bool, speculation: SpeculativeUpdate | None) -> None:
+    """R10 for one bucket: its reduced slice into the host accumulator; R30: then its speculative update (queued
+    after the bucket's D2H event was recorded, which the worker waits for)."""
     reduced = bucket.reduce.result()
     gradients.absorb(bucket.index, reduced, want_sums)
     bucket.reduce = None
     bucket.keep_alive = None
+    if speculation is not None:
+        speculation.bucket_landed(gradients.ranges[bucket.index])
+
+
+def _speculative_stage(ctx: UpdateContext, gradients: GradientStream, master: torch.Tensor,
+                       opt_state: OptimizerState) -> SpeculativeUpdate:
+    """R30: the speculative stage over the state one bucket's update writes (its backup on the host, unpinned:
+    only the worker thread reads it)."""
+    return SpeculativeUpdate(
+        gradients=gradients, state={"master": master, **opt_state.buffers}, hyper_now=ctx.hyper_now,
+        backup=lambda buf: ctx.host.empty(buf.numel(), buf.dtype, pinned=False),
+    )
 
 
 def _all_gather_per_bucket(ctx: UpdateContext, worker: HostUpdateWorker) -> None:

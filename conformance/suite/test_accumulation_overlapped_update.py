@@ -1,0 +1,248 @@
+"""The host update under the boundary's last backward (docs/accumulation.md R30, config ``host_update_start``).
+
+R30 changes when the host update runs, never its arithmetic: an engine may update each bucket speculatively,
+unclipped, as its gradient lands during the boundary's last backward, but the trace of a boundary -- clipped or
+not -- is R15/R16's. So the traces with ``host_update_start: last_backward`` are the reference's, bitwise on the
+cpu accelerator, with clipping that triggers at every boundary (a speculating engine must redo every bucket) and
+that never does (it must keep every bucket), at stages 2 and 3, with accumulation, at both state precisions. A
+distributed engine's ``overlap_report()`` counts the redone boundaries: exactly those whose ``step()`` returned a
+clip coefficient. What is read between the last backward and the step (a checkpoint's master and state) is the
+state before the step. Everything that runs an engine needs ``accumulation_overlapped_update``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conformance.accumulation_assertions import assert_replay_consistent, assert_traces_match
+from conformance.accumulation_assertions import cross_implementation_tolerance as tolerance
+from conformance.accumulation_engines import IN_RANK_PROCESSES, REQUIRES_ENGINE, engine_api
+from conformance.accumulation_strategies import overlapped_update_scenarios
+from conformance.suite.test_accumulation_split_update import WIDE, _assert_same
+from reference.accumulation import AccumulationConfig, Scenario, compute_loss, scenario_calls
+from reference.contract.errors import ConfigurationError
+
+REQUIRES_OVERLAP = pytest.mark.requires("accumulation_overlapped_update")
+pytestmark = pytest.mark.conformance_area("accumulation")
+
+VALID = {"zero_stage": 2, "offload_optimizer": "cpu", "optimizer": {"type": "adamw"},
+         "host_update_start": "last_backward"}
+
+
+# ---- the config (R19) ----------------------------------------------------------------------------------------
+
+
+@REQUIRES_OVERLAP
+def test_R30_R19_host_update_start_default_and_values(area_api):
+    """R30/R19: ``host_update_start`` defaults to "step" (any config); "last_backward" is accepted in its domain
+    at stages 2 and 3, at both state precisions."""
+    cfg_cls = area_api.AccumulationConfig
+    assert cfg_cls.from_dict({}).host_update_start == "step"
+    assert cfg_cls.from_dict({"host_update_start": "step"}).host_update_start == "step"
+    for stage in (2, 3):
+        for precision in ("fp32", "bf16"):
+            cfg = cfg_cls.from_dict({**VALID, "zero_stage": stage, "state_precision": precision})
+            assert cfg.host_update_start == "last_backward"
+
+
+@REQUIRES_OVERLAP
+@pytest.mark.parametrize("value", ["backward", "Last_Backward", "", None, 1, True])
+def test_R30_R19_unknown_host_update_start_is_rejected(area_api, value):
+    """R19/R30: anything but "step" / "last_backward" is a ConfigurationError naming the key and both values."""
+    with pytest.raises(ConfigurationError, match="host_update_start") as info:
+        area_api.AccumulationConfig.from_dict({**VALID, "host_update_start": value})
+    assert "allowed" in str(info.value) and "step" in str(info.value) and "last_backward" in str(info.value)
+
+
+@REQUIRES_OVERLAP
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"offload_optimizer": "none"}, "offload_optimizer='none'"),
+        ({"zero_stage": 1}, "zero_stage=1"),
+        ({"optimizer": {"type": "sgd", "momentum": 0.9}}, "optimizer.type='sgd'"),
+        ({"managed_gradient_accumulation": False}, "managed_gradient_accumulation=False"),
+        ({"delayed_parameter_update": True}, "delayed_parameter_update=True"),
+        ({"gpu_share": 0.5}, "gpu_share=0.5"),
+        ({"gpu_share": "auto"}, "gpu_share='auto'"),
+    ],
+)
+def test_R30_R19_last_backward_outside_its_domain_is_rejected(area_api, change, named):
+    """R19/R30: "last_backward" needs the streamed host update (cpu offload, stage 2/3, Adam), a managed schedule,
+    and neither R27's delay nor R28's split; each names the key, the offending setting and the allowed values. The
+    same config with "step" is fine."""
+    with pytest.raises(ConfigurationError, match="host_update_start") as info:
+        area_api.AccumulationConfig.from_dict({**VALID, **change})
+    assert named in str(info.value) and "allowed" in str(info.value)
+    area_api.AccumulationConfig.from_dict({**VALID, **change, "host_update_start": "step"})
+
+
+# ---- traces against the reference ------------------------------------------------------------------------------
+
+
+def _config(stage: int, clip: float, precision: str = "fp32", dtype: str = "fp32", start: str = "last_backward"):
+    return AccumulationConfig(
+        zero_stage=stage, dtype=dtype, grad_accum_dtype="fp32", gradient_accumulation_steps=2,
+        gradient_clipping=clip, optimizer={"type": "adamw", "lr": 1e-2, "weight_decay": 0.01},
+        offload_optimizer="cpu", offload_param="cpu" if stage == 3 else "none", state_precision=precision,
+        host_update_start=start,
+    )
+
+
+@REQUIRES_OVERLAP
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("stage", [2, 3])
+def test_R30_R25_traces_match_reference_clipping_or_not(area_api, reference_api, impl, accelerator, stage,
+                                                       precision):
+    """R30/R25, pinned by a seed: W = 2, gas 2, AdamW, bf16 model for stage 3, 4 boundaries, with clipping that
+    triggers at every boundary (0.05: every speculative bucket must be redone) and that never does (1e3: every
+    one stands): the trace is the reference's (bitwise on cpu), the reference's is its "step" trace and replays
+    from its own gradients (R15/R16: the start changes nothing of the arithmetic), and the clipped run differs
+    from the unclipped one (the test would see the clip ignored)."""
+    dtype = "bf16" if stage == 3 else "fp32"
+    finals = {}
+    for clip in (0.05, 1e3):
+        calls = scenario_calls("BSBSBSBSBSBSBSBS")
+        scenario = Scenario(_config(stage, clip, precision, dtype), 2, calls, seed=30, name="R30")
+        expected = reference_api.run_scenario(scenario)
+        coefs = [r.clip_coef for r in expected.boundaries()]
+        assert len(coefs) == 4 and all((c is not None) == (clip < 1) for c in coefs), coefs
+        assert_replay_consistent(expected)
+        stepped = Scenario(_config(stage, clip, precision, dtype, "step"), 2, calls, seed=30, name="R30-step")
+        assert_traces_match(reference_api.run_scenario(stepped), expected, None)
+        actual = area_api.run_scenario(scenario)
+        assert_traces_match(actual, expected, tolerance(scenario, impl, accelerator))
+        finals[clip] = expected.boundaries()[-1].parameters
+    assert any(not torch.equal(finals[0.05][n], finals[1e3][n]) for n in finals[1e3]), "clipping changed nothing"
+
+
+@REQUIRES_OVERLAP
+@pytest.mark.parametrize("world", [1, 2])
+def test_R30_R25_boundary_moves_match_reference(area_api, reference_api, impl, accelerator, world):
+    """R30/R25: a speculation no step takes over -- the predicted boundary's backward, then the boundary moved
+    away (``set_gradient_accumulation_boundary(False)``) and more backwards, or moved in early -- leaves no trace:
+    clipping that triggers, stage 2, bf16 model: the trace is the reference's."""
+    calls = scenario_calls("BSBFSBSBSBTSBSBFSBS")
+    scenario = Scenario(_config(2, 0.05, dtype="bf16"), world, calls, seed=31, name="R30-boundary-moves")
+    expected = reference_api.run_scenario(scenario)
+    assert_replay_consistent(expected)
+    actual = area_api.run_scenario(scenario)
+    assert_traces_match(actual, expected, tolerance(scenario, impl, accelerator))
+
+
+@REQUIRES_OVERLAP
+@given(data=st.data())
+def test_R30_R25_drawn_scenario_matches_reference(area_api, reference_api, impl, accelerator, data):
+    """R30/R25 on drawn scenarios (R30's domain: stages 2/3, W 1-2, gas, any model and communication dtypes,
+    clipping off / on / always, Adam/AdamW, either state precision, boundary overrides that move the boundary
+    after a predicted one's backward): the trace equals the reference's; the reference's replays."""
+    scenario = data.draw(overlapped_update_scenarios())
+    expected = reference_api.run_scenario(scenario)
+    assert_replay_consistent(expected)
+    actual = area_api.run_scenario(scenario)
+    assert_traces_match(actual, expected, tolerance(scenario, impl, accelerator))
+
+
+# ---- the engine: redone boundaries, reads between the backward and the step ------------------------------------
+
+
+def _train(group, engine_cls, config: dict, boundaries: int, probe: bool = False, new_lr: float | None = None):
+    """One rank: ``boundaries`` boundaries of 2 micro-steps (WIDE, buckets of 16 elements); ``probe``: read the
+    master and the optimizer state between each boundary's last backward and its step; ``new_lr``: set the
+    learning rate there. The losses, clip coefficients, final weights, master, state, the reads, the report."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank(group)
+    engine = engine_cls(WIDE.build(5), config, process_group=group, bucket_elements=16)
+    try:
+        cfg = engine.config
+        losses, coefs, reads, after = [], [], [], [engine.master_partition()]
+        for k in range(boundaries):
+            for j in range(cfg.gradient_accumulation_steps):
+                gen = torch.Generator().manual_seed(1000 * k + 10 * j + rank)
+                x = torch.randn(cfg.train_micro_batch_size_per_gpu, WIDE.in_features, generator=gen)
+                y = torch.randn(cfg.train_micro_batch_size_per_gpu, WIDE.out_features, generator=gen)
+                loss = compute_loss(engine.module, x, y, cfg.model_dtype)
+                engine.backward(loss)
+                if engine.is_gradient_accumulation_boundary():
+                    if probe:
+                        reads.append({"master": engine.master_partition(), **engine.optimizer_state().buffers})
+                    if new_lr is not None:
+                        engine.set_lr(new_lr * (k + 1))
+                out = engine.step()
+                losses.append(loss.detach().clone())
+            coefs.append(out.clip_coef)
+            after.append(engine.master_partition())
+        return {"losses": losses, "coefs": coefs, "weights": engine.state_dict(), "master": engine.master_partition(),
+                "state": engine.optimizer_state().buffers, "reads": reads, "after": after,
+                "report": engine.overlap_report()}
+    finally:
+        engine.destroy()
+
+
+def _engine_config(stage: int, clip: float, start: str = "last_backward") -> dict:
+    return _config(stage, clip, dtype="bf16", start=start).to_dict()
+
+
+@REQUIRES_OVERLAP
+@REQUIRES_ENGINE
+@IN_RANK_PROCESSES
+@pytest.mark.parametrize("stage", [2, 3])
+def test_R30_report_counts_exactly_the_clipped_boundaries(impl, stage):
+    """R30 on the engine (W = 2, 3 boundaries): with clipping at every boundary, ``overlap_report()`` counts 3
+    boundaries started under the last backward and 3 redone (every boundary whose ``step()`` returned a clip
+    coefficient), some buckets redone; without clipping 3 started, none redone; in both the run is bitwise the
+    "step" run (losses, weights, master, state), whose report is None."""
+    api = engine_api(impl)
+    for clip, clipped in ((0.05, True), (1e3, False)):
+        over = api.run_on_ranks(_train, 2, api.ZeroEngine, _engine_config(stage, clip), 3)
+        step = api.run_on_ranks(_train, 2, api.ZeroEngine, _engine_config(stage, clip, "step"), 3)
+        for rank, (got, want) in enumerate(zip(over, step, strict=True)):
+            what = f"stage {stage}, clip {clip}, rank {rank}"
+            _assert_same(got, want, what)
+            assert want["report"] is None, f"{what}: host_update_start 'step' reported {want['report']}"
+            report = got["report"]
+            assert [c is not None for c in got["coefs"]] == [clipped] * 3, f"{what}: coefs {got['coefs']}"
+            assert report["boundaries_speculated"] == 3 and report["buckets_speculated"] > 0, f"{what}: {report}"
+            assert report["boundaries_redone"] == sum(c is not None for c in got["coefs"]), f"{what}: {report}"
+            if clipped:
+                assert report["buckets_redone"] > 0, f"{what}: {report}"
+            else:
+                assert report["buckets_redone"] == 0, f"{what}: {report}"
+            assert report["speculations_discarded"] == 0, f"{what}: {report}"
+
+
+@REQUIRES_OVERLAP
+@REQUIRES_ENGINE
+@IN_RANK_PROCESSES
+def test_R30_reads_between_last_backward_and_step_see_the_state_before_it(impl):
+    """R30 with a checkpoint's reads between the boundary's last backward and its step (W = 2, stage 2, no
+    clipping): the master and the optimizer state read there are the previous boundary's (the speculation does
+    not show), the run goes on bitwise as the "step" run, and the report counts each speculation discarded."""
+    api = engine_api(impl)
+    over = api.run_on_ranks(_train, 2, api.ZeroEngine, _engine_config(2, 1e3), 3, True)
+    step = api.run_on_ranks(_train, 2, api.ZeroEngine, _engine_config(2, 1e3, "step"), 3, True)
+    for rank, (got, want) in enumerate(zip(over, step, strict=True)):
+        _assert_same(got, want, f"rank {rank}")
+        for k, (read, ref) in enumerate(zip(got["reads"], want["reads"], strict=True)):
+            assert torch.equal(read["master"], got["after"][k]), f"rank {rank}: boundary {k} read a changed master"
+            for name in ref:
+                assert torch.equal(read[name], ref[name]), f"rank {rank}: boundary {k}: {name} read differs"
+        assert got["report"]["speculations_discarded"] == 3, got["report"]
+
+
+@REQUIRES_OVERLAP
+@REQUIRES_ENGINE
+@IN_RANK_PROCESSES
+def test_R30_learning_rate_set_after_the_backward_is_used(impl):
+    """R30: a learning rate set between the boundary's last backward and its step is the step's (the speculation
+    guessed the old one): no clipping, W = 2, stage 2 -- bitwise the "step" run, every boundary redone."""
+    api = engine_api(impl)
+    over = api.run_on_ranks(_train, 2, api.ZeroEngine, _engine_config(2, 1e3), 3, False, 3e-3)
+    step = api.run_on_ranks(_train, 2, api.ZeroEngine, _engine_config(2, 1e3, "step"), 3, False, 3e-3)
+    for rank, (got, want) in enumerate(zip(over, step, strict=True)):
+        _assert_same(got, want, f"rank {rank}")
+        assert got["report"]["boundaries_redone"] == 3, got["report"]

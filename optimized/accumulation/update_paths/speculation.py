@@ -1,0 +1,182 @@
+"""R30 (``host_update_start: last_backward``): the host update of a boundary started under its last backward,
+speculatively unclipped, and redone from the untouched state where the global norm then clips.
+
+R15 needs the global norm before any update, and the norm needs every bucket's gradient; so the streamed update
+(:mod:`.host_worker`) starts in ``step()``. But the last layers' gradients are final early in the boundary's last
+backward, and most boundaries of a warmed-up run do not clip. This stage runs each bucket's CPU Adam on the
+worker thread as soon as the bucket's gradient has landed on the host (:meth:`.GradientStream.wait_landed`: the
+D2H event of that bucket, recorded before the bucket is handed here), in the order the buckets complete (last
+layers first), with:
+
+- the hyper-parameters a step would use now (the engine's ``hyper_now()``) and the next step count, and
+- no clipping (``clip_coef`` None: :func:`reference.contract.accumulation_norm.clip_coefficient` returns None
+  exactly when the coefficient is not below 1, and the kernel then reads the gradient unscaled -- the arithmetic
+  of ``step()`` for such a boundary, bit for bit).
+
+Before a bucket's speculative update, its fp32 master and moments are copied into a backup buffer (the kernel
+updates in place). In ``step()``, on the worker, in flat order (:meth:`SpeculativeUpdate.settle`): a bucket
+whose speculation used this boundary's hyper-parameters, step and an unclipped gradient stands as it is; any
+other (the norm clips, or the learning rate changed between the backward and the step) is restored from the
+backup and updated again with the step's values -- the arithmetic of R15/R16 on the same inputs, so a boundary
+that clips is bitwise the one of ``host_update_start: step``. Nothing speculative reaches the live parameters:
+the kernel writes the model-dtype weights into a cast buffer of its own, uploaded only once the bucket is
+settled (:class:`.WeightUpload`, flat order).
+
+A speculation that no step claims is undone (:meth:`SpeculativeUpdate.discard`: restored from the backup): a
+backward after the predicted boundary's (the boundary moved), ``zero_grad()``, a read of the master or the
+optimizer state (a checkpoint save between the backward and the step), a checkpoint load.
+
+Why a backup and not side buffers: the native kernel updates in place. Writing the speculative results beside
+the state and committing them on confirmation would put a copy of the state (read and write) on the critical
+path of every boundary that does not clip -- the common case; the backup moves the same bytes before the
+speculative update, under the backward, and the redo (rare) pays the restore.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from typing import TYPE_CHECKING
+
+import torch
+
+from optimized.accumulation.update_paths.norm_sums import BucketRange
+from reference.contract.accumulation_config import OptimizerConfig
+
+if TYPE_CHECKING:
+    from optimized.accumulation.update_paths.gradient_stream import GradientStream
+
+#: One bucket's R15 + R16 on the worker's kernel: ``(bucket, hyper-parameters, step, clip_coef, gradient)``.
+AdamFn = Callable[[BucketRange, OptimizerConfig, int, "float | None", torch.Tensor], object]
+
+__all__ = ["SpeculativeUpdate"]
+
+#: What :meth:`SpeculativeUpdate.report` counts since construction.
+REPORT_KEYS = ("boundaries_speculated", "buckets_speculated", "boundaries_redone", "buckets_redone",
+               "speculations_discarded")
+
+
+class SpeculativeUpdate:
+    """The speculative stage of one rank's streamed host update (see the module docstring).
+
+    ``state``: the buffers one bucket's update writes in place (the fp32 master and the moments), by name;
+    ``backup``: allocates a host buffer like one of them (the backup, made when the first speculation opens).
+    """
+
+    def __init__(self, *, gradients: GradientStream, state: Mapping[str, torch.Tensor],
+                 backup: Callable[[torch.Tensor], torch.Tensor], hyper_now: Callable[[], OptimizerConfig]) -> None:
+        self._gradients = gradients
+        self._state = dict(state)
+        self._make_backup = backup
+        self._backup: dict[str, torch.Tensor] | None = None
+        self._hyper_now = hyper_now
+        #: the worker's thread and kernel (:meth:`bind`)
+        self._run_on_thread: Callable[[Callable[[], None]], Future] | None = None
+        self._adam: AdamFn | None = None
+        #: (hyper-parameters, step) the open speculation used; None: nothing speculated since the last boundary
+        self._guess: tuple[OptimizerConfig, int] | None = None
+        #: whether a step took the open speculation over (its task settles it; nothing may discard it then)
+        self._claimed = False
+        self._futures: list[Future] = []
+        #: buckets updated speculatively (written by the worker thread; read once its futures are done)
+        self._speculated: dict[int, BucketRange] = {}
+        self._redone_here = 0
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(REPORT_KEYS, 0)
+
+    def bind(self, run_on_thread: Callable[[Callable[[], None]], Future], adam: AdamFn) -> None:
+        """The worker's thread (first in, first out with its updates) and its kernel, which the speculation uses
+        (called by the worker's constructor; callbacks, so this module does not import the worker's)."""
+        self._run_on_thread = run_on_thread
+        self._adam = adam
+
+    # ---- the boundary's last backward ---------------------------------------------------------------------
+    def begin(self, step: int) -> None:
+        """A backward the schedule predicts is the boundary's starts; the boundary will be step ``step``."""
+        self.discard()
+        if self._backup is None:  # here, on the training thread, like every other allocation of the engine
+            self._backup = {name: self._make_backup(buf) for name, buf in self._state.items()}
+        self._guess = (self._hyper_now(), step)
+        self._counts["boundaries_speculated"] += 1
+
+    def bucket_landed(self, b: BucketRange) -> None:
+        """Bucket ``b``'s gradient is final and its D2H queued (its event recorded): update it on the worker."""
+        if self._guess is None or self._claimed or not b.length:
+            return
+        assert self._run_on_thread is not None
+        self._futures.append(self._run_on_thread(lambda: self._speculate(b)))
+
+    def _speculate(self, b: BucketRange) -> None:
+        """On the worker thread: back the bucket's state up, then R15 + R16 unclipped with the guessed values."""
+        self._gradients.wait_landed(b.index)  # the bucket's D2H has run: its host gradient is final
+        for name, buf in self._state.items():
+            self._backup[name][b.lo : b.hi].copy_(buf[b.lo : b.hi])
+        with self._lock:  # recorded before the kernel writes: a failed update is restored too
+            self._speculated[b.index] = b
+            self._counts["buckets_speculated"] += 1
+        hyper, step = self._guess
+        self._adam(b, hyper, step, None, self._gradients.accumulator)
+
+    def _restore(self, b: BucketRange) -> None:
+        for name, buf in self._state.items():
+            buf[b.lo : b.hi].copy_(self._backup[name][b.lo : b.hi])
+
+    # ---- step(): settle -------------------------------------------------------------------------------------
+    def claim(self) -> None:
+        """``step()`` takes the open speculation over: the update task it queues settles it."""
+        if self._guess is not None:
+            self._claimed = True
+
+    def settle(self, b: BucketRange, config: OptimizerConfig, step: int, clip_coef: float | None,
+               grad: torch.Tensor) -> bool:
+        """On the worker thread, in the step's task: True when bucket ``b`` is updated with the step's values --
+        its speculation stands, or it was restored and updated again; False: not speculated (update it)."""
+        for f in self._futures:  # done already (one thread, first in first out); re-raises a speculation's error
+            f.result()
+        with self._lock:
+            speculated = self._speculated.get(b.index)
+        if speculated is None or not self._claimed:
+            return False
+        if clip_coef is None and self._guess == (config, step):
+            return True
+        self._restore(speculated)
+        self._adam(speculated, config, step, clip_coef, grad)
+        self._redone_here += 1
+        return True
+
+    def finish(self) -> None:
+        """On the worker thread, after the step's task settled every bucket: count, and close the speculation."""
+        if self._claimed:
+            if self._redone_here:
+                self._counts["boundaries_redone"] += 1
+                self._counts["buckets_redone"] += self._redone_here
+            self._reset()
+
+    def _reset(self) -> None:
+        self._guess = None
+        self._claimed = False
+        self._futures = []
+        self._speculated = {}
+        self._redone_here = 0
+
+    # ---- undo -----------------------------------------------------------------------------------------------
+    def discard(self) -> None:
+        """Undo a speculation no step claimed (see the module docstring): wait for it, restore every bucket it
+        updated from the backup. Errors of the speculative updates are raised here."""
+        if self._guess is None or self._claimed:
+            return
+        futures, self._futures = self._futures, []
+        concurrent.futures.wait(futures)  # every one has run (restoring under a running one would race it)
+        for b in self._speculated.values():
+            self._restore(b)
+        self._counts["speculations_discarded"] += 1
+        self._reset()
+        for f in futures:
+            f.result()
+
+    def report(self) -> dict[str, int]:
+        """Counts since construction, per :data:`REPORT_KEYS` (the update of the last boundary included once its
+        step's task finished: the caller waited for it)."""
+        return dict(self._counts)
