@@ -154,7 +154,7 @@ part bench-zero-offload-state "${T_BZST:-300}" "${zo[@]}" --model 886m --out "$o
 # R30 (issue 40 item 3): share 0 with the host update started under the last backward, beside share 0 and no
 # offload (step mode, 886M); the timeline's "update under the last backward" line says how many boundaries were
 # redone (the arms clip at 1.0: how many of their boundaries clip decides what the redo costs; unmeasured so far).
-part bench-zero-offload-overlap "${T_BZO:-300}" "${zo[@]}" --model 886m --out "$out/zero_offload_overlap" \
+part bench-zero-offload-overlap "${T_BZOV:-300}" "${zo[@]}" --model 886m --out "$out/zero_offload_overlap" \
   --arms "${OVERLAP_ARMS:-ours-s2,ours-s2-offload,ours-s2-offload-overlap}"
 wanted bench-zero-offload-overlap && grep -E "per boundary|last backward" "$out/bench-zero-offload-overlap.log"
 part bench-zero-converge-state "${T_BZCS:-330}" python3 benchmarks/bench_zero_offload.py --mode converge \
