@@ -25,14 +25,13 @@ from reference.contract.accelerators import Accelerator, get_accelerator
 from reference.contract.envvars import ACCELERATOR_ENV
 from reference.contract.pinning_rules import (
     PinnedStats,
-    allocation_error,
     check_tensor,
     is_data_less,
-    is_torch_allocation_failure,
     pin_empty_arguments,
     pin_empty_like_arguments,
     pin_memory_arguments,
     refuse_moving_a_view,
+    torch_empty,
 )
 
 __all__ = [
@@ -60,13 +59,7 @@ def _allocate(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     if backend == "native":
         return native_backend.empty(shape, dtype, accelerator, envvars.pin_register_device())
     # torch's pinned allocator where the accelerator has one; elsewhere a documented no-op (pageable memory).
-    try:
-        return torch.empty(shape, dtype=dtype, pin_memory=accelerator.has_torch_pinning)
-    except (RuntimeError, MemoryError) as exc:
-        if not is_torch_allocation_failure(exc):
-            raise
-        nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-        raise allocation_error(nbytes, "torch", str(exc).splitlines()[0][:200]) from exc
+    return torch_empty(shape, dtype, pin_memory=accelerator.has_torch_pinning)
 
 
 def pin_empty(

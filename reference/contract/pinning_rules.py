@@ -45,6 +45,7 @@ __all__ = [
     "pin_memory_arguments",
     "refuse_moving_a_view",
     "shares_storage",
+    "torch_empty",
 ]
 
 
@@ -323,3 +324,16 @@ def is_torch_allocation_failure(exc: BaseException) -> bool:
         return True
     text = str(exc).lower()
     return isinstance(exc, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text)
+
+
+def torch_empty(shape: tuple[int, ...], dtype: torch.dtype, *, pin_memory: bool) -> torch.Tensor:
+    """``torch.empty`` for the torch backend of every implementation: its allocator running out is the contract's
+    :class:`PinnedAllocationError` naming the size and the limits (:func:`allocation_error`), not torch's raw
+    enforce message; any other error is torch's own."""
+    try:
+        return torch.empty(shape, dtype=dtype, pin_memory=pin_memory)
+    except (RuntimeError, MemoryError) as exc:
+        if not is_torch_allocation_failure(exc):
+            raise
+        nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        raise allocation_error(nbytes, "torch", str(exc).splitlines()[0][:200]) from exc

@@ -10,16 +10,10 @@ from __future__ import annotations
 import torch
 
 from reference.contract.accelerators import Accelerator
-from reference.contract.pinning_rules import allocation_error, is_torch_allocation_failure
+from reference.contract.pinning_rules import torch_empty
 
 
 def empty(shape: tuple[int, ...], dtype: torch.dtype, accelerator: Accelerator) -> torch.Tensor:
     """torch's (pinned, where it pins) ``empty``; its allocator running out is the contract's
     ``PinnedAllocationError`` naming the size and the limits, not torch's raw enforce message."""
-    try:
-        return torch.empty(shape, dtype=dtype, pin_memory=accelerator.has_torch_pinning)
-    except (RuntimeError, MemoryError) as exc:
-        if not is_torch_allocation_failure(exc):
-            raise
-        nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-        raise allocation_error(nbytes, "torch", str(exc).splitlines()[0][:200]) from exc
+    return torch_empty(shape, dtype, pin_memory=accelerator.has_torch_pinning)
