@@ -155,6 +155,11 @@ class ModelParameters:
     def trainable(self) -> list[nn.Parameter]:
         return [self.params[n] for n in self.trainable_names]
 
+    def clear_grads(self) -> None:
+        """``p.grad = None`` everywhere: the engine's hooks move gradients into its buffers, none stays."""
+        for p in self.params.values():
+            p.grad = None
+
 
 def model_parameters(comm: Any, module: nn.Module) -> ModelParameters:
     """``module``'s parameters, checked to be the same on every rank (before any buffer: a mismatch fails on every

@@ -9,6 +9,10 @@ natively, see :mod:`optimized.cpu_adam`).
 
 This class is the training surface and the schedule; what happens where is in modules of its own:
 
+- :mod:`.construction` -- what is checked before any buffer exists (arguments, device, the same model on every
+  rank) and the model's parameters as the engine keeps them; :mod:`.ownership` -- one live engine per model;
+- :mod:`.parts` -- everything an engine owns (hooks, pinned buffers, weights, update path, stage 3), built in
+  order by ``build_parts`` and released by ``EngineParts.close`` (``destroy()``, or a failed construction);
 - :mod:`.weights` -- the model-dtype parameters (R1, R12): views of one flat buffer at stages 0-2, this rank's
   partitions at stage 3 (pinned on the host with ``offload_param``);
 - :mod:`.gradients` -- the gradient hooks and the per-bucket reduce-scatters of stages 2/3 (R7, R9, R10);
@@ -19,7 +23,9 @@ This class is the training surface and the schedule; what happens where is in mo
   ``nvme`` files between steps;
 - :mod:`.stage3` -- stage 3's gather / release / prefetch hooks (R12, R21);
 - :mod:`.checkpoint` -- ``save_checkpoint`` / ``load_checkpoint`` (per-rank files in parameter coordinates, staged
-  and committed by one rename, loadable at any world size, stage and update path).
+  and committed by one rename, loadable at any world size, stage and update path) and the consolidated
+  ``state_dict`` / ``load_state_dict``, reading the engine through a :class:`~.checkpoint_view.CheckpointView`;
+- :mod:`.lr` -- ``engine.optimizer`` and ``LrSchedule`` (the attached ``lr_scheduler``, ``get_lr`` / ``set_lr``).
 
 What a training script uses besides backward()/step() (docs/zero.md): ``engine.optimizer``, a
 ``torch.optim.Optimizer`` facade whose group values the boundary update reads (:mod:`.lr`), so any
@@ -115,7 +121,7 @@ class ZeroEngine(ScheduledEngine):
         self.parameter_names = tuple(params.params)
         self.trainable_names, self.frozen_names = params.trainable_names, params.frozen_names
         self.layout, self.frozen_layout = params.layout, params.frozen_layout
-        self._params = params.params
+        self._model = params
         self._schedule = AccumulationSchedule(self.config, self.world_size, self.stage)
         self._in_backward = False
         #: Whether gradients were accumulated since the last boundary (save_checkpoint refuses to drop them).
@@ -131,15 +137,13 @@ class ZeroEngine(ScheduledEngine):
             device=self.device, bucket_elements=bucket_elements, prefetch=prefetch, schedule=self._schedule,
             origin=self._origin, in_backward=lambda: self._in_backward,
         )
-        self.master_device: torch.device = parts.path.master.device
-        self.param_device: torch.device = parts.weights.param_device
+        self.master_device, self.param_device = parts.path.master.device, parts.weights.param_device
 
     @property
     def prefetch_hits(self) -> int:
         """Stage-3 gathers that found their parameters already prefetched (for tests and tuning)."""
         return 0 if self._parts.stage3 is None else self._parts.stage3.prefetch_hits
 
-    # ---- public surface ------------------------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self._check_alive()
         return self.module(*args, **kwargs)
@@ -150,18 +154,16 @@ class ZeroEngine(ScheduledEngine):
         if type(scale_wrt_gas) is not bool:
             raise ConfigurationError(f"scale_wrt_gas={scale_wrt_gas!r} must be a bool; allowed values: True, False")
         self._origin.check_loss(loss)
-        parts.path.begin_backward(
-            self.config.managed_gradient_accumulation and self.is_gradient_accumulation_boundary()
-        )
+        cfg = self.config
+        parts.path.begin_backward(cfg.managed_gradient_accumulation and self.is_gradient_accumulation_boundary())
         # R5: the same division a user writes as ``loss / gas``, in the loss dtype.
-        scaled = loss / self.config.gradient_accumulation_steps if scale_wrt_gas else loss
+        scaled = loss / cfg.gradient_accumulation_steps if scale_wrt_gas else loss
         self._in_backward = True
         try:
             parts.grads.run(scaled.backward)
         finally:
             self._in_backward = False
-            for p in self._params.values():
-                p.grad = None
+            self._model.clear_grads()
             if parts.stage3 is not None:
                 parts.stage3.release_all()
         self._grads_pending = True
@@ -215,8 +217,7 @@ class ZeroEngine(ScheduledEngine):
         if self._in_backward:
             raise UnsupportedOperationError("zero_grad() was called during backward(); allowed: call it between calls")
         path.zero_grad()
-        for p in self._params.values():
-            p.grad = None
+        self._model.clear_grads()
         self._grads_pending = False
 
     def get_lr(self) -> list[float]:
@@ -229,9 +230,8 @@ class ZeroEngine(ScheduledEngine):
 
     @property
     def lr_scheduler(self) -> Any:
-        """The scheduler ``step()`` advances at each boundary (None: none). Assign one built on
-        ``engine.optimizer``; a scheduler state loaded by :meth:`load_checkpoint` before one was attached is
-        applied to it on assignment."""
+        """The scheduler ``step()`` advances at each boundary (None: none). Assign one built on ``engine.optimizer``;
+        a scheduler state :meth:`load_checkpoint` loaded before one was attached is applied to it on assignment."""
         return self._lr.scheduler
 
     @lr_scheduler.setter
@@ -248,9 +248,8 @@ class ZeroEngine(ScheduledEngine):
         containers) under ``save_dir/tag`` (default ``global_step<N>``). Every rank calls it with the same
         arguments (a collective). Atomic: files are staged in a hidden directory that becomes ``save_dir/tag``
         with one rename after every rank's file and the manifest are on disk; a save that dies half-way leaves
-        nothing :meth:`load_checkpoint` would load. Refused inside backward() or no_sync(), and after a
-        backward() without a boundary step() (the accumulated gradient would be lost). Returns the checkpoint's
-        path."""
+        nothing :meth:`load_checkpoint` would load. Refused inside backward() or no_sync(), and after a backward()
+        without a boundary step() (the accumulated gradient would be lost). Returns the checkpoint's path."""
         return ckpt.save(self._checkpoint_view(), save_dir, tag, client_state, save_latest)
 
     def load_checkpoint(
@@ -269,13 +268,12 @@ class ZeroEngine(ScheduledEngine):
         )
 
     def _checkpoint_view(self) -> CheckpointView:
-        """What checkpoint save and load see of this engine, once the update in flight is complete (built per
-        call: it records where the engine is -- in backward, in no_sync, gradients pending)."""
+        """What checkpoint code sees of this engine once its update is complete (per call: it says where we are)."""
         parts = self._check_alive(synchronize=True)
         return CheckpointView(
             comm=self._comm, rank=self.rank, world_size=self.world_size, stage=self.stage, device=self.device,
             config=self.config, layout=self.layout, frozen_layout=self.frozen_layout, frozen_names=self.frozen_names,
-            module=self.module, params=self._params, weights=parts.weights, path=parts.path,
+            module=self.module, params=self._model.params, weights=parts.weights, path=parts.path,
             schedule=self._schedule, optimizer=self.optimizer, lr_schedule=self._lr,
             gradients_dropped=lambda: setattr(self, "_grads_pending", False), in_backward=self._in_backward,
             in_no_sync=self._schedule._in_no_sync, grads_pending=self._grads_pending,
@@ -298,7 +296,7 @@ class ZeroEngine(ScheduledEngine):
         """Copies of every parameter at full shape in the model dtype (stage 3: a collective, all ranks call)."""
         stage3 = self._check_alive(synchronize=True).stage3
         if stage3 is None:
-            return {n: p.detach().clone() for n, p in self._params.items()}
+            return {n: p.detach().clone() for n, p in self._model.params.items()}
         out = stage3.full_parameters()
         return {n: out[n].clone() for n in self.parameter_names}
 
@@ -316,7 +314,6 @@ class ZeroEngine(ScheduledEngine):
         engine cannot be used afterwards."""
         self._parts.close()
 
-    # ---- an update in flight ---------------------------------------------------------------------------------
     def synchronize(self) -> None:
         """Wait until the last boundary's update is complete and visible to the current stream.
 
