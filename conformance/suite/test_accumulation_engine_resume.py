@@ -43,9 +43,13 @@ def _batch(index: int, spec: ModelSpec, micro: int) -> tuple[torch.Tensor, torch
     return torch.randn(micro, spec.in_features, generator=gen), torch.randn(micro, spec.out_features, generator=gen)
 
 
-def _train(group, engine_cls, config, start: int, steps: int, load=None, save=None, rng_seed: int = 0) -> list:
-    """One rank: a fresh engine (optionally loading ``load=(dir, tag)``), ``steps`` boundaries from boundary
-    index ``start``, optionally ``save=(dir, tag)`` at the end. Returns rank 0's records (others: [])."""
+def _train(
+    group, engine_cls, config, start: int, steps: int, load=None, save=None, rng_seed: int = 0,
+    attach_after_load: bool = False,
+) -> list:
+    """One rank: a fresh engine (optionally loading ``load=(dir, tag)``; the LR scheduler attached before the
+    load, or after it with ``attach_after_load``), ``steps`` boundaries from boundary index ``start``, optionally
+    ``save=(dir, tag)`` at the end. Returns rank 0's records (others: [])."""
     import torch.distributed as dist
     from torch.optim.lr_scheduler import LambdaLR
 
@@ -54,9 +58,12 @@ def _train(group, engine_cls, config, start: int, steps: int, load=None, save=No
     spec = ModelSpec()
     engine = engine_cls(spec.build(SEED), config, process_group=group)
     try:
-        engine.lr_scheduler = LambdaLR(engine.optimizer, _decay)
+        if not attach_after_load:
+            engine.lr_scheduler = LambdaLR(engine.optimizer, _decay)
         if load is not None:
             engine.load_checkpoint(*load)
+        if attach_after_load:  # the loaded scheduler state waits for a scheduler, then is applied to it
+            engine.lr_scheduler = LambdaLR(engine.optimizer, _decay)
         cfg = engine.config
         records = []
         for k in range(start, start + steps):
@@ -112,6 +119,18 @@ def _config(stage: int, **extra) -> dict:
     }
     cfg.update(extra)
     return cfg
+
+
+def test_resume_with_the_scheduler_attached_after_the_load_equals_uninterrupted_run(impl, tmp_path):
+    """docs/zero.md, "LR schedules": a checkpoint loaded before any lr_scheduler is attached keeps the saved
+    scheduler state and applies it to the scheduler attached next (its lr in force, not the schedule's first
+    value): the resumed run's learning rates, and everything they drive, equal the uninterrupted run's."""
+    api = engine_api(impl)
+    cfg = _config(1)
+    full = api.run_on_ranks(_train, 2, api.ZeroEngine, cfg, 0, 4, None, None, 1)[0]
+    api.run_on_ranks(_train, 2, api.ZeroEngine, cfg, 0, 2, None, (str(tmp_path), "ck"), 1)
+    resumed = api.run_on_ranks(_train, 2, api.ZeroEngine, cfg, 2, 2, (str(tmp_path), None), None, 2, True)[0]
+    _assert_same(resumed, full[2:], "scheduler attached after the load")
 
 
 SAME_WORLD = [

@@ -18,6 +18,10 @@ The files, the order they are written in and what a load verifies (checksums, th
 files) are :mod:`.checkpoint_files`; this module decides what an engine puts into them and takes out. A
 ``client_state`` is checked before anything touches the disk (:func:`check_client_state`), so a save never
 writes a checkpoint that a ``weights_only`` load cannot read back.
+
+The consolidated weights (the engine's ``state_dict`` / ``load_state_dict``: a plain module's state, no files) are
+here too (:func:`module_state_dict`, :func:`load_module_state`): loading them is a checkpoint install without the
+optimizer state.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from optimized.accumulation.checkpoint_files import (
     write_rank_file,
 )
 from optimized.accumulation.checkpoint_view import CheckpointView
-from reference.contract.errors import CheckpointError, ConfigurationError
+from reference.contract.errors import CheckpointError, ConfigurationError, UnsupportedOperationError
 
 __all__ = [
     "agree",
@@ -55,7 +59,9 @@ __all__ = [
     "frozen_range",
     "install_state",
     "load",
+    "load_module_state",
     "master_range",
+    "module_state_dict",
     "pieces_of_range",
     "save",
 ]
@@ -179,9 +185,20 @@ def frozen_range(engine: CheckpointView) -> tuple[int, int]:
 def save(
     engine: CheckpointView, save_dir: str | os.PathLike, tag: str | None, client_state: Any, save_latest: bool
 ) -> str:
-    """:meth:`ZeroEngine.save_checkpoint`: check the arguments (client_state included) and agree on them, prepare
+    """:meth:`ZeroEngine.save_checkpoint`: refuse a save inside backward() / no_sync() or one that would drop an
+    accumulated gradient, check the arguments (client_state included) and agree on them, prepare
     the staging directory on rank 0, write every rank's file, commit on rank 0 (:mod:`.checkpoint_files`). Any
     rank's failure is every rank's :class:`CheckpointError` or :class:`ConfigurationError`."""
+    if engine.in_backward or engine.in_no_sync:
+        raise UnsupportedOperationError(
+            "save_checkpoint() inside backward() or no_sync(); allowed: call it between steps"
+        )
+    if engine.grads_pending:
+        raise UnsupportedOperationError(
+            "save_checkpoint() after backward() without a boundary step(): the accumulated gradient is not "
+            "part of a checkpoint and would be lost; allowed: save right after a boundary step(), or "
+            "zero_grad() first to drop it on purpose"
+        )
     comm = engine.comm
     if not isinstance(save_dir, (str, os.PathLike)):
         raise ConfigurationError(f"save_dir={save_dir!r} must be a str or PathLike naming a directory")
@@ -301,6 +318,12 @@ def load(
     load_lr_scheduler_states: bool, load_module_only: bool,
 ) -> tuple[str, dict[str, Any]]:
     """:meth:`ZeroEngine.load_checkpoint`: read and check everything, agree, then install (arguments checked)."""
+    if engine.in_backward or engine.in_no_sync:
+        raise UnsupportedOperationError("load_checkpoint() inside backward() or no_sync(); allowed: between steps")
+    for name, v in (("load_optimizer_states", load_optimizer_states),
+                    ("load_lr_scheduler_states", load_lr_scheduler_states), ("load_module_only", load_module_only)):
+        if type(v) is not bool:
+            raise ConfigurationError(f"{name}={v!r} must be a bool; allowed values: True, False")
     if not isinstance(load_dir, (str, os.PathLike)):
         raise ConfigurationError(f"load_dir={load_dir!r} must be a str or PathLike naming a directory")
     error = None
@@ -335,10 +358,7 @@ def _load_hyperparameters(engine: CheckpointView, own: dict[str, Any]) -> None:
     groups["param_groups"] = [{**g, "params": mine["params"]} for g, mine in saved_groups]
     engine.optimizer.load_state_dict(groups)
     if own["lr_scheduler"] is not None:
-        if engine.lr_scheduler is not None:
-            engine.lr_scheduler.load_state_dict(own["lr_scheduler"])
-        else:
-            engine.defer_scheduler_state(own["lr_scheduler"])
+        engine.lr_schedule.load_state_dict(own["lr_scheduler"])  # now, or when a scheduler is attached
 
 
 def _check_compatible(
@@ -450,3 +470,45 @@ def _install_frozen(engine: CheckpointView, frozen: Any) -> None:
                     engine.weights.frozen_part[local : local + length].copy_(src)
             else:
                 engine.params[n].data.copy_(v.detach().to(model_dtype))
+
+
+# ---- consolidated weights (the engine's state_dict/load_state_dict delegate here) ---------------------------------
+
+
+def module_state_dict(module: nn.Module, full: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``module.state_dict()`` with every parameter taken from ``full`` (full shape, model dtype) and copies of the
+    buffers: what a plain ``nn.Module`` loads."""
+    return {k: full[k] if k in full else v.detach().clone() for k, v in module.state_dict(keep_vars=True).items()}
+
+
+def load_module_state(engine: CheckpointView, state_dict: Any, strict: bool) -> None:
+    """:meth:`ZeroEngine.load_state_dict`: everything checked first (keys with ``strict``, shapes always), then the
+    master range is filled from the full parameters (fp32: exactly) and installed with frozen parameters and
+    buffers; optimizer state and counters are kept. No communication."""
+    if engine.in_backward:
+        raise UnsupportedOperationError("load_state_dict() during backward(); allowed: call it between calls")
+    if not isinstance(state_dict, Mapping):
+        raise ConfigurationError(f"state_dict={type(state_dict).__name__} must be a mapping name -> tensor")
+    buffers = dict(engine.module.named_buffers())
+    expected = set(engine.params) | set(buffers)
+    missing, unexpected = sorted(expected - set(state_dict)), sorted(set(state_dict) - expected)
+    if strict and (missing or unexpected):
+        raise ConfigurationError(
+            f"state_dict does not match the module: missing keys {missing}, unexpected keys {unexpected}; "
+            f"allowed: the keys of engine.state_dict(), or strict=False"
+        )
+    shapes = {s.name: s.shape for s in (*engine.layout.segments, *engine.frozen_layout.segments)}
+    for k, v in state_dict.items():
+        want = shapes.get(k, tuple(buffers[k].shape) if k in buffers else None)
+        if want is not None and (not isinstance(v, torch.Tensor) or tuple(v.shape) != tuple(want)):
+            got = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
+            raise ConfigurationError(f"state_dict[{k!r}] has shape {got}; the module's is {tuple(want)}")
+    master = engine.path.master.clone()
+    lo = 0 if engine.stage == 0 else engine.rank * engine.layout.partition_size
+    for name, pstart, local, length in pieces_of_range(engine.layout.segments, lo, lo + master.numel()):
+        if name in state_dict:
+            flat = state_dict[name].detach().reshape(-1).to(torch.float32)
+            master[local : local + length].copy_(flat[pstart : pstart + length])
+    frozen = {k: state_dict[k] for k in engine.frozen_names if k in state_dict}
+    loaded_buffers = {k: v for k, v in state_dict.items() if k in buffers}
+    install_state(engine, master, None, frozen, loaded_buffers)

@@ -4,8 +4,10 @@
 surface (the collectives, the schedule's counters, the update path, the live weights' frozen partition), and less
 than the whole engine: this view names exactly that, so the checkpoint code reads no private attribute of the
 engine and the engine can change its insides without the checkpoint code noticing. The two things a load changes
-on the engine itself (the scheduler state held until a scheduler is attached, the "gradients accumulated" flag) are
-functions the engine hands over, not fields the checkpoint code writes.
+on the engine itself (the scheduler state held until a scheduler is attached, the "gradients accumulated" flag) go
+through the engine's :class:`~.lr.LrSchedule` and a function the engine hands over, not fields the checkpoint code
+writes. The view also says where the engine is (inside ``backward()``, ``no_sync()``, gradients pending) so the
+checkpoint code refuses a call at the wrong time before anything changes.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 from torch import nn
 
 from optimized.accumulation.collectives import Collectives
-from optimized.accumulation.lr import EngineOptimizer
+from optimized.accumulation.lr import EngineOptimizer, LrSchedule
 from optimized.accumulation.update_paths import UpdatePath
 from optimized.accumulation.weights import LiveWeights
 from reference.contract.accumulation_config import AccumulationConfig
@@ -53,11 +55,18 @@ class CheckpointView:
     #: the counters (R2-R6) a checkpoint records and restores
     schedule: AccumulationSchedule
     optimizer: EngineOptimizer
-    lr_scheduler: Any
-    #: a loaded lr_scheduler state for a scheduler attached later
-    defer_scheduler_state: Callable[[dict[str, Any]], None]
+    #: the attached lr_scheduler, and where a loaded scheduler state waits for one attached later
+    lr_schedule: LrSchedule
     #: the gradient accumulated since the last boundary was dropped (an install)
     gradients_dropped: Callable[[], None]
+    #: when the view was built: inside backward(), inside no_sync(), gradients accumulated since the last boundary
+    in_backward: bool
+    in_no_sync: bool
+    grads_pending: bool
+
+    @property
+    def lr_scheduler(self) -> Any:
+        return self.lr_schedule.scheduler
 
     @property
     def global_steps(self) -> int:

@@ -1,5 +1,5 @@
-"""What ZeroEngine checks while it is built, before any buffer exists: the model argument, the device, and that
-every rank wraps the same model.
+"""What ZeroEngine checks while it is built, before any buffer exists: its arguments and the process group, the
+model argument, the device, and that every rank wraps the same model.
 
 Why each check is here and not left to torch: a string where a module belongs failed with ``'str' object is not
 callable``; ``device="cuda"`` on a CPU-only build with a bare ``AssertionError`` from torch's lazy init; and two
@@ -12,15 +12,51 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from reference.contract.errors import ConfigurationError
+from optimized.accumulation.partition import FlatLayout, build_layout
+from reference.contract import envvars
+from reference.contract.accumulation_config import AccumulationConfig
+from reference.contract.errors import ConfigurationError, UnsupportedOperationError
 
-__all__ = ["build_module", "check_same_model_on_every_rank", "resolve_device"]
+__all__ = [
+    "ModelParameters",
+    "build_module",
+    "check_engine_arguments",
+    "check_same_model_on_every_rank",
+    "model_parameters",
+    "resolve_device",
+]
+
+
+def check_engine_arguments(
+    config: AccumulationConfig, initialized: bool, bucket_elements: object, record_gradients: object, prefetch: object
+) -> None:
+    """The engine's own arguments and what it needs before anything is built: data parallelism only, an
+    initialized process group, a valid ``HOSTOFFLOAD_DEVICE_ADAM``."""
+    if config.pipeline_parallel_size != 1:
+        raise UnsupportedOperationError(
+            f"pipeline_parallel_size={config.pipeline_parallel_size} is not modeled by this engine "
+            f"(data parallelism only); allowed: pipeline_parallel_size=1"
+        )
+    if not initialized:
+        raise ConfigurationError(
+            "torch.distributed is not initialized; allowed: call torch.distributed.init_process_group "
+            "(backend 'gloo' on CPU, 'nccl' on GPUs; world size 1 is fine) before building the engine"
+        )
+    if type(bucket_elements) is not int or bucket_elements < 1:
+        raise ConfigurationError(f"bucket_elements={bucket_elements!r} must be an int >= 1")
+    for name, value in (("record_gradients", record_gradients), ("prefetch", prefetch)):
+        if type(value) is not bool:
+            raise ConfigurationError(f"{name}={value!r} must be a bool; allowed values: True, False")
+    # Every engine refuses a bad HOSTOFFLOAD_DEVICE_ADAM, not only those whose update path steps a master on the
+    # device (which decide at construction, device_adam.prepare): a typo must not wait for a config change.
+    envvars.device_adam()
 
 
 def build_module(model: Any) -> nn.Module:
@@ -102,3 +138,42 @@ def _describe(entry: tuple[str, tuple[int, ...], bool] | None) -> str:
         return "absent"
     name, shape, grad = entry
     return f"{name!r} of shape {list(shape)}" + ("" if grad else " (frozen)")
+
+
+@dataclass(frozen=True)
+class ModelParameters:
+    """A model's parameters as the engine keeps them: by name (in ``named_parameters()`` order), the trainable and
+    the frozen names, and their R8 layouts over the world."""
+
+    params: dict[str, nn.Parameter]
+    trainable_names: tuple[str, ...]
+    frozen_names: tuple[str, ...]
+    layout: FlatLayout
+    frozen_layout: FlatLayout
+
+    @property
+    def trainable(self) -> list[nn.Parameter]:
+        return [self.params[n] for n in self.trainable_names]
+
+    def clear_grads(self) -> None:
+        """``p.grad = None`` everywhere: the engine's hooks move gradients into its buffers, none stays."""
+        for p in self.params.values():
+            p.grad = None
+
+
+def model_parameters(comm: Any, module: nn.Module) -> ModelParameters:
+    """``module``'s parameters, checked to be the same on every rank (before any buffer: a mismatch fails on every
+    rank) and to include one that trains."""
+    named = list(module.named_parameters())
+    check_same_model_on_every_rank(comm, named)
+    trainable = [(n, p) for n, p in named if p.requires_grad]
+    frozen = [(n, p) for n, p in named if not p.requires_grad]
+    if not trainable:
+        raise ConfigurationError("model has no parameter with requires_grad=True; allowed: at least one")
+    return ModelParameters(
+        params=dict(named),
+        trainable_names=tuple(n for n, _ in trainable),
+        frozen_names=tuple(n for n, _ in frozen),
+        layout=build_layout([(n, p.shape) for n, p in trainable], comm.world),
+        frozen_layout=build_layout([(n, p.shape) for n, p in frozen], comm.world),
+    )

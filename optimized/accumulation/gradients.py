@@ -105,6 +105,19 @@ class GradientHooks:
             b.keep_alive = None
             b.grads = None
 
+    def run(self, backward: Callable[[], None]) -> None:
+        """One engine backward: ``backward()`` between :meth:`begin` and :meth:`finish` (stages 2/3); a failure
+        drops the buckets' state (:meth:`abandon`) and propagates."""
+        if self.stage >= 2:
+            self.begin()
+        try:
+            backward()
+            if self.stage >= 2:
+                self.finish()
+        except BaseException:
+            self.abandon()
+            raise
+
     def _make_hook(self, name: str) -> Callable[[torch.Tensor], None]:
         seg = self._segments[name]
         # The hook lives on the parameter, where the garbage collector cannot see it (torch keeps the tensor alive

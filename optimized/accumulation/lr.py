@@ -8,10 +8,15 @@ when offloaded. What LR schedules need is the *interface*: ``param_groups`` with
 ``torch.optim.lr_scheduler`` accept it) with one parameter group; the engine reads the group's values at every
 boundary and runs its update with them, and calls :meth:`step` itself after the update so a scheduler sees the
 usual optimizer-then-scheduler order. Users never call :meth:`step`; doing so raises.
+
+:class:`LrSchedule` is the rest of the engine's learning-rate surface (``engine.lr_scheduler``, ``get_lr`` /
+``set_lr``): the attached scheduler, checked to drive this optimizer, and a scheduler state a checkpoint load read
+before any scheduler was attached, kept until one is (a training script usually loads first, then attaches).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
@@ -19,9 +24,9 @@ from typing import Any
 import torch
 
 from reference.contract.accumulation_config import OptimizerConfig
-from reference.contract.errors import UnsupportedOperationError
+from reference.contract.errors import ConfigurationError, UnsupportedOperationError
 
-__all__ = ["EngineOptimizer"]
+__all__ = ["EngineOptimizer", "LrSchedule"]
 
 
 class EngineOptimizer(torch.optim.Optimizer):
@@ -81,3 +86,53 @@ class EngineOptimizer(torch.optim.Optimizer):
         """Gradients never stay on the parameters (the engine accumulates them in its own buffers): nothing to
         clear here; ``engine.zero_grad()`` discards the engine's accumulated gradient."""
         return None
+
+
+class LrSchedule:
+    """The scheduler ``step()`` advances at each boundary (``scheduler``, None: none) over ``optimizer``."""
+
+    def __init__(self, optimizer: EngineOptimizer) -> None:
+        self.optimizer = optimizer
+        self.scheduler: Any = None
+        self._pending_state: dict[str, Any] | None = None
+
+    def attach(self, scheduler: Any) -> None:
+        """``engine.lr_scheduler = scheduler``: one built on the engine's optimizer, or None. A state loaded
+        before (:meth:`load_state_dict`) is applied to it now."""
+        if scheduler is not None:
+            if getattr(scheduler, "optimizer", None) is not self.optimizer or not callable(
+                getattr(scheduler, "step", None)
+            ):
+                raise ConfigurationError(
+                    f"lr_scheduler={scheduler!r} must be a scheduler built on engine.optimizer (e.g. "
+                    f"torch.optim.lr_scheduler.LambdaLR(engine.optimizer, ...)), or None"
+                )
+            if self._pending_state is not None:
+                scheduler.load_state_dict(self._pending_state)
+                self._pending_state = None
+                # Building the scheduler reset the group's lr to its first value; the loaded one is in force.
+                for g, lr in zip(self.optimizer.param_groups, scheduler.get_last_lr(), strict=True):
+                    g["lr"] = lr
+        self.scheduler = scheduler
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A checkpoint's scheduler state: into the attached scheduler, or held for the next one attached."""
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(state)
+        else:
+            self._pending_state = state
+
+    def boundary_done(self) -> None:
+        """After a boundary's update: the optimizer steps (as schedulers expect), then the scheduler."""
+        self.optimizer.engine_step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+
+    def get_lr(self) -> list[float]:
+        return [float(g["lr"]) for g in self.optimizer.param_groups]
+
+    def set_lr(self, lr: float) -> None:
+        if not isinstance(lr, (int, float)) or type(lr) is bool or not math.isfinite(lr) or lr < 0:
+            raise ConfigurationError(f"lr={lr!r} must be a finite number >= 0")
+        for g in self.optimizer.param_groups:
+            g["lr"] = float(lr)

@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from reference.contract.errors import ConfigurationError
+
 __all__ = ["LossOrigin", "tensors_in"]
 
 #: The key of the mark in an autograd node's ``metadata`` dict (namespaced: anomaly mode and users share it).
@@ -61,6 +63,19 @@ class LossOrigin:
             node = t.grad_fn
             if node is not None:
                 node.metadata[MARK_KEY] = self._token
+
+    def check_loss(self, loss: Any) -> None:
+        """``backward(loss)``'s argument, refused before anything is accumulated: not a one-element tensor that
+        requires grad, or not this engine's (:meth:`produced`: a foreign loss would accumulate a zero gradient)."""
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.requires_grad:
+            raise ConfigurationError("loss must be a one-element tensor that requires grad")
+        if not self.produced(loss):
+            raise ConfigurationError(
+                "loss was not computed from this engine's module: its autograd graph reaches neither a trainable "
+                "parameter nor an output of engine.module (a loss of another model, or of a detached output, "
+                "would be accumulated as a zero gradient); allowed: a loss computed from engine(...) / "
+                "engine.module(...) outputs"
+            )
 
     def produced(self, loss: torch.Tensor) -> bool:
         """Whether ``loss``'s graph reaches a marked output or a trainable parameter (breadth first: the usual
