@@ -32,6 +32,8 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
+from conformance.attribute_patches import AttributePatches
+
 __all__ = ["FilesystemFaults", "Killed"]
 
 KINDS = ("write", "rename", "kill")
@@ -105,7 +107,7 @@ class FilesystemFaults:
         self.steps: list[tuple[str, str]] = []
         self._written = 0
         self._snapshot: str | None = None
-        self._saved: dict[tuple[Any, str], Any] = {}
+        self._patches = AttributePatches()
 
     # -- the patched names ------------------------------------------------------------------------------------
     def __enter__(self) -> FilesystemFaults:
@@ -118,22 +120,16 @@ class FilesystemFaults:
                 return _FaultyFile(real_open(file, mode, *args, **kwargs), self, os.fspath(file))
             return real_open(file, mode, *args, **kwargs)
 
-        self._patch(builtins, "open", faulty_open)
-        self._patch(os, "fsync", self._wrap_fd(os.fsync))
+        self._patches.patch(builtins, "open", faulty_open)
+        self._patches.patch(os, "fsync", self._wrap_fd(os.fsync))
         for name in ("rename", "replace"):
-            self._patch(os, name, self._wrap_rename(getattr(os, name)))
+            self._patches.patch(os, name, self._wrap_rename(getattr(os, name)))
         for name in ("mkdir", "unlink", "rmdir", "remove"):
-            self._patch(os, name, self._wrap_path(getattr(os, name)))
+            self._patches.patch(os, name, self._wrap_path(getattr(os, name)))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for (owner, name), value in self._saved.items():
-            setattr(owner, name, value)
-        self._saved.clear()
-
-    def _patch(self, owner: Any, name: str, value: Any) -> None:
-        self._saved[(owner, name)] = getattr(owner, name)
-        setattr(owner, name, value)
+        self._patches.restore()
 
     def _wrap_path(self, real: Any) -> Any:
         def call(path: Any, *args: Any, **kwargs: Any) -> Any:

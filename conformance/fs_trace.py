@@ -24,6 +24,8 @@ import io
 import os
 from typing import Any
 
+from conformance.attribute_patches import AttributePatches
+
 __all__ = ["FilesystemTrace", "durability_violations"]
 
 
@@ -95,7 +97,7 @@ class FilesystemTrace:
     def __init__(self, directory: str) -> None:
         self.root = os.path.abspath(directory)
         self.events: list[tuple[str, ...]] = []
-        self._saved: dict[tuple[Any, str], Any] = {}
+        self._patches = AttributePatches()
 
     def _under(self, path: str | None) -> bool:
         return path is not None and (path == self.root or path.startswith(self.root + os.sep))
@@ -121,24 +123,18 @@ class FilesystemTrace:
             return io.TextIOWrapper(buffered, encoding=encoding, errors=errors, newline=newline,
                                     line_buffering=buffering == 1)
 
-        self._patch(builtins, "open", recording_open)
+        self._patches.patch(builtins, "open", recording_open)
         for name in ("fsync", "fdatasync"):
-            self._patch(os, name, self._wrap_fd(getattr(os, name)))
-        self._patch(os, "sync", self._wrap_sync(os.sync))
+            self._patches.patch(os, name, self._wrap_fd(getattr(os, name)))
+        self._patches.patch(os, "sync", self._wrap_sync(os.sync))
         for name in ("rename", "replace"):
-            self._patch(os, name, self._wrap_rename(getattr(os, name)))
+            self._patches.patch(os, name, self._wrap_rename(getattr(os, name)))
         for name, op in (("mkdir", "mkdir"), ("unlink", "unlink"), ("remove", "unlink"), ("rmdir", "rmdir")):
-            self._patch(os, name, self._wrap_path(getattr(os, name), op))
+            self._patches.patch(os, name, self._wrap_path(getattr(os, name), op))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for (owner, name), value in self._saved.items():
-            setattr(owner, name, value)
-        self._saved.clear()
-
-    def _patch(self, owner: Any, name: str, value: Any) -> None:
-        self._saved[(owner, name)] = getattr(owner, name)
-        setattr(owner, name, value)
+        self._patches.restore()
 
     def _wrap_fd(self, real: Any) -> Any:
         def call(fd: Any) -> Any:
