@@ -15,7 +15,8 @@ peak memory and host RSS are the arm's own; a crash or OOM of one arm is reporte
   ``CPUOffloadPolicy``;
 - ``ours-s2-offload-overlap`` (issue 40 item 3, R30): share 0 with ``host_update_start: last_backward`` (each
   bucket's host Adam started under the last backward, redone where the norm clips; the timeline line prints the
-  boundaries and buckets redone);
+  boundaries and buckets redone); ``ours-s2-offload-bf16state-overlap``: both R29 and R30, the configuration
+  for a user short of memory;
 - ``ours-s2-offload-matched`` (issue 40): our engine at DeepSpeed's GPU memory: ``gpu_share: "auto"`` with a
   ``gpu_memory_budget`` of what DeepSpeed's peak leaves above our all-on-the-host arm's peak (see
   :func:`_memory_match`; the arms it needs run first);
@@ -97,14 +98,16 @@ MODELS: dict[str, tuple[int, int, int, int, int, int, int, int]] = {
     "13b": (5120, 40, 40, 13824, 32000, 2048, 4, 2),
 }
 
-ARMS = ["ours-s2", "ours-s2-offload", "ours-s2-offload-bf16state", "ours-s2-offload-overlap", "ours-s2-offload-split",
+ARMS = ["ours-s2", "ours-s2-offload", "ours-s2-offload-bf16state", "ours-s2-offload-overlap",
+        "ours-s2-offload-bf16state-overlap", "ours-s2-offload-split",
         "ours-s2-offload-dpu",
         "ours-s2-offload-dpu-warmup", "ours-s3", "ours-s3-offload", "ours-s3-offload-split", "ours-s3-offload-dpu",
         "ours-s3-offload-dpu-warmup", "ds-z2-offload", "ds-z3-offload", "fsdp2", "fsdp2-offload",
         "ours-s2-offload-matched", *PEER_PACKAGES]
 #: ``--mode converge``'s arms unless ``--arms`` is given (issue 27 item 6), most telling first: a run cut short by
 #: its time box keeps those.
-CONVERGE_ARMS = ["ours-s2", "ours-s2-offload", "ours-s2-offload-bf16state", "ours-s2-offload-split",
+CONVERGE_ARMS = ["ours-s2", "ours-s2-offload", "ours-s2-offload-bf16state", "ours-s2-offload-bf16state-overlap",
+                 "ours-s2-offload-split",
                  "ours-s2-offload-dpu-warmup", "ours-s2-offload-dpu", "ds-z2-offload", "ours-s2-offload-matched",
                  *PEER_PACKAGES]
 #: The arm-name token of R29's compressed state (``state_precision: bf16``), e.g. ``ours-s2-offload-bf16state``.
