@@ -149,10 +149,12 @@ def test_R30_R25_drawn_scenario_matches_reference(area_api, reference_api, impl,
 # ---- the engine: redone boundaries, reads between the backward and the step ------------------------------------
 
 
-def _train(group, engine_cls, config: dict, boundaries: int, probe: bool = False, new_lr: float | None = None):
+def _train(group, engine_cls, config: dict, boundaries: int, probe: bool = False, new_lr: float | None = None,
+           loss_scales: tuple[float, ...] | None = None):
     """One rank: ``boundaries`` boundaries of 2 micro-steps (WIDE, buckets of 16 elements); ``probe``: read the
     master and the optimizer state between each boundary's last backward and its step; ``new_lr``: set the
-    learning rate there. The losses, clip coefficients, final weights, master, state, the reads, the report."""
+    learning rate there; ``loss_scales``: per boundary, a factor on its losses (to make given boundaries clip).
+    The losses, clip coefficients, final weights, master, state, the reads, the report."""
     import torch.distributed as dist
 
     rank = dist.get_rank(group)
@@ -166,6 +168,8 @@ def _train(group, engine_cls, config: dict, boundaries: int, probe: bool = False
                 x = torch.randn(cfg.train_micro_batch_size_per_gpu, WIDE.in_features, generator=gen)
                 y = torch.randn(cfg.train_micro_batch_size_per_gpu, WIDE.out_features, generator=gen)
                 loss = compute_loss(engine.module, x, y, cfg.model_dtype)
+                if loss_scales is not None:
+                    loss = loss * loss_scales[k]
                 engine.backward(loss)
                 if engine.is_gradient_accumulation_boundary():
                     if probe:
@@ -192,10 +196,11 @@ def _engine_config(stage: int, clip: float, start: str = "last_backward") -> dic
 @IN_RANK_PROCESSES
 @pytest.mark.parametrize("stage", [2, 3])
 def test_R30_report_counts_exactly_the_clipped_boundaries(impl, stage):
-    """R30 on the engine (W = 2, 3 boundaries): with clipping at every boundary, ``overlap_report()`` counts 3
-    boundaries started under the last backward and 3 redone (every boundary whose ``step()`` returned a clip
-    coefficient), some buckets redone; without clipping 3 started, none redone; in both the run is bitwise the
-    "step" run (losses, weights, master, state), whose report is None."""
+    """R30 on the engine (W = 2, 3 boundaries): without clipping ``overlap_report()`` counts 3 boundaries
+    started under the last backward and none redone; with clipping at every boundary, the first boundary is
+    speculated and redone (some of its buckets), and the two after it, which follow a clipped boundary, are not
+    speculated (``boundaries_not_speculated``); in both the run is bitwise the "step" run (losses, weights,
+    master, state), whose report is None."""
     api = engine_api(impl)
     for clip, clipped in ((0.05, True), (1e3, False)):
         over = api.run_on_ranks(_train, 2, api.ZeroEngine, _engine_config(stage, clip), 3)
@@ -206,13 +211,34 @@ def test_R30_report_counts_exactly_the_clipped_boundaries(impl, stage):
             assert want["report"] is None, f"{what}: host_update_start 'step' reported {want['report']}"
             report = got["report"]
             assert [c is not None for c in got["coefs"]] == [clipped] * 3, f"{what}: coefs {got['coefs']}"
-            assert report["boundaries_speculated"] == 3 and report["buckets_speculated"] > 0, f"{what}: {report}"
-            assert report["boundaries_redone"] == sum(c is not None for c in got["coefs"]), f"{what}: {report}"
-            if clipped:
-                assert report["buckets_redone"] > 0, f"{what}: {report}"
-            else:
-                assert report["buckets_redone"] == 0, f"{what}: {report}"
+            speculated = 1 if clipped else 3
+            assert report["boundaries_speculated"] == speculated, f"{what}: {report}"
+            assert report["boundaries_not_speculated"] == 3 - speculated, f"{what}: {report}"
+            assert report["buckets_speculated"] > 0, f"{what}: {report}"
+            assert report["boundaries_redone"] == (1 if clipped else 0), f"{what}: {report}"
+            assert (report["buckets_redone"] > 0) == clipped, f"{what}: {report}"
+            assert report["buckets_redone"] <= report["buckets_speculated"], f"{what}: {report}"
             assert report["speculations_discarded"] == 0, f"{what}: {report}"
+
+
+@REQUIRES_OVERLAP
+@REQUIRES_ENGINE
+@IN_RANK_PROCESSES
+def test_R30_speculation_resumes_after_a_boundary_that_does_not_clip(impl):
+    """R30's policy (W = 2, stage 2, clip 1.0, 4 boundaries whose losses are scaled so that the first and third
+    clip and the second and fourth do not): boundaries 1 and 3 are speculated (the first has no predecessor, the
+    third follows one that did not clip) and redone; 2 and 4 follow a clipped boundary and are not speculated.
+    The run is bitwise the "step" run."""
+    api = engine_api(impl)
+    scales = (1e4, 1e-4, 1e4, 1e-4)
+    over = api.run_on_ranks(_train, 2, api.ZeroEngine, _engine_config(2, 1.0), 4, False, None, scales)
+    step = api.run_on_ranks(_train, 2, api.ZeroEngine, _engine_config(2, 1.0, "step"), 4, False, None, scales)
+    for rank, (got, want) in enumerate(zip(over, step, strict=True)):
+        _assert_same(got, want, f"rank {rank}")
+        assert [c is not None for c in got["coefs"]] == [True, False, True, False], got["coefs"]
+        report = got["report"]
+        assert report["boundaries_speculated"] == 2 and report["boundaries_not_speculated"] == 2, report
+        assert report["boundaries_redone"] == 2 and report["speculations_discarded"] == 0, report
 
 
 @REQUIRES_OVERLAP

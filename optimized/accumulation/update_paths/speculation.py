@@ -22,6 +22,14 @@ that clips is bitwise the one of ``host_update_start: step``. Nothing speculativ
 the kernel writes the model-dtype weights into a cast buffer of its own, uploaded only once the bucket is
 settled (:class:`.WeightUpload`, flat order).
 
+What a clipping boundary costs is bounded twice. Once ``step()`` knows the speculation cannot stand
+(:meth:`SpeculativeUpdate.claim`), the speculative updates not begun yet are skipped (the step's task updates those
+buckets once, as without R30): only the buckets already speculated pay the restore and the second update. And a
+boundary that follows one whose norm clipped is not speculated at all (counted in ``boundaries_not_speculated``):
+the norms of consecutive boundaries are close, so early in training, where every boundary clips, the path is the
+``step`` path at its cost, and it speculates again from the boundary after the first one that does not clip. The
+first boundary (and the first after a checkpoint load into a new engine) is speculated.
+
 A speculation that no step claims is undone (:meth:`SpeculativeUpdate.discard`: restored from the backup): a
 backward after the predicted boundary's (the boundary moved), ``zero_grad()``, a read of the master or the
 optimizer state (a checkpoint save between the backward and the step), a checkpoint load.
@@ -55,7 +63,7 @@ __all__ = ["SpeculativeUpdate"]
 
 #: What :meth:`SpeculativeUpdate.report` counts since construction.
 REPORT_KEYS = ("boundaries_speculated", "buckets_speculated", "boundaries_redone", "buckets_redone",
-               "speculations_discarded")
+               "speculations_discarded", "boundaries_not_speculated")
 
 
 class SpeculativeUpdate:
@@ -83,6 +91,12 @@ class SpeculativeUpdate:
         #: buckets updated speculatively (written by the worker thread; read once its futures are done)
         self._speculated: dict[int, BucketRange] = {}
         self._redone_here = 0
+        #: the step claimed the open speculation and it cannot stand (the norm clips, or other values): the
+        #: speculative updates not begun yet are skipped (set under the lock; reset with the speculation)
+        self._abandoned = False
+        #: whether the last boundary's norm clipped: the next boundary is then not speculated (norms of
+        #: consecutive boundaries are close, so it would most likely be redone: twice the host update)
+        self._previous_clipped = False
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(REPORT_KEYS, 0)
 
@@ -96,6 +110,9 @@ class SpeculativeUpdate:
     def begin(self, step: int) -> None:
         """A backward the schedule predicts is the boundary's starts; the boundary will be step ``step``."""
         self.discard()
+        if self._previous_clipped:
+            self._counts["boundaries_not_speculated"] += 1
+            return
         if self._backup is None:  # here, on the training thread, like every other allocation of the engine
             self._backup = {name: self._make_backup(buf) for name, buf in self._state.items()}
         self._guess = (self._hyper_now(), step)
@@ -111,6 +128,9 @@ class SpeculativeUpdate:
     def _speculate(self, b: BucketRange) -> None:
         """On the worker thread: back the bucket's state up, then R15 + R16 unclipped with the guessed values."""
         self._gradients.wait_landed(b.index)  # the bucket's D2H has run: its host gradient is final
+        with self._lock:
+            if self._abandoned:  # the step already knows it cannot stand: the step's task updates the bucket
+                return
         for name, buf in self._state.items():
             self._backup[name][b.lo : b.hi].copy_(buf[b.lo : b.hi])
         with self._lock:  # recorded before the kernel writes: a failed update is restored too
@@ -124,10 +144,16 @@ class SpeculativeUpdate:
             buf[b.lo : b.hi].copy_(self._backup[name][b.lo : b.hi])
 
     # ---- step(): settle -------------------------------------------------------------------------------------
-    def claim(self) -> None:
-        """``step()`` takes the open speculation over: the update task it queues settles it."""
+    def claim(self, config: OptimizerConfig, step: int, clip_coef: float | None) -> None:
+        """``step()`` takes the open speculation over (the update task it queues settles it), knowing the step's
+        hyper-parameters, count and clip coefficient: where the speculation cannot stand, the speculative updates
+        not begun yet are skipped. Whether this boundary clipped decides whether the next one speculates."""
+        self._previous_clipped = clip_coef is not None
         if self._guess is not None:
             self._claimed = True
+            if clip_coef is not None or self._guess != (config, step):
+                with self._lock:
+                    self._abandoned = True
 
     def settle(self, b: BucketRange, config: OptimizerConfig, step: int, clip_coef: float | None,
                grad: torch.Tensor) -> bool:
@@ -160,6 +186,8 @@ class SpeculativeUpdate:
         self._futures = []
         self._speculated = {}
         self._redone_here = 0
+        with self._lock:
+            self._abandoned = False
 
     # ---- undo -----------------------------------------------------------------------------------------------
     def discard(self) -> None:

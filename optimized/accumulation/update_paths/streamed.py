@@ -206,7 +206,7 @@ class StreamedHostUpdate(UpdatePath):
         clip_coef = clip_coefficient(norm, self.config.gradient_clipping)
         self.opt_state.step += 1
         if self._speculation is not None:  # R30: the update task queued next settles what ran under backward
-            self._speculation.claim()
+            self._speculation.claim(hyper, self.opt_state.step, clip_coef)
         if self._split is not None:  # R28: the device side's step, before the host's
             self._split.step_device_side(hyper, self.opt_state.step, clip_coef, self._host_master, self.opt_state)
         self._worker.start(hyper, self.opt_state.step, clip_coef)
