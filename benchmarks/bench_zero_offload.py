@@ -644,7 +644,9 @@ def _timelines(rows: list[dict]) -> str:
             lines.append(f"  {r['arm']} ({r['model']}, gas {r.get('gas')}) update under the last backward: "
                          f"{o['boundaries_redone']} of {o['boundaries_speculated']} boundaries redone "
                          f"({o['buckets_redone']} of {o['buckets_speculated']} buckets; "
-                         f"{o['speculations_discarded']} discarded), warm-up included")
+                         f"{o['speculations_discarded']} discarded; "
+                         f"{o.get('boundaries_not_speculated', 0)} not speculated after a clipped one), "
+                         "warm-up included")
         if r.get("dpu_warmup_by"):
             lines.append(f"  {r['arm']} ({r['model']}) warm-up: {r['dpu_warmup_by']}")
         if r.get("match_budget_gib") is not None:
