@@ -95,6 +95,9 @@ MODELS: dict[str, tuple[int, int, int, int, int, int, int, int]] = {
     # Between 5b and 7b: 18 bytes of host memory per parameter (docs/zero.md) put 7B at the box's edge.
     "6b": (4096, 28, 32, 11008, 32000, 2048, 4, 2),
     "7b": (4096, 32, 32, 11008, 32000, 2048, 4, 2),
+    # Issue 40's target for bf16 moments (R29: 14 instead of 18 bytes of host memory per parameter): 8.4B and 9.2B.
+    "8b": (4096, 40, 32, 11008, 32000, 2048, 4, 2),
+    "9b": (4096, 44, 32, 11008, 32000, 2048, 4, 2),
     "13b": (5120, 40, 40, 13824, 32000, 2048, 4, 2),
 }
 
