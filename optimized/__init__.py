@@ -68,6 +68,8 @@ IMPLEMENTATION = Implementation(
         accumulation_state_precision=True,
         # host_update_start (R30): the host update started under the last backward, redone where the norm clips.
         accumulation_overlapped_update=True,
+        # ZeroEngine.estimate_host_memory: the host buffers an engine will allocate, before it is built (issue 40).
+        accumulation_host_memory_estimate=True,
         # Tuning environments the native pinning path must be correct under: the CUDA pinning tests repeat their
         # registration and DMA checks with each (registration overlapped with population, and sequential).
         pin_env_variants=(

@@ -23,6 +23,7 @@ from optimized.accumulation import device_adam as fused_device_adam
 from optimized.accumulation.collectives import HANDOFF as transport_handoff
 from optimized.accumulation.collectives import CollectiveError, Collectives, fold_in_rank_order
 from optimized.accumulation.engine import DEFAULT_BUCKET_ELEMENTS, StepOutcome, ZeroEngine
+from optimized.accumulation.host_memory import HostMemoryEstimate, estimate_host_memory
 from optimized.accumulation.lr import EngineOptimizer
 from optimized.accumulation.optimizers import step_master, torch_step, uses_native
 from reference.contract.accumulation_config import (
@@ -76,6 +77,7 @@ __all__ = [
     "EngineOptimizer",
     "EnterNoSync",
     "ExitNoSync",
+    "HostMemoryEstimate",
     "ModelSpec",
     "OptimizerConfig",
     "Scenario",
@@ -87,6 +89,7 @@ __all__ = [
     "UnsupportedOperationError",
     "ZeroEngine",
     "compute_loss",
+    "estimate_host_memory",
     "fold_in_rank_order",
     "fused_device_adam",
     "micro_batch",

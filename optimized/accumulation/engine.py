@@ -60,6 +60,7 @@ from optimized.accumulation.construction import (
     model_parameters,
     resolve_device,
 )
+from optimized.accumulation.host_memory import estimate_host_memory
 from optimized.accumulation.lr import EngineOptimizer, LrSchedule
 from optimized.accumulation.origin import LossOrigin
 from optimized.accumulation.ownership import check_not_owned
@@ -307,6 +308,9 @@ class ZeroEngine(ScheduledEngine):
     def optimizer_state(self) -> OptimizerState:
         """A copy of this rank's optimizer state (with ``nvme`` offload: read back from its files)."""
         return self._check_alive(synchronize=True).path.optimizer_state()
+
+    #: the host buffers an engine will allocate for a model and config, before it is built (host_memory.py)
+    estimate_host_memory = staticmethod(estimate_host_memory)
 
     def destroy(self) -> None:
         """Remove every hook, unpin every pinned buffer the engine allocated, close the ``nvme`` swap handle and

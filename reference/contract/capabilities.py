@@ -60,6 +60,11 @@ class Capabilities:
       "step" or "last_backward", the host update started under the boundary's last backward with R15's arithmetic
       kept exact) and a distributed engine reports it (``overlap_report()``); without it the R30 tests are
       skipped.
+    - ``accumulation_host_memory_estimate``: the distributed engine's class has
+      ``estimate_host_memory(module, config, *, world_size=1, device="cuda")``, which lists the host buffers one
+      rank's engine will allocate (an object with ``buffers``, ``pinned_bytes``, ``locked_bytes`` and
+      ``total_bytes``) before any is allocated; the suite compares it with the locked memory the operating system
+      counts for the built engine.
     - ``accumulation_checkpoint``: the distributed engine implements ``save_checkpoint`` / ``load_checkpoint``
       with the guarantees of docs/zero.md ("Checkpoints: what is guaranteed": atomic saves that leave the
       previous checkpoint on any failure, checksummed files, clear errors); the suite's resume tests and its
@@ -86,6 +91,7 @@ class Capabilities:
     accumulation_state_precision: bool = False
     accumulation_overlapped_update: bool = False
     accumulation_checkpoint: bool = False
+    accumulation_host_memory_estimate: bool = False
     range_address_limit: int | None = None
     offload_streams: bool = False
     io_streams: bool = False
@@ -103,7 +109,7 @@ class Capabilities:
         for name in ("concurrent_registry_reads", "distributed_engine", "accumulation_rank_ordered_reduction",
                      "accumulation_delayed_parameter_update", "accumulation_split_update",
                      "accumulation_state_precision", "accumulation_overlapped_update",
-                     "accumulation_checkpoint", "offload_streams", "io_streams", "crash_isolation"):
+                     "accumulation_checkpoint", "accumulation_host_memory_estimate", "offload_streams", "io_streams", "crash_isolation"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}={getattr(self, name)!r} must be a bool")
         ulps = self.accumulation_optimizer_ulps

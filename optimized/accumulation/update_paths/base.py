@@ -17,9 +17,12 @@ from reference.contract.accumulation_config import AccumulationConfig, Optimizer
 from reference.contract.accumulation_norm import norm_from_total
 from reference.contract.accumulation_partition import FlatLayout
 from reference.contract.accumulation_state_precision import StatePrecision
-from reference.contract.accumulation_step import OptimizerState, StepOutcome
+from reference.contract.accumulation_step import OptimizerState, StepOutcome, state_buffer_names
+from reference.contract.errors import ConfigurationError
 
 __all__ = [
+    "BufferPlan",
+    "HostBuffer",
     "PathReports",
     "UpdateContext",
     "UpdatePath",
@@ -29,6 +32,41 @@ __all__ = [
     "initial_master",
     "state_buffers",
 ]
+
+
+@dataclass(frozen=True)
+class HostBuffer:
+    """One host buffer an engine will allocate: what it holds, its bytes, whether it is page-locked."""
+
+    name: str
+    nbytes: int
+    pinned: bool
+
+
+@dataclass(frozen=True)
+class BufferPlan:
+    """What decides an update path's host buffers, known before the engine exists: the config, this rank's master
+    and partition sizes (R8 layout, padding included), and where the engine runs."""
+
+    config: AccumulationConfig
+    stage: int
+    master_numel: int
+    partition_size: int
+    #: the accelerator is not the host (a device run pins what it copies from)
+    on_device: bool
+    #: stage 3: the parameter partitions are host buffers (``offload_param``, or a run on the host)
+    params_on_host: bool
+
+    def buffer(self, name: str, numel: int, dtype: torch.dtype, *, pinned: bool) -> HostBuffer:
+        return HostBuffer(name, numel * torch.empty((), dtype=dtype).element_size(), pinned)
+
+    def state(self) -> list[HostBuffer]:
+        """The fp32 master and the optimizer state on the host (pinned; R29's precision for Adam's moments)."""
+        cfg = self.config
+        dtype = torch.float32 if cfg.optimizer.type == "sgd" else cfg.moment_precision.dtype
+        out = [self.buffer("master", self.master_numel, torch.float32, pinned=True)]
+        out += [self.buffer(n, self.master_numel, dtype, pinned=True) for n in state_buffer_names(cfg.optimizer)]
+        return out
 
 
 @dataclass
@@ -126,6 +164,17 @@ class UpdatePath:
     @classmethod
     def check_config(cls, config: AccumulationConfig) -> None:
         """Checks of the environment this path needs, run before the engine touches the model (default none)."""
+
+    @classmethod
+    def planned_host_buffers(cls, plan: BufferPlan) -> list[HostBuffer]:
+        """The host buffers this path allocates for ``plan``, before anything exists (``estimate_host_memory``;
+        the conformance compares them with what the operating system counts). Default: not estimated."""
+        raise ConfigurationError(
+            f"estimate_host_memory: offload_optimizer={plan.config.offload_optimizer!r} with this config takes "
+            f"the {cls.__name__} path on {'an accelerator' if plan.on_device else 'the host'}, whose host memory "
+            f"is not estimated; allowed: offload_optimizer 'none' on an accelerator, or 'cpu' at zero_stage 2/3 "
+            f"with Adam/AdamW and gpu_share=0"
+        )
 
     # ---- backward (R9, R10) ----------------------------------------------------------------------------------
     def begin_backward(self, boundary_predicted: bool) -> None:

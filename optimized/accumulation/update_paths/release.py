@@ -11,11 +11,11 @@ the second gradient accumulator, what a backward, a step and the stage-2 all-gat
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
-from optimized.accumulation.update_paths.base import UpdateContext, host_model_buffer
+from optimized.accumulation.update_paths.base import BufferPlan, UpdateContext, host_model_buffer
 from optimized.accumulation.update_paths.host_worker import HostUpdateWorker
 from reference.contract.accumulation_config import OptimizerConfig
 
@@ -45,6 +45,14 @@ class ImmediateRelease:
     def second_accumulator(self) -> torch.Tensor | None:
         """R27's second host accumulator (None: one is enough)."""
         return None
+
+    #: host gradient accumulators the streamed path keeps (R27: two, one per boundary in flight)
+    accumulators: ClassVar[int] = 1
+
+    @staticmethod
+    def cast_is_own_buffer(plan: BufferPlan) -> bool:
+        """Whether :meth:`cast_buffer` allocates (False: it writes into the live parameters on the host)."""
+        return not ((plan.stage == 3 and plan.params_on_host) or (plan.stage == 2 and not plan.on_device))
 
     def before_backward(self, worker: HostUpdateWorker) -> None:
         """A backward starts: the last update's tail ran during this micro-step's forward; wait for all of it."""
@@ -94,6 +102,10 @@ class ConfirmedRelease(ImmediateRelease):
         cast.copy_(master)
         return cast
 
+    @staticmethod
+    def cast_is_own_buffer(plan: BufferPlan) -> bool:
+        return True
+
 
 class DelayedRelease:
     """R27: boundary k publishes the weights of boundary k - 1 into the live parameters and then runs its update,
@@ -101,9 +113,14 @@ class DelayedRelease:
     a buffer of its own. (The same calls as :class:`ImmediateRelease`.)"""
 
     lags_parameters = True
+    accumulators: ClassVar[int] = 2
 
     def __init__(self, ctx: UpdateContext) -> None:
         self.ctx = ctx
+
+    @staticmethod
+    def cast_is_own_buffer(plan: BufferPlan) -> bool:
+        return True
 
     def cast_buffer(self, master: torch.Tensor) -> torch.Tensor:
         # The live parameters hold the previous boundary's weights: the kernel's output is a buffer of its own;

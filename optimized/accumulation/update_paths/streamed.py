@@ -38,6 +38,8 @@ from torch import nn
 
 from optimized.accumulation.partition import owners
 from optimized.accumulation.update_paths.base import (
+    BufferPlan,
+    HostBuffer,
     PathReports,
     UpdateContext,
     UpdatePath,
@@ -140,6 +142,23 @@ class StreamedHostUpdate(UpdatePath):
         self._launched: deque[Any] = deque()
         #: whether this backward takes the R14 piece sums on the device as buckets stream out
         self._want_norm_pieces = False
+
+    @classmethod
+    def planned_host_buffers(cls, plan: BufferPlan) -> list[HostBuffer]:
+        """Master and moments (pinned), the model-dtype buffer the kernel writes where it is not the live
+        parameters, the gradient accumulator(s) (pinned on a device run), R30's backup (unpinned)."""
+        if cls.splits:
+            super().planned_host_buffers(plan)  # R28: the cut is decided at run time ("auto" measures it)
+        cfg = plan.config
+        out = plan.state()
+        if cfg.model_dtype == torch.bfloat16 and cls.release_class.cast_is_own_buffer(plan):
+            out.append(plan.buffer("model-dtype weights", plan.master_numel, cfg.model_dtype, pinned=plan.on_device))
+        for k in range(cls.release_class.accumulators):
+            out.append(plan.buffer(f"gradient accumulator {k + 1}", plan.partition_size, cfg.accum_dtype,
+                                   pinned=plan.on_device))
+        if cls.speculates:
+            out += [HostBuffer(f"backup of {b.name}", b.nbytes, False) for b in plan.state()]
+        return out
 
     def _settled(self) -> None:
         """R30: undo a speculation no step claimed before anything reads or replaces the state it wrote."""

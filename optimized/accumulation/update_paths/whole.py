@@ -22,6 +22,8 @@ from optimized.accumulation.optimizers import native_adam, step_master
 from optimized.accumulation.partition import owners
 from optimized.accumulation.swap import StateSwapper
 from optimized.accumulation.update_paths.base import (
+    BufferPlan,
+    HostBuffer,
     PathReports,
     UpdateContext,
     UpdatePath,
@@ -154,6 +156,13 @@ class DeviceUpdate(WholePartitionUpdate):
     """``offload_optimizer: none``: master and optimizer state on the device (R11, R12)."""
 
     masters_on_host = False
+
+    @classmethod
+    def planned_host_buffers(cls, plan: BufferPlan) -> list[HostBuffer]:
+        """Nothing on the host on an accelerator (on the host itself every buffer is host memory: not estimated)."""
+        if not plan.on_device:
+            super().planned_host_buffers(plan)
+        return []
 
     def __init__(self, ctx: UpdateContext) -> None:
         # The fused kernel's check and first launches now, not in the first training step (device_adam.prepare).
