@@ -240,6 +240,50 @@ def _ours_zero(arm: str, opts) -> tuple[dict, int]:
     return zero, manual_warmup
 
 
+def _current_rss_gib() -> float:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024 / 2**30
+    return float("nan")
+
+
+def _predict_host_memory(arm: str, model_name: str, shape: tuple, opts, row: dict) -> None:
+    """Before the model or the engine exists: what the engine's host buffers will take
+    (``ZeroEngine.estimate_host_memory`` on the model built on the meta device) plus this process as it is now,
+    the prediction the measured peak RSS is printed beside. A tree or config without the estimate says why."""
+    import torch
+
+    try:
+        from optimized.accumulation import estimate_host_memory
+    except ImportError:
+        row["host_estimate"] = "not in this tree"
+        return
+    from reference.contract.errors import ConfigurationError
+
+    zero, _ = _ours_zero(arm, opts)
+    if "gpu_share" in zero.get("offload_optimizer", {}):
+        row["host_estimate"] = "not estimated (the split's cut is decided at run time)"
+        return
+    _, _, batch, gas = shape
+    with torch.device("meta"):
+        meta = _llama(model_name, shape[1])
+    try:
+        est = estimate_host_memory(meta, {
+            "train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": gas, "bf16": {"enabled": True},
+            "data_types": {"grad_accum_dtype": "fp32"}, "zero_optimization": zero,
+        }, device=opts.device)
+    except ConfigurationError as exc:
+        row["host_estimate"] = f"not estimated: {exc}"
+        return
+    process = _current_rss_gib()
+    row["host_estimate"] = {"buffers_gib": est.total_bytes / 2**30, "process_before_gib": process,
+                            "predicted_peak_gib": est.total_bytes / 2**30 + process,
+                            "bytes_per_parameter": est.total_bytes / est.parameters}
+    _progress(opts.t_start, f"predicted host memory: {est.total_bytes / 2**30:.2f} GiB of engine buffers "
+                            f"({est.total_bytes / est.parameters:.1f} B/parameter) + {process:.2f} GiB this process")
+
+
 def _build_ours(arm: str, model, device, shape: tuple, opts, row: dict) -> Trainer:
     from optimized.accumulation import ZeroEngine
     from reference.contract.envvars import cpu_adam_threads, pin_backend, zero_host_memory
@@ -374,6 +418,8 @@ def _child_setup(arm: str, model_name: str, opts, row: dict):
     default_dtype = torch.get_default_dtype()
     if not arm.startswith(("fsdp2", *FP32_WEIGHT_PEERS)):
         torch.set_default_dtype(torch.bfloat16)
+    if arm.startswith("ours"):
+        _predict_host_memory(arm, model_name, shape, opts, row)
     _progress(opts.t_start, f"{arm} {model_name}: building the model on {device}")
     try:
         with torch.device(device):
@@ -642,6 +688,14 @@ def _timelines(rows: list[dict]) -> str:
                          f"up {t.get('grad_up', 0.0):.1f}, host Adam {t['host_adam']:.1f}, H2D {t['h2d']:.1f}")
         if r.get("split"):
             lines.append(f"  {r['arm']} ({r['model']}) split: {r['split']}")
+        h = r.get("host_estimate")
+        if isinstance(h, dict):
+            lines.append(f"  {r['arm']} ({r['model']}) host memory: predicted before construction "
+                         f"{h['predicted_peak_gib']:.2f} GiB ({h['buffers_gib']:.2f} of engine buffers, "
+                         f"{h['bytes_per_parameter']:.1f} B/parameter, + {h['process_before_gib']:.2f} process), "
+                         f"measured peak RSS {_fmt(r, 'host_rss_peak_gib', '.2f')} GiB")
+        elif h:
+            lines.append(f"  {r['arm']} ({r['model']}) host memory: {h}")
         o = r.get("overlap")
         if o:
             lines.append(f"  {r['arm']} ({r['model']}, gas {r.get('gas')}) update under the last backward: "
