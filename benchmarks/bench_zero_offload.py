@@ -1,6 +1,6 @@
 """ZeRO-Offload side by side: our ZeroEngine vs DeepSpeed ZeRO-Offload vs FSDP2 (+ CPUOffloadPolicy) (issue 16).
 
-One HF ``LlamaForCausalLM`` built from a config (no weights: random init), bf16, AdamW, clipping 1.0, world size
+One HF ``LlamaForCausalLM`` built from a config (no weights: random init), bf16, AdamW, clipping ``--clip`` (1.0), world size
 1, ``--gas`` micro-batches per step. Each arm runs in its own subprocess (a fresh CUDA context and allocator, so
 peak memory and host RSS are the arm's own; a crash or OOM of one arm is reported, not fatal):
 
@@ -165,13 +165,13 @@ def _rss_peak_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30
 
 
-def _ds_config(stage: int, gas: int, batch: int, lr: float) -> dict:
+def _ds_config(stage: int, gas: int, batch: int, lr: float, clip: float) -> dict:
     zero = {"stage": stage, "offload_optimizer": {"device": "cpu", "pin_memory": True}, "overlap_comm": True,
             "contiguous_gradients": True}
     if stage == 3:
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     return {
-        "train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": gas, "gradient_clipping": 1.0,
+        "train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": gas, "gradient_clipping": clip,
         "bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}, "zero_optimization": zero,
         "optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": 0.01}}, "steps_per_print": 10**9,
     }
@@ -291,7 +291,7 @@ def _build_ours(arm: str, model, device, shape: tuple, opts, row: dict) -> Train
     _, _, batch, gas = shape
     zero, manual_warmup = _ours_zero(arm, opts)
     engine = ZeroEngine(model, {
-        "train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": gas, "gradient_clipping": 1.0,
+        "train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": gas, "gradient_clipping": opts.clip,
         "bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}, "zero_optimization": zero,
         "optimizer": {"type": "AdamW", "params": {"lr": opts.lr, "weight_decay": 0.01}},
     }, device=device)
@@ -333,7 +333,7 @@ def _build_ds(arm: str, model, shape: tuple, opts) -> Trainer:
     _, _, batch, gas = shape
     stage = 2 if "-z2" in arm else 3
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                      config=_ds_config(stage, gas, batch, opts.lr))
+                                      config=_ds_config(stage, gas, batch, opts.lr, opts.clip))
 
     def set_lr(lr: float) -> None:
         for g in engine.optimizer.param_groups:
@@ -365,7 +365,7 @@ def _build_fsdp2(arm: str, model, device, opts) -> Trainer:
             loss = model(input_ids=ids, labels=ids).loss / len(micro)
             loss.backward()
             total = loss.detach() if total is None else total + loss.detach()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), opts.clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
         return total
@@ -435,7 +435,7 @@ def _child_setup(arm: str, model_name: str, opts, row: dict):
     elif arm.startswith("ds-"):
         trainer = _build_ds(arm, model, shape, opts)
     elif arm in PEER_PACKAGES:
-        trainer = build_peer(arm, model, opts.lr)
+        trainer = build_peer(arm, model, opts.lr, opts.clip)
     else:
         trainer = _build_fsdp2(arm, model, device, opts)
     return trainer, device, shape
@@ -794,6 +794,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="timed steps (step mode, default 5) or boundaries trained (converge mode, default 200)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (step mode)")
     ap.add_argument("--lr", type=float, default=None, help="AdamW learning rate (default 1e-5 step, 3e-4 converge)")
+    ap.add_argument("--clip", type=float, default=1.0,
+                    help="gradient clipping (max global norm) of every arm (default 1.0; R30's speculation stands "
+                         "only on boundaries that do not clip: a large value shows its best case)")
     ap.add_argument("--lr-warmup", type=int, default=0, help="boundaries of linear LR warm-up (converge mode)")
     ap.add_argument("--target", type=float, default=2.0, help="target loss (converge mode; floor: ln successors)")
     ap.add_argument("--smooth", type=int, default=5,

@@ -74,7 +74,7 @@ def _lr_setter(opt):
     return set_lr
 
 
-def build_torchao(model, lr: float) -> Trainer:
+def build_torchao(model, lr: float, clip: float = CLIP_NORM) -> Trainer:
     """torchao 0.18's ``CPUOffloadOptimizer`` around torch's AdamW (torchao's default, fused on the host), fp32
     weights on the GPU and bf16 autocast; ``offload_gradients`` stays off (torchao: not compatible with gradient
     accumulation). Clip 1.0 as the module docstring says."""
@@ -86,10 +86,10 @@ def build_torchao(model, lr: float) -> Trainer:
 
     def clip() -> None:
         norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-        if float(norm) > CLIP_NORM:
+        if float(norm) > clip:
             torch.cuda.synchronize()  # the gradient copies run on torchao's own stream
             read = [p for group in opt.param_groups for p in group["params"]]
-            torch.nn.utils.clip_grads_with_norm_(read, CLIP_NORM, norm)
+            torch.nn.utils.clip_grads_with_norm_(read, clip, norm)
 
     def step(micro: torch.Tensor) -> torch.Tensor:
         total = _accumulate(model, micro, autocast=True)
@@ -101,7 +101,7 @@ def build_torchao(model, lr: float) -> Trainer:
     return Trainer(step=step, set_lr=_lr_setter(opt))
 
 
-def build_megatron(model, lr: float) -> Trainer:
+def build_megatron(model, lr: float, clip: float = CLIP_NORM) -> Trainer:
     """Megatron-Core 0.19.2's ``HybridDeviceOptimizer`` with ``offload_fraction`` 1.0 (every parameter's update on
     the host), torch's AdamW on both sides (fused; the GPU side is empty at 1.0), ``param_update_in_fp32`` (an
     fp32 master of the bf16 weights, on the host), pinned host gradients and parameters, and its D2H/H2D overlap
@@ -117,7 +117,7 @@ def build_megatron(model, lr: float) -> Trainer:
 
     def step(micro: torch.Tensor) -> torch.Tensor:
         total = _accumulate(model, micro, autocast=False)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_NORM)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
         return total
@@ -125,6 +125,7 @@ def build_megatron(model, lr: float) -> Trainer:
     return Trainer(step=step, set_lr=_lr_setter(opt))
 
 
-def build_peer(arm: str, model, lr: float) -> Trainer:
-    """The Trainer of peer ``arm`` (a key of :data:`PEER_PACKAGES`) around ``model``, already on the GPU."""
-    return {"torchao-offload": build_torchao, "megatron-offload": build_megatron}[arm](model, lr)
+def build_peer(arm: str, model, lr: float, clip: float = CLIP_NORM) -> Trainer:
+    """The Trainer of peer ``arm`` (a key of :data:`PEER_PACKAGES`) around ``model``, already on the GPU, clipping
+    the global gradient norm at ``clip``."""
+    return {"torchao-offload": build_torchao, "megatron-offload": build_megatron}[arm](model, lr, clip)
