@@ -90,6 +90,7 @@ class ZeroEngine(ScheduledEngine):
     for the forward), ``master_device`` (where this rank's fp32 master lives: the host with optimizer offload,
     R17), ``param_device`` (where stage-3 parameter partitions live: the host with ``offload_param``).
     """
+    estimate_host_memory = staticmethod(estimate_host_memory)
 
     def __init__(
         self,
@@ -121,8 +122,7 @@ class ZeroEngine(ScheduledEngine):
         params = model_parameters(self._comm, self.module)
         self.parameter_names = tuple(params.params)
         self.trainable_names, self.frozen_names = params.trainable_names, params.frozen_names
-        self.layout, self.frozen_layout = params.layout, params.frozen_layout
-        self._model = params
+        self.layout, self.frozen_layout, self._model = params.layout, params.frozen_layout, params
         self._schedule = AccumulationSchedule(self.config, self.world_size, self.stage)
         self._in_backward = False
         #: Whether gradients were accumulated since the last boundary (save_checkpoint refuses to drop them).
@@ -308,9 +308,6 @@ class ZeroEngine(ScheduledEngine):
     def optimizer_state(self) -> OptimizerState:
         """A copy of this rank's optimizer state (with ``nvme`` offload: read back from its files)."""
         return self._check_alive(synchronize=True).path.optimizer_state()
-
-    #: the host buffers an engine will allocate for a model and config, before it is built (host_memory.py)
-    estimate_host_memory = staticmethod(estimate_host_memory)
 
     def destroy(self) -> None:
         """Remove every hook, unpin every pinned buffer the engine allocated, close the ``nvme`` swap handle and
