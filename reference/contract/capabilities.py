@@ -109,7 +109,8 @@ class Capabilities:
         for name in ("concurrent_registry_reads", "distributed_engine", "accumulation_rank_ordered_reduction",
                      "accumulation_delayed_parameter_update", "accumulation_split_update",
                      "accumulation_state_precision", "accumulation_overlapped_update",
-                     "accumulation_checkpoint", "accumulation_host_memory_estimate", "offload_streams", "io_streams", "crash_isolation"):
+                     "accumulation_checkpoint", "accumulation_host_memory_estimate", "offload_streams",
+                     "io_streams", "crash_isolation"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}={getattr(self, name)!r} must be a bool")
         ulps = self.accumulation_optimizer_ulps
