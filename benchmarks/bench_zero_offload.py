@@ -1,8 +1,8 @@
 """ZeRO-Offload side by side: our ZeroEngine vs DeepSpeed ZeRO-Offload vs FSDP2 (+ CPUOffloadPolicy) (issue 16).
 
 One HF ``LlamaForCausalLM`` built from a config (no weights: random init), bf16, AdamW, clipping ``--clip`` (1.0),
-world size 1, ``--gas`` micro-batches per step. Each arm runs in its own subprocess (a fresh CUDA context and allocator, so
-peak memory and host RSS are the arm's own; a crash or OOM of one arm is reported, not fatal):
+world size 1, ``--gas`` micro-batches per step. Each arm runs in its own subprocess (a fresh CUDA context and
+allocator, so peak memory and host RSS are the arm's own; a crash or OOM of one arm is reported, not fatal):
 
 - ``ours-s2``, ``ours-s2-offload`` (offload_optimizer cpu), ``ours-s3``, ``ours-s3-offload`` (optimizer and
   parameter offload): :class:`optimized.accumulation.ZeroEngine`; ``ours-s2-offload-dpu``,
