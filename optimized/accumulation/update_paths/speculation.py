@@ -22,10 +22,12 @@ that clips is bitwise the one of ``host_update_start: step``. Nothing speculativ
 the kernel writes the model-dtype weights into a cast buffer of its own, uploaded only once the bucket is
 settled (:class:`.WeightUpload`, flat order).
 
-What a clipping boundary costs is bounded twice. Once ``step()`` knows the speculation cannot stand
-(:meth:`SpeculativeUpdate.claim`), the speculative updates not begun yet are skipped (the step's task updates those
-buckets once, as without R30): only the buckets already speculated pay the restore and the second update. And a
-boundary that follows one whose norm clipped is not speculated at all (counted in ``boundaries_not_speculated``):
+Speculation ends when ``step()`` has the norm (:meth:`SpeculativeUpdate.claim`): the speculative updates not
+begun yet are skipped, and the step's task updates those buckets once, as without R30, in flat order -- the order
+the next forward needs them (the speculation runs in the order gradients land, last layers first, and backs each
+bucket up). So what runs under the last backward is a head start on the last layers, and a boundary that clips
+redoes only the buckets speculated by then. And a boundary that follows one whose norm clipped is not speculated at
+all (counted in ``boundaries_not_speculated``):
 the norms of consecutive boundaries are close, so early in training, where every boundary clips, the path is the
 ``step`` path at its cost, and it speculates again from the boundary after the first one that does not clip. The
 first boundary (and the first after a checkpoint load into a new engine) is speculated.
@@ -91,9 +93,9 @@ class SpeculativeUpdate:
         #: buckets updated speculatively (written by the worker thread; read once its futures are done)
         self._speculated: dict[int, BucketRange] = {}
         self._redone_here = 0
-        #: the step claimed the open speculation and it cannot stand (the norm clips, or other values): the
-        #: speculative updates not begun yet are skipped (set under the lock; reset with the speculation)
-        self._abandoned = False
+        #: the step claimed the open speculation: the speculative updates not begun yet are skipped (set under
+        #: the lock; reset with the speculation) and the step's task updates those buckets in flat order
+        self._closed = False
         #: whether the last boundary's norm clipped: the next boundary is then not speculated (norms of
         #: consecutive boundaries are close, so it would most likely be redone: twice the host update)
         self._previous_clipped = False
@@ -129,7 +131,7 @@ class SpeculativeUpdate:
         """On the worker thread: back the bucket's state up, then R15 + R16 unclipped with the guessed values."""
         self._gradients.wait_landed(b.index)  # the bucket's D2H has run: its host gradient is final
         with self._lock:
-            if self._abandoned:  # the step already knows it cannot stand: the step's task updates the bucket
+            if self._closed:  # the step has the norm: its task updates the bucket, in the forward's order
                 return
         for name, buf in self._state.items():
             self._backup[name][b.lo : b.hi].copy_(buf[b.lo : b.hi])
@@ -145,15 +147,16 @@ class SpeculativeUpdate:
 
     # ---- step(): settle -------------------------------------------------------------------------------------
     def claim(self, config: OptimizerConfig, step: int, clip_coef: float | None) -> None:
-        """``step()`` takes the open speculation over (the update task it queues settles it), knowing the step's
-        hyper-parameters, count and clip coefficient: where the speculation cannot stand, the speculative updates
-        not begun yet are skipped. Whether this boundary clipped decides whether the next one speculates."""
+        """``step()`` takes the open speculation over (the update task it queues settles it). The speculative
+        updates not begun yet are skipped: the step's task updates those buckets once, exactly, in flat order --
+        the order the next forward needs them, where the speculation ran in the order the gradients landed (last
+        layers first), with a backup each. Whether this boundary clipped (``clip_coef``) decides whether the
+        next one speculates."""
         self._previous_clipped = clip_coef is not None
         if self._guess is not None:
             self._claimed = True
-            if clip_coef is not None or self._guess != (config, step):
-                with self._lock:
-                    self._abandoned = True
+            with self._lock:
+                self._closed = True
 
     def settle(self, b: BucketRange, config: OptimizerConfig, step: int, clip_coef: float | None,
                grad: torch.Tensor) -> bool:
@@ -187,7 +190,7 @@ class SpeculativeUpdate:
         self._speculated = {}
         self._redone_here = 0
         with self._lock:
-            self._abandoned = False
+            self._closed = False
 
     # ---- undo -----------------------------------------------------------------------------------------------
     def discard(self) -> None:
