@@ -27,10 +27,9 @@ begun yet are skipped, and the step's task updates those buckets once, as withou
 the next forward needs them (the speculation runs in the order gradients land, last layers first, and backs each
 bucket up). So what runs under the last backward is a head start on the last layers, and a boundary that clips
 redoes only the buckets speculated by then. And a boundary that follows one whose norm clipped is not speculated at
-all (counted in ``boundaries_not_speculated``):
-the norms of consecutive boundaries are close, so early in training, where every boundary clips, the path is the
-``step`` path at its cost, and it speculates again from the boundary after the first one that does not clip. The
-first boundary (and the first after a checkpoint load into a new engine) is speculated.
+all (counted in ``boundaries_not_speculated``): the norms of consecutive boundaries are close, so early in
+training, where every boundary clips, the path is the ``step`` path at its cost, and it speculates again from the
+boundary after the first one that does not clip. An engine's first boundary is speculated.
 
 A speculation that no step claims is undone (:meth:`SpeculativeUpdate.discard`: restored from the backup): a
 backward after the predicted boundary's (the boundary moved), ``zero_grad()``, a read of the master or the
