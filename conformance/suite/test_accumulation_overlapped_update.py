@@ -151,21 +151,26 @@ def test_R30_R25_drawn_scenario_matches_reference(area_api, reference_api, impl,
 # ---- the engine: redone boundaries, reads between the backward and the step ------------------------------------
 
 
-def _let_speculation_settle(engine) -> None:
-    """Between the boundary's last backward and its step: wait until the engine's count of buckets updated early
-    has not moved for 200 ms (at most 10 s). An engine may stop speculating once ``step()`` has the norm, so how
-    many buckets a step finds speculated depends on timing; waiting here makes the counts the tests assert
-    exact (every bucket the engine speculates at all is speculated), and exercises the redo of every one of them
-    where the boundary clips. Engines without a report (``host_update_start: step``) return None: no wait."""
+def _let_speculation_settle(engine, seen: dict) -> None:
+    """Between the boundary's last backward and its step: where the engine opened a speculation for this boundary
+    (its ``boundaries_speculated`` went up since ``seen``), wait until its count of buckets updated early has gone
+    up too and then not moved for 200 ms (at most 10 s). An engine may stop speculating once ``step()`` has the
+    norm, so how many buckets a step finds speculated depends on timing; waiting here makes the counts the tests
+    assert exact (every bucket the engine speculates at all is speculated), and exercises the redo of every one of
+    them where the boundary clips. Engines without a report (``host_update_start: step``) return None: no wait.
+    ``seen`` carries the counts of the last call."""
     report = engine.overlap_report()
     if report is None:
         return
+    opened = report["boundaries_speculated"] > seen.get("boundaries_speculated", 0)
+    first = seen.get("buckets_speculated", 0)
     last, since, deadline = report["buckets_speculated"], time.monotonic(), time.monotonic() + 10.0
-    while time.monotonic() < deadline and time.monotonic() - since < 0.2:
+    while time.monotonic() < deadline and (time.monotonic() - since < 0.2 or (opened and last == first)):
         time.sleep(0.01)
         now = engine.overlap_report()["buckets_speculated"]
         if now != last:
             last, since = now, time.monotonic()
+    seen.update(boundaries_speculated=report["boundaries_speculated"], buckets_speculated=last)
 
 
 def _train(group, engine_cls, config: dict, boundaries: int, probe: bool = False, new_lr: float | None = None,
@@ -180,7 +185,7 @@ def _train(group, engine_cls, config: dict, boundaries: int, probe: bool = False
     engine = engine_cls(WIDE.build(5), config, process_group=group, bucket_elements=16)
     try:
         cfg = engine.config
-        losses, coefs, reads, after, speculated = [], [], [], [engine.master_partition()], []
+        losses, coefs, reads, after, speculated, seen = [], [], [], [engine.master_partition()], [], {}
         for k in range(boundaries):
             for j in range(cfg.gradient_accumulation_steps):
                 gen = torch.Generator().manual_seed(1000 * k + 10 * j + rank)
@@ -191,7 +196,7 @@ def _train(group, engine_cls, config: dict, boundaries: int, probe: bool = False
                     loss = loss * loss_scales[k]
                 engine.backward(loss)
                 if engine.is_gradient_accumulation_boundary():
-                    _let_speculation_settle(engine)
+                    _let_speculation_settle(engine, seen)
                     if probe:
                         reads.append({"master": engine.master_partition(), **engine.optimizer_state().buffers})
                     if new_lr is not None:
