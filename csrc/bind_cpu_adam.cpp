@@ -42,7 +42,8 @@ void hostoffload::bind_cpu_adam(py::module_& m) {
            std::uintptr_t bf16_out, std::size_t n, double beta1, double one_minus_beta1, double beta2,
            double one_minus_beta2, double inv_bias_correction2, double eps, double step_size, double decay,
            double grad_scale, bool decoupled, bool has_weight_decay, bool has_grad_scale, const std::string& isa,
-           int threads, const std::string& state_precision) {
+           int threads, const std::string& state_precision, std::uintptr_t backup_param,
+           std::uintptr_t backup_exp_avg, std::uintptr_t backup_exp_avg_sq) {
             // Casting each fp64 hyper-parameter to fp32 rounds it to nearest once, as torch does when a Python
             // float meets an fp32 tensor.
             const ca::AdamScalars s{static_cast<float>(beta1),      static_cast<float>(one_minus_beta1),
@@ -54,7 +55,9 @@ void hostoffload::bind_cpu_adam(py::module_& m) {
             const ca::AdamArrays a{reinterpret_cast<float*>(param),         reinterpret_cast<const float*>(grad),
                                    reinterpret_cast<void*>(exp_avg),          reinterpret_cast<void*>(exp_avg_sq),
                                    reinterpret_cast<std::uint16_t*>(bf16_out), n,
-                                   ca::parse_state_precision(state_precision)};
+                                   ca::parse_state_precision(state_precision),
+                                   reinterpret_cast<float*>(backup_param), reinterpret_cast<void*>(backup_exp_avg),
+                                   reinterpret_cast<void*>(backup_exp_avg_sq)};
             const ca::Isa which = ca::parse_isa(isa);
             without_gil([&] { ca::adam_step(a, s, which, threads); });
         },
@@ -62,7 +65,8 @@ void hostoffload::bind_cpu_adam(py::module_& m) {
         py::arg("n"), py::arg("beta1"), py::arg("one_minus_beta1"), py::arg("beta2"), py::arg("one_minus_beta2"),
         py::arg("inv_bias_correction2"), py::arg("eps"), py::arg("step_size"), py::arg("decay"),
         py::arg("grad_scale"), py::arg("decoupled"), py::arg("has_weight_decay"), py::arg("has_grad_scale"),
-        py::arg("isa"), py::arg("threads"), py::arg("state_precision") = "fp32");
+        py::arg("isa"), py::arg("threads"), py::arg("state_precision") = "fp32", py::arg("backup_param") = 0,
+        py::arg("backup_exp_avg") = 0, py::arg("backup_exp_avg_sq") = 0);
     m.def(
         "cast_to_bf16",
         [](std::uintptr_t src, std::uintptr_t dst, std::size_t n, const std::string& isa, int threads) {

@@ -312,9 +312,22 @@ void parallel_ranges(std::size_t n, int threads, const Body& body) {
     worker_pool::parallel_blocks(n, block_size(n, threads), threads, body);
 }
 
+// R30: the block's state as it is before the update, into the backup arrays (see AdamArrays).
+template <StatePrecision P>
+void back_up(const AdamArrays& a, std::size_t lo, std::size_t hi) {
+    using Word = typename Moments<P>::Word;
+    const std::size_t n = hi - lo;
+    std::memcpy(a.backup_param + lo, a.param + lo, n * sizeof(float));
+    std::memcpy(static_cast<Word*>(a.backup_exp_avg) + lo, static_cast<const Word*>(a.exp_avg) + lo,
+                n * sizeof(Word));
+    std::memcpy(static_cast<Word*>(a.backup_exp_avg_sq) + lo, static_cast<const Word*>(a.exp_avg_sq) + lo,
+                n * sizeof(Word));
+}
+
 template <StatePrecision P>
 void adam_dispatch(const AdamArrays& arrays, const AdamScalars& scalars, Isa isa, int threads) {
     parallel_ranges(arrays.n, threads, [&](std::size_t lo, std::size_t hi) {
+        if (arrays.backup_param != nullptr) back_up<P>(arrays, lo, hi);
         switch (isa) {
 #if HOSTOFFLOAD_X86
             case Isa::kAvx512:
@@ -374,6 +387,12 @@ void adam_step(const AdamArrays& arrays, const AdamScalars& scalars, Isa isa, in
     if (arrays.param == nullptr || arrays.grad == nullptr || arrays.exp_avg == nullptr ||
         arrays.exp_avg_sq == nullptr) {
         throw std::invalid_argument("adam_step: param, grad, exp_avg and exp_avg_sq must be non-null");
+    }
+    const int backups = (arrays.backup_param != nullptr) + (arrays.backup_exp_avg != nullptr) +
+                        (arrays.backup_exp_avg_sq != nullptr);
+    if (backups != 0 && backups != 3) {
+        throw std::invalid_argument("adam_step: backup_param, backup_exp_avg and backup_exp_avg_sq must be all set "
+                                    "or all null");
     }
     if (arrays.precision == StatePrecision::kBf16) {
         adam_dispatch<StatePrecision::kBf16>(arrays, scalars, isa, threads);

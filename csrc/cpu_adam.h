@@ -43,7 +43,10 @@ struct AdamScalars {
 };
 
 // The arrays of one step. bf16_out may be null; grad is read-only. exp_avg / exp_avg_sq point to n floats
-// (StatePrecision::kFp32) or n bf16 bit patterns (kBf16), as `precision` says.
+// (StatePrecision::kFp32) or n bf16 bit patterns (kBf16), as `precision` says. backup_*: all null, or all set
+// (R30's speculative update): each block's param / exp_avg / exp_avg_sq are copied there, bytes as stored, just
+// before the block is updated -- while the block is read into cache anyway, so the backup costs its writes only,
+// not a second pass over the state.
 struct AdamArrays {
     float* param;
     const float* grad;
@@ -52,6 +55,9 @@ struct AdamArrays {
     std::uint16_t* bf16_out;
     std::size_t n;
     StatePrecision precision;
+    float* backup_param = nullptr;
+    void* backup_exp_avg = nullptr;
+    void* backup_exp_avg_sq = nullptr;
 };
 
 std::vector<std::string> available_isas();

@@ -116,6 +116,7 @@ def adam_step(
     isa: str | None = None,
     threads: int | None = None,
     state_precision: str | None = None,
+    backup: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """One Adam/AdamW step (``config.type``) on flat CPU tensors, in place; ``step`` is the 1-based ``t``.
 
@@ -123,7 +124,9 @@ def adam_step(
     ("fp32" / "bf16"; None: the moments' dtype) must agree with the moments' dtype when given. ``grad_scale``: the
     clipping coefficient of R15 (the gradient is multiplied by it rounded to fp32 before use, as
     ``torch.mul(grad, coef)`` would; ``grad`` itself is not modified). ``bf16_out``: a bf16 tensor of the same
-    size that receives the updated weights cast with round-to-nearest-even, in the same pass.
+    size that receives the updated weights cast with round-to-nearest-even, in the same pass. ``backup``:
+    ``(param, exp_avg, exp_avg_sq)`` tensors like those three (R30's speculative update), which receive their
+    values as they were before this step, block by block in the same pass (the state is read once).
     """
     check_adam_kernel_call(config, step, "is not handled natively")
     n = _check_flat("param", param, torch.float32, None).numel()
@@ -134,6 +137,16 @@ def adam_step(
     out_ptr = 0
     if bf16_out is not None:
         out_ptr = _check_flat("bf16_out", bf16_out, torch.bfloat16, n).data_ptr()
+    backup_ptrs = (0, 0, 0)
+    if backup is not None:
+        if not isinstance(backup, tuple) or len(backup) != 3:
+            raise ConfigurationError("backup must be None or a tuple (param, exp_avg, exp_avg_sq) of tensors")
+        backup_ptrs = tuple(
+            _check_flat(f"backup[{i}] ({name})", t, dtype, n).data_ptr()
+            for i, (name, t, dtype) in enumerate(zip(("param", "exp_avg", "exp_avg_sq"), backup,
+                                                     (torch.float32, precision.dtype, precision.dtype), strict=True))
+        )
+        _check_disjoint(backup, (param, grad, exp_avg, exp_avg_sq))
     isa, threads = _check_isa_threads(isa, threads)
     beta1, beta2 = config.betas
     wd, lr = config.weight_decay, config.lr
@@ -162,7 +175,22 @@ def adam_step(
         isa,
         threads,
         precision.name,
+        *backup_ptrs,
     )
+
+
+def _check_disjoint(backup: tuple[torch.Tensor, ...], state: tuple[torch.Tensor, ...]) -> None:
+    """The backup is written while the state is read: no backup tensor may share a byte with a state tensor."""
+    def span(t: torch.Tensor) -> tuple[int, int]:
+        return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+
+    for i, b in enumerate(backup):
+        lo, hi = span(b)
+        for t in (*state, *backup[:i]):
+            t_lo, t_hi = span(t)
+            if lo < t_hi and t_lo < hi:
+                raise ConfigurationError(f"backup[{i}] overlaps another argument of adam_step; allowed: backup "
+                                         f"tensors that share no memory with param, grad, the moments or each other")
 
 
 def _moment_precision(exp_avg: object, state_precision: str | None) -> StatePrecision:

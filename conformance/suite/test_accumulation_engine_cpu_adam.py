@@ -210,6 +210,82 @@ def test_R16_native_adam_rejects_bad_arguments(area_api, reference_api, call, wo
     assert_tensor_equal(t, torch.ones(8), "input after a rejected call")
 
 
+# ---- R30's backup: the state before the step, written by the kernel in its one pass ------------------------------
+
+
+def _kernel_with_backup(area_api):
+    """The kernel, if its ``adam_step`` declares R30's ``backup`` argument (an optional part of the kernel's API:
+    an implementation's speculative update may back its state up itself)."""
+    import inspect
+
+    kernel = _kernel(area_api)
+    if "backup" not in inspect.signature(kernel.adam_step).parameters:
+        pytest.skip("this implementation's native adam_step declares no backup argument")
+    return kernel
+
+
+@pytest.mark.parametrize("precision", sorted(STATE_PRECISIONS))
+@pytest.mark.parametrize("n", [1, 9, 100_003])
+def test_R30_native_adam_backup_holds_the_state_before_the_step(area_api, reference_api, precision, n):
+    """R30 (the speculative update's backup): with ``backup=(param, exp_avg, exp_avg_sq)`` the kernel leaves there,
+    bit for bit, the master and the stored moments as they were before the step -- every element, for every ISA and
+    thread count over several blocks with an odd tail -- and the step itself is bitwise the step without a backup
+    (master, moments and the fused bf16 copy). A restore from the backup and a redo therefore repeats the step
+    exactly, which is what R30's redo of a boundary that clips relies on."""
+    kernel = _kernel_with_backup(area_api)
+    dtype = STATE_PRECISIONS[precision].dtype
+    cfg = reference_api.OptimizerConfig(type="adamw", lr=1e-2, weight_decay=0.1)
+    gen = torch.Generator().manual_seed(n)
+    p0 = optimizer_values(n, gen, 1.0)
+    m0, v0 = optimizer_values(n, gen, 0.1).to(dtype), optimizer_values(n, gen, 0.01).abs().to(dtype)
+    g = optimizer_values(n, gen, 1.0)
+    for isa in kernel.available_isas():
+        for threads in (1, 3):
+            what = f"{precision} moments isa={isa} threads={threads} n={n}"
+            p, m, v = p0.clone(), m0.clone(), v0.clone()
+            out = torch.empty(n, dtype=torch.bfloat16)
+            kernel.adam_step(cfg, p, g, m, v, 2, bf16_out=out, isa=isa, threads=threads)
+            bp, bm, bv = torch.full_like(p0, 7.0), torch.full_like(m0, 7.0), torch.full_like(v0, 7.0)
+            p2, m2, v2 = p0.clone(), m0.clone(), v0.clone()
+            out2 = torch.empty(n, dtype=torch.bfloat16)
+            kernel.adam_step(cfg, p2, g, m2, v2, 2, bf16_out=out2, isa=isa, threads=threads, backup=(bp, bm, bv))
+            assert_bits_equal(bp, p0, f"{what}: backup of the master")
+            assert_bits_equal(bm, m0, f"{what}: backup of exp_avg")
+            assert_bits_equal(bv, v0, f"{what}: backup of exp_avg_sq")
+            for name, a, e in zip(_NAMES, (p2, m2, v2, out2), (p, m, v, out), strict=True):
+                assert_bits_equal(a, e, f"{what}: {name} with a backup against without")
+
+
+@pytest.mark.parametrize(
+    ("make_backup", "words"),
+    [
+        (lambda t, m, v: [t.clone(), m.clone(), v.clone()], ["backup", "tuple"]),
+        (lambda t, m, v: (t.clone(), m.clone()), ["backup", "tuple"]),
+        (lambda t, m, v: (t.clone(), m.clone(), v.clone()[:-1]), ["backup[2]", "exactly"]),
+        (lambda t, m, v: (t.clone(), m.double(), v.clone()), ["backup[1]", "float32"]),
+        (lambda t, m, v: (t.clone(), m, v.clone()), ["backup[1]", "overlaps"]),
+        (lambda t, m, v: (t[:], m.clone(), v.clone()), ["backup[0]", "overlaps"]),
+        (lambda t, m, v: (lambda b: (b, m.clone(), b))(t.clone()), ["backup[2]", "overlaps"]),
+    ],
+    ids=["list", "two", "size", "dtype", "is-exp-avg", "view-of-param", "shared"],
+)
+def test_R30_native_adam_rejects_a_bad_backup(area_api, reference_api, make_backup, words):
+    """R30 (kernel inputs): a backup that is not a 3-tuple, of the wrong size or dtype, or sharing memory with the
+    state it backs up (the kernel writes it while reading the state) or with another backup tensor raises
+    ConfigurationError naming the backup tensor and what is allowed; nothing is written."""
+    kernel = _kernel_with_backup(area_api)
+    cfg = reference_api.OptimizerConfig(type="adam")
+    p, g, m, v = torch.ones(8), torch.full((8,), 0.5), torch.full((8,), 0.25), torch.full((8,), 0.125)
+    backup = make_backup(p, m, v)
+    before = [t.clone() for t in (p, g, m, v, *backup)]
+    with pytest.raises(ConfigurationError) as info:
+        kernel.adam_step(cfg, p, g, m, v, 1, backup=backup)
+    for w in words:
+        assert w in str(info.value), f"{info.value!s} does not mention {w!r}"
+    for after, was in zip((p, g, m, v, *backup), before, strict=True):
+        assert_tensor_equal(after, was, "an argument after a rejected call")
+
+
 # ---- the kernel's threading: any thread count, concurrent callers, fork, exit ------------------------------------
 # The formula is element-wise, so how the elements are split between threads cannot change a single bit: every
 # multi-threaded result below is compared bitwise with a run on the calling thread alone (threads=1).

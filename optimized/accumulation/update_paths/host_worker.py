@@ -187,9 +187,12 @@ class HostUpdateWorker:
         self._upload.copy(b.index, src, dst, publish=False)
 
     def adam(
-        self, b: BucketRange, config: OptimizerConfig, step: int, clip_coef: float | None, grad: torch.Tensor
+        self, b: BucketRange, config: OptimizerConfig, step: int, clip_coef: float | None, grad: torch.Tensor,
+        backup: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor | None:
-        """R15 + R16 on bucket ``b`` (native kernel, bf16 copy in the same pass); returns the bf16 slice or None."""
+        """R15 + R16 on bucket ``b`` (native kernel, bf16 copy in the same pass); returns the bf16 slice or None.
+        ``backup``: R30's speculation -- master, exp_avg and exp_avg_sq slices the kernel copies the bucket's state
+        into before updating it, in the same pass."""
         t0 = time.perf_counter()
         g = grad[b.lo : b.hi]
         if g.dtype != torch.float32:
@@ -205,6 +208,7 @@ class HostUpdateWorker:
             grad_scale=clip_coef,
             bf16_out=out,
             threads=self.threads,
+            backup=backup,
         )
         self._timings.add("cpu_adam_s", time.perf_counter() - t0)
         return out

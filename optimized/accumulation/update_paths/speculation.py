@@ -14,13 +14,14 @@ layers first), with:
   of ``step()`` for such a boundary, bit for bit).
 
 Before a bucket's speculative update, its fp32 master and moments are copied into a backup buffer (the kernel
-updates in place). In ``step()``, on the worker, in flat order (:meth:`SpeculativeUpdate.settle`): a bucket
-whose speculation used this boundary's hyper-parameters, step and an unclipped gradient stands as it is; any
-other (the norm clips, or the learning rate changed between the backward and the step) is restored from the
-backup and updated again with the step's values -- the arithmetic of R15/R16 on the same inputs, so a boundary
-that clips is bitwise the one of ``host_update_start: step``. Nothing speculative reaches the live parameters:
-the kernel writes the model-dtype weights into a cast buffer of its own, uploaded only once the bucket is
-settled (:class:`.WeightUpload`, flat order).
+updates in place; it writes the backup itself, block by block in its one pass, so the state is read once). In
+``step()``, on the worker, in flat order (:meth:`SpeculativeUpdate.settle`): a bucket whose speculation used this
+boundary's hyper-parameters, step and an unclipped gradient stands as it is; any other (the norm clips, or the
+learning rate changed between the backward and the step) is restored from the backup and updated again with the
+step's values -- the arithmetic of R15/R16 on the same inputs, so a boundary that clips is bitwise the one of
+``host_update_start: step``. Nothing speculative reaches the live parameters: the kernel writes the model-dtype
+weights into a cast buffer of its own, uploaded only once the bucket is settled (:class:`.WeightUpload`, flat
+order).
 
 Speculation ends when ``step()`` has the norm (:meth:`SpeculativeUpdate.claim`): the speculative updates not
 begun yet are skipped, and the step's task updates those buckets once, as without R30, in flat order -- the order
@@ -37,8 +38,8 @@ optimizer state (a checkpoint save between the backward and the step), a checkpo
 
 Why a backup and not side buffers: the native kernel updates in place. Writing the speculative results beside
 the state and committing them on confirmation would put a copy of the state (read and write) on the critical
-path of every boundary that does not clip -- the common case; the backup moves the same bytes before the
-speculative update, under the backward, and the redo (rare) pays the restore.
+path of every boundary that does not clip -- the common case; the backup writes the same bytes before the
+speculative update, under the backward, in the kernel's pass, and the redo (rare) pays the restore.
 """
 
 from __future__ import annotations
@@ -57,8 +58,12 @@ from reference.contract.accumulation_config import OptimizerConfig
 if TYPE_CHECKING:
     from optimized.accumulation.update_paths.gradient_stream import GradientStream
 
-#: One bucket's R15 + R16 on the worker's kernel: ``(bucket, hyper-parameters, step, clip_coef, gradient)``.
-AdamFn = Callable[[BucketRange, OptimizerConfig, int, "float | None", torch.Tensor], object]
+#: One bucket's R15 + R16 on the worker's kernel: ``(bucket, hyper-parameters, step, clip_coef, gradient, backup)``
+#: (``backup``: None, or the bucket's slices of the backup of :data:`BACKED_UP`, which the kernel fills first).
+AdamFn = Callable[[BucketRange, OptimizerConfig, int, "float | None", torch.Tensor, "tuple | None"], object]
+
+#: The state one bucket's update writes in place, in the kernel's backup order.
+BACKED_UP = ("master", "exp_avg", "exp_avg_sq")
 
 __all__ = ["SpeculativeUpdate"]
 
@@ -132,13 +137,16 @@ class SpeculativeUpdate:
         with self._lock:
             if self._closed:  # the step has the norm: its task updates the bucket, in the forward's order
                 return
-        for name, buf in self._state.items():
-            self._backup[name][b.lo : b.hi].copy_(buf[b.lo : b.hi])
-        with self._lock:  # recorded before the kernel writes: a failed update is restored too
+        hyper, step = self._guess
+        # The kernel copies each block of the bucket's state into the backup just before updating it, in its one
+        # pass (the block is in cache by then: the backup costs its writes, not a second pass over the state). It
+        # validates its arguments before writing anything and then always completes, so the bucket is recorded
+        # after it: one that raised left its state untouched and has nothing to restore.
+        backup = tuple(self._backup[name][b.lo : b.hi] for name in BACKED_UP)
+        self._adam(b, hyper, step, None, self._gradients.accumulator, backup)
+        with self._lock:
             self._speculated[b.index] = b
             self._counts["buckets_speculated"] += 1
-        hyper, step = self._guess
-        self._adam(b, hyper, step, None, self._gradients.accumulator)
 
     def _restore(self, b: BucketRange) -> None:
         for name, buf in self._state.items():
@@ -170,7 +178,7 @@ class SpeculativeUpdate:
         if clip_coef is None and self._guess == (config, step):
             return True
         self._restore(speculated)
-        self._adam(speculated, config, step, clip_coef, grad)
+        self._adam(speculated, config, step, clip_coef, grad, None)
         self._redone_here += 1
         return True
 
