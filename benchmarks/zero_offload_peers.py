@@ -84,7 +84,7 @@ def build_torchao(model, lr: float, clip: float = CLIP_NORM) -> Trainer:
     opt = CPUOffloadOptimizer(model.parameters(), torch.optim.AdamW, lr=lr, weight_decay=0.01)
     params = [p for p in model.parameters() if p.requires_grad]
 
-    def clip() -> None:
+    def clip_gradients() -> None:  # not ``clip``: that name is the threshold
         norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
         if float(norm) > clip:
             torch.cuda.synchronize()  # the gradient copies run on torchao's own stream
@@ -93,7 +93,7 @@ def build_torchao(model, lr: float, clip: float = CLIP_NORM) -> Trainer:
 
     def step(micro: torch.Tensor) -> torch.Tensor:
         total = _accumulate(model, micro, autocast=True)
-        clip()
+        clip_gradients()
         opt.step()
         opt.zero_grad(set_to_none=True)
         return total
