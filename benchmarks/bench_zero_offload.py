@@ -19,7 +19,8 @@ allocator, so peak memory and host RSS are the arm's own; a crash or OOM of one 
   for a user short of memory;
 - ``ours-s2-offload-matched`` (issue 40): our engine at DeepSpeed's GPU memory: ``gpu_share: "auto"`` with a
   ``gpu_memory_budget`` of what DeepSpeed's peak leaves above our all-on-the-host arm's peak (see
-  :func:`_memory_match`; the arms it needs run first);
+  :func:`_memory_match`; the arms it needs run first); ``ours-s2-offload-bf16state-matched`` the same with R29's
+  bf16 moments (12 instead of 16 bytes per element on the device side: a larger share in the same budget);
 - ``torchao-offload``, ``megatron-offload`` (issue 40): torchao's ``CPUOffloadOptimizer`` and Megatron-Core's
   ``HybridDeviceOptimizer`` (``offload_fraction`` 1.0), each from a plain loop; how each keeps its weights,
   master, gradients and clipping: ``zero_offload_peers.py``.
@@ -106,7 +107,7 @@ ARMS = ["ours-s2", "ours-s2-offload", "ours-s2-offload-bf16state", "ours-s2-offl
         "ours-s2-offload-dpu",
         "ours-s2-offload-dpu-warmup", "ours-s3", "ours-s3-offload", "ours-s3-offload-split", "ours-s3-offload-dpu",
         "ours-s3-offload-dpu-warmup", "ds-z2-offload", "ds-z3-offload", "fsdp2", "fsdp2-offload",
-        "ours-s2-offload-matched", *PEER_PACKAGES]
+        "ours-s2-offload-matched", "ours-s2-offload-bf16state-matched", *PEER_PACKAGES]
 #: ``--mode converge``'s arms unless ``--arms`` is given (issue 27 item 6), most telling first: a run cut short by
 #: its time box keeps those.
 CONVERGE_ARMS = ["ours-s2", "ours-s2-offload", "ours-s2-offload-bf16state", "ours-s2-offload-bf16state-overlap",
@@ -121,6 +122,11 @@ OVERLAP = "-overlap"
 #: (its peak is the base the budget adds to) and DeepSpeed's (the peak to match; not needed with
 #: ``--match-memory-gib``).
 MATCHED_ARM = "ours-s2-offload-matched"
+#: The arm-name suffix of the memory-matched arms: ``ours-s2-offload-matched`` and, with R29's bf16 moments (12
+#: instead of 16 bytes per element on the split's device side, so a larger share fits the same budget),
+#: ``ours-s2-offload-bf16state-matched``. Both match the same peak from the same base (share 0's GPU memory does not
+#: depend on the state precision: the state is on the host).
+MATCHED = "-matched"
 MATCH_BASE_ARM = "ours-s2-offload"
 MATCH_TARGET_ARM = "ds-z2-offload"
 #: The ``-dpu-warmup`` arm's undelayed boundaries on a tree whose config has no ``delayed_update_warmup``: the 30
@@ -223,7 +229,7 @@ def _ours_zero(arm: str, opts) -> tuple[dict, int]:
             off["gpu_share"] = _gpu_share(opts.gpu_share)
             if opts.gpu_memory_budget_gib is not None:
                 off["gpu_memory_budget"] = int(opts.gpu_memory_budget_gib * 2**30)
-        if arm == MATCHED_ARM:  # the budget the parent derived from the peaks (_memory_match)
+        if arm.endswith(MATCHED):  # the budget the parent derived from the peaks (_memory_match)
             off["gpu_share"] = "auto"
             off["gpu_memory_budget"] = int(opts.match_budget_gib * 2**30)
         if "-dpu" in arm:
@@ -606,26 +612,28 @@ def _memory_match(rows: list[dict], model: str, gas: int, args) -> dict:
 
 
 def _with_match_prerequisites(arms: list[str], args) -> list[str]:
-    """``arms`` in run order: the arms the matched arm reads (:func:`_memory_match`) moved or added before it."""
-    if MATCHED_ARM not in arms:
+    """``arms`` in run order: the arms the matched arms read (:func:`_memory_match`) moved or added before the
+    first of them."""
+    matched = [a for a in arms if a.endswith(MATCHED)]
+    if not matched:
         return arms
     needs = [MATCH_BASE_ARM] + ([MATCH_TARGET_ARM] if args.match_memory_gib is None else [])
     added = [a for a in needs if a not in arms]
     if added:
-        print(f"  {MATCHED_ARM} needs {', '.join(added)} measured first: added", flush=True)
+        print(f"  {', '.join(matched)} need(s) {', '.join(added)} measured first: added", flush=True)
     rest = [a for a in arms if a not in needs]
-    i = rest.index(MATCHED_ARM)
+    i = rest.index(matched[0])
     before = [a for a in arms if a in needs] + added
     return rest[:i] + before + rest[i:]
 
 
-def _run_matched(model: str, args, gas: int, rows: list[dict]) -> dict:
-    """The matched arm at (model, gas), its budget taken from the peaks measured before it."""
+def _run_matched(arm: str, model: str, args, gas: int, rows: list[dict]) -> dict:
+    """Matched ``arm`` at (model, gas), its budget taken from the peaks measured before it."""
     info = _memory_match(rows, model, gas, args)
     if info["match_budget_gib"] is None:
-        return {"arm": MATCHED_ARM, "model": model, "gas": gas, "status": "nothing to match",
+        return {"arm": arm, "model": model, "gas": gas, "status": "nothing to match",
                 "error": info["match_error"], **info}
-    row = _run_arm(MATCHED_ARM, model, args, gas, {"match_budget_gib": info["match_budget_gib"]})
+    row = _run_arm(arm, model, args, gas, {"match_budget_gib": info["match_budget_gib"]})
     row.update(info)
     if row.get("peak_gpu_gib") is not None and info["match_target_gib"]:
         row["peak_vs_match_target"] = row["peak_gpu_gib"] / info["match_target_gib"]
@@ -929,7 +937,8 @@ def main() -> None:
         for gas_count in args.gas_counts:
             for m in models:
                 gas = gas_count or MODELS[m][7]
-                row = _run_matched(m, args, gas, rows) if arm == MATCHED_ARM else _run_arm(arm, m, args, gas)
+                row = (_run_matched(arm, m, args, gas, rows) if arm.endswith(MATCHED)
+                       else _run_arm(arm, m, args, gas))
                 rows.append(row)
                 step = row.get("median_step_ms", row.get("step_ms"))
                 extra = f"  loss {row['final_loss']:.3f}" if "final_loss" in row else ""
