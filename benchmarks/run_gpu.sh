@@ -131,7 +131,7 @@ wanted bench-zero-offload-i40 && grep -E "matched:|per boundary|split:" "$out/be
 # "<= 1.15x at 8 micro-batches" target), a part of its own so that it fits one call beside the part above.
 part bench-zero-offload-i40-gas8 "${T_I40G8:-70}" python3 benchmarks/bench_zero_offload.py --device cuda --model 886m \
   --seq 1024 --batch 4 --gas 8 --steps "${I40_STEPS:-5}" --warmup 2 --timeout 60 \
-  --arms "${I40G8_ARMS:-ours-s2,ours-s2-offload-bf16state}" --out "$out/zero_offload_i40_gas8"
+  --arms "${I40G8_ARMS:-ours-s2,ours-s2-offload-bf16state}" ${I40G8_EXTRA:-} --out "$out/zero_offload_i40_gas8"
 # R30 where it stands (issue 40 item 3): share 0 with bf16 moments without and with the host update under the last
 # backward, at the i40 shape with --clip 1e9 so that no boundary clips (with clip 1.0 on random data every boundary
 # clips, and R30's policy then runs the step path: bench-zero-offload-overlap shows that case).
