@@ -88,6 +88,8 @@ if TYPE_CHECKING:  # for annotations only: the functions import torch where they
 #: name -> (hidden, layers, heads, intermediate, vocab, seq, batch, gas)
 MODELS: dict[str, tuple[int, int, int, int, int, int, int, int]] = {
     "tiny": (64, 2, 4, 176, 512, 32, 2, 2),
+    # A CPU-sized model for time-to-loss curves on a development machine (3.7M parameters).
+    "small": (256, 4, 4, 688, 1024, 128, 4, 2),
     # 32000 * 2048 * 2 (embeddings + untied head) + 15 * (4 * 2048^2 + 3 * 2048 * 5472 + 2 * 2048) + 2048 = 887M
     "886m": (2048, 15, 16, 5472, 32000, 2048, 4, 2),
     "1.5b": (2560, 18, 20, 6912, 32000, 2048, 4, 2),
