@@ -120,14 +120,11 @@ CONVERGE_ARMS = ["ours-s2", "ours-s2-offload", "ours-s2-offload-bf16state", "our
 BF16_STATE = "-bf16state"
 #: The arm-name suffix of R30's overlapped update (``host_update_start: last_backward``).
 OVERLAP = "-overlap"
-#: The memory-matched arm (issue 40) and what it needs measured before it: our arm with every update on the host
-#: (its peak is the base the budget adds to) and DeepSpeed's (the peak to match; not needed with
-#: ``--match-memory-gib``).
-MATCHED_ARM = "ours-s2-offload-matched"
-#: The arm-name suffix of the memory-matched arms: ``ours-s2-offload-matched`` and, with R29's bf16 moments (12
-#: instead of 16 bytes per element on the split's device side, so a larger share fits the same budget),
-#: ``ours-s2-offload-bf16state-matched``. Both match the same peak from the same base (share 0's GPU memory does not
-#: depend on the state precision: the state is on the host).
+#: The arm-name suffix of the memory-matched arms (issue 40): ``ours-s2-offload-matched`` and, with R29's bf16
+#: moments (12 instead of 16 bytes per element on the split's device side, so a larger share fits the same budget),
+#: ``ours-s2-offload-bf16state-matched``. What they need measured before them: our arm with every update on the host
+#: (its peak is the base the budget adds to; share 0's GPU memory does not depend on the state precision) and
+#: DeepSpeed's (the peak to match; not needed with ``--match-memory-gib``).
 MATCHED = "-matched"
 MATCH_BASE_ARM = "ours-s2-offload"
 MATCH_TARGET_ARM = "ds-z2-offload"
@@ -822,7 +819,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--gpu-memory-budget-gib", type=float, default=None,
                     help="the -split arms' offload_optimizer.gpu_memory_budget, GiB (default: the engine's)")
     ap.add_argument("--match-memory-gib", type=float, default=None,
-                    help=f"the peak GPU memory {MATCHED_ARM} is matched to, GiB (default: {MATCH_TARGET_ARM}'s "
+                    help=f"the peak GPU memory the {MATCHED} arms are matched to, GiB (default: {MATCH_TARGET_ARM}'s "
                          f"peak measured in this run at the same model and gas)")
     ap.add_argument("--peak-tflops", type=float, default=None,
                     help="the GPU's dense bf16 peak for the MFU column, TFLOP/s (default: by the device's name, "

@@ -9,6 +9,8 @@ scalar numpy float32 arithmetic in test_accumulation_optimizers.py).
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from hypothesis import given
@@ -216,8 +218,6 @@ def test_R16_native_adam_rejects_bad_arguments(area_api, reference_api, call, wo
 def _kernel_with_backup(area_api):
     """The kernel, if its ``adam_step`` declares R30's ``backup`` argument (an optional part of the kernel's API:
     an implementation's speculative update may back its state up itself)."""
-    import inspect
-
     kernel = _kernel(area_api)
     if "backup" not in inspect.signature(kernel.adam_step).parameters:
         pytest.skip("this implementation's native adam_step declares no backup argument")
