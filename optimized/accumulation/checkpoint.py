@@ -50,6 +50,7 @@ from optimized.accumulation.checkpoint_files import (
     write_rank_file,
 )
 from optimized.accumulation.checkpoint_view import CheckpointView
+from reference.contract.accumulation_step import state_buffer_names
 from reference.contract.errors import CheckpointError, ConfigurationError, UnsupportedOperationError
 
 __all__ = [
@@ -391,7 +392,8 @@ def _read_for_engine(engine: CheckpointView, directory: str, tag: str | None, wi
     """Everything a load installs, read and assembled into this engine's ranges; nothing of the engine changes."""
     tag = resolve_tag(directory, tag)
     path, manifest = read_manifest(directory, tag)
-    need_state = engine.path.state_names()
+    # every path keeps exactly the config's optimizer's state buffers (R16), wherever they wait between steps
+    need_state = sorted(state_buffer_names(engine.config.optimizer))
     _check_compatible(engine, f"checkpoint {tag!r} in {directory!r}", manifest, with_state, need_state)
     lo, hi = master_range(engine)
     flo, fhi = frozen_range(engine)

@@ -51,7 +51,8 @@ the gradient buckets and their reduce-scatters, the stage-3 gathers and the sche
   R14 sum across ranks through ``_norm``; the path writes its new model-dtype range through
   ``ctx.weights.write``);
 - waits: ``synchronize()``, ``wait_range(lo, hi)`` (stage-3 gathers), ``apply_delayed()``;
-- state: ``zero_grad()``, ``state_names()``, ``optimizer_state()`` (a copy), ``live_weights_to_save()`` (R27),
+- state: ``zero_grad()``, ``optimizer_state()`` (a copy; its buffers are the config's
+  ``state_buffer_names``), ``live_weights_to_save()`` (R27),
   ``install(master, opt_buffers, applied)`` (checkpoint load, ``load_state_dict``); and ``close()`` from
   ``destroy()`` (never raises, never communicates);
 - reports, for benchmarks and inspection: ``reports`` (a :class:`~.base.PathReports`: ``offload_timings()``,

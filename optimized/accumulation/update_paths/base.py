@@ -220,10 +220,6 @@ class UpdatePath:
         """Drop the gradient accumulated since the last boundary."""
         self.accumulator.zero_()
 
-    def state_names(self) -> list[str]:
-        """The optimizer-state buffers this path keeps (sorted), as a checkpoint must hold them."""
-        return sorted(self.opt_state.buffers)
-
     def optimizer_state(self) -> OptimizerState:
         """A copy of this rank's optimizer state (read back from wherever it waits between steps)."""
         return OptimizerState(self.opt_state.step, {k: v.clone() for k, v in self.opt_state.buffers.items()})

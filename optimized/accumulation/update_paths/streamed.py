@@ -253,13 +253,13 @@ class StreamedHostUpdate(UpdatePath):
             _install_forward_waits(self.ctx, self._worker, module, names_of, add_hook)
 
     def apply_delayed(self) -> None:
-        self._release.apply(self._newest_weights, self.ctx.weights.write)
+        def newest_weights() -> torch.Tensor:
+            # The model-dtype source the last update wrote: the kernel's cast buffer, or the master of an fp32
+            # model. Reading ``master`` first settles R30 and joins R28's device side into both.
+            master = self.master
+            return master if self._cast is None else self._cast
 
-    def _newest_weights(self) -> torch.Tensor:
-        """The model-dtype source the last update wrote (the kernel's cast buffer, or the master of an fp32
-        model), with the split's device side joined in."""
-        master = self.master
-        return master if self._cast is None else self._cast
+        self._release.apply(newest_weights, self.ctx.weights.write)
 
     # ---- state ----------------------------------------------------------------------------------------------
     def zero_grad(self) -> None:

@@ -250,9 +250,6 @@ class NvmeUpdate(HostUpdate):
         self._swap.begin_swap_out()
         return wrote_lp
 
-    def state_names(self) -> list[str]:
-        return sorted(self._swap.names)
-
     def optimizer_state(self) -> OptimizerState:
         self._swap.begin_swap_in()
         try:
