@@ -81,6 +81,9 @@ class SpeculativeUpdate:
 
     def __init__(self, *, gradients: GradientStream, state: Mapping[str, torch.Tensor],
                  backup: Callable[[torch.Tensor], torch.Tensor], hyper_now: Callable[[], OptimizerConfig]) -> None:
+        if sorted(state) != sorted(BACKED_UP):
+            # The kernel backs up exactly these, in this order: a state of other names has no backup to redo from.
+            raise ValueError(f"SpeculativeUpdate: state names {sorted(state)}; allowed: exactly {list(BACKED_UP)}")
         self._gradients = gradients
         self._state = dict(state)
         self._make_backup = backup
