@@ -20,7 +20,8 @@ allocator, so peak memory and host RSS are the arm's own; a crash or OOM of one 
 - ``ours-s2-offload-matched`` (issue 40): our engine at DeepSpeed's GPU memory: ``gpu_share: "auto"`` with a
   ``gpu_memory_budget`` of what DeepSpeed's peak leaves above our all-on-the-host arm's peak (see
   :func:`_memory_match`; the arms it needs run first); ``ours-s2-offload-bf16state-matched`` the same with R29's
-  bf16 moments (12 instead of 16 bytes per element on the device side: a larger share in the same budget);
+  bf16 moments (12 instead of 16 bytes per element on the device side: a larger share in the same budget), and
+  ``ours-s2-offload-bf16state-overlap-matched`` with R30 too (the host side started under the last backward);
 - ``torchao-offload``, ``megatron-offload`` (issue 40): torchao's ``CPUOffloadOptimizer`` and Megatron-Core's
   ``HybridDeviceOptimizer`` (``offload_fraction`` 1.0), each from a plain loop; how each keeps its weights,
   master, gradients and clipping: ``zero_offload_peers.py``.
@@ -109,7 +110,8 @@ ARMS = ["ours-s2", "ours-s2-offload", "ours-s2-offload-bf16state", "ours-s2-offl
         "ours-s2-offload-dpu",
         "ours-s2-offload-dpu-warmup", "ours-s3", "ours-s3-offload", "ours-s3-offload-split", "ours-s3-offload-dpu",
         "ours-s3-offload-dpu-warmup", "ds-z2-offload", "ds-z3-offload", "fsdp2", "fsdp2-offload",
-        "ours-s2-offload-matched", "ours-s2-offload-bf16state-matched", *PEER_PACKAGES]
+        "ours-s2-offload-matched", "ours-s2-offload-bf16state-matched", "ours-s2-offload-bf16state-overlap-matched",
+        *PEER_PACKAGES]
 #: ``--mode converge``'s arms unless ``--arms`` is given (issue 27 item 6), most telling first: a run cut short by
 #: its time box keeps those.
 CONVERGE_ARMS = ["ours-s2", "ours-s2-offload", "ours-s2-offload-bf16state", "ours-s2-offload-bf16state-overlap",
@@ -118,7 +120,8 @@ CONVERGE_ARMS = ["ours-s2", "ours-s2-offload", "ours-s2-offload-bf16state", "our
                  *PEER_PACKAGES]
 #: The arm-name token of R29's compressed state (``state_precision: bf16``), e.g. ``ours-s2-offload-bf16state``.
 BF16_STATE = "-bf16state"
-#: The arm-name suffix of R30's overlapped update (``host_update_start: last_backward``).
+#: The arm-name token of R30's overlapped update (``host_update_start: last_backward``), e.g.
+#: ``ours-s2-offload-bf16state-overlap`` (share 0) and ``ours-s2-offload-bf16state-overlap-matched`` (with R28).
 OVERLAP = "-overlap"
 #: The arm-name suffix of the memory-matched arms (issue 40): ``ours-s2-offload-matched`` and, with R29's bf16
 #: moments (12 instead of 16 bytes per element on the split's device side, so a larger share fits the same budget),
@@ -222,7 +225,7 @@ def _ours_zero(arm: str, opts) -> tuple[dict, int]:
         off: dict = {"device": "cpu"}
         if BF16_STATE in arm:  # R29: Adam's moments stored in bf16 (share 0 unless the arm also splits)
             off["state_precision"] = "bf16"
-        if arm.endswith(OVERLAP):  # R30: the host update started under the boundary's last backward
+        if OVERLAP in arm:  # R30: the host update started under the boundary's last backward
             off["host_update_start"] = "last_backward"
         if arm.endswith("-split"):
             off["gpu_share"] = _gpu_share(opts.gpu_share)

@@ -23,7 +23,7 @@ from conformance.accumulation_assertions import assert_replay_consistent, assert
 from conformance.accumulation_assertions import cross_implementation_tolerance as tolerance
 from conformance.accumulation_engines import IN_RANK_PROCESSES, REQUIRES_ENGINE, engine_api
 from conformance.accumulation_strategies import overlapped_update_scenarios
-from conformance.suite.test_accumulation_split_update import WIDE, _assert_same
+from conformance.suite.test_accumulation_split_update import REQUIRES_SPLIT, WIDE, _assert_same
 from reference.accumulation import AccumulationConfig, Scenario, compute_loss, scenario_calls
 from reference.contract.errors import ConfigurationError
 
@@ -51,6 +51,20 @@ def test_R30_R19_host_update_start_default_and_values(area_api):
 
 
 @REQUIRES_OVERLAP
+@REQUIRES_SPLIT
+@pytest.mark.parametrize("share", [0.5, 1.0, "auto"])
+def test_R30_R28_last_backward_with_a_split_is_accepted(area_api, share):
+    """R19/R30 with R28: "last_backward" and a ``gpu_share`` other than 0 go together (the host side starts early,
+    the device side steps in ``step()``), flat and in DeepSpeed's nested shape."""
+    cfg = area_api.AccumulationConfig.from_dict({**VALID, "gpu_share": share})
+    assert (cfg.host_update_start, cfg.gpu_share) == ("last_backward", share)
+    nested = area_api.AccumulationConfig.from_dict({"optimizer": {"type": "adamw"}, "zero_optimization": {
+        "stage": 2, "offload_optimizer": {"device": "cpu", "gpu_share": share, "host_update_start": "last_backward"},
+    }})
+    assert (nested.host_update_start, nested.gpu_share) == ("last_backward", share)
+
+
+@REQUIRES_OVERLAP
 @pytest.mark.parametrize("value", ["backward", "Last_Backward", "", None, 1, True])
 def test_R30_R19_unknown_host_update_start_is_rejected(area_api, value):
     """R19/R30: anything but "step" / "last_backward" is a ConfigurationError naming the key and both values."""
@@ -68,14 +82,13 @@ def test_R30_R19_unknown_host_update_start_is_rejected(area_api, value):
         ({"optimizer": {"type": "sgd", "momentum": 0.9}}, "optimizer.type='sgd'"),
         ({"managed_gradient_accumulation": False}, "managed_gradient_accumulation=False"),
         ({"delayed_parameter_update": True}, "delayed_parameter_update=True"),
-        ({"gpu_share": 0.5}, "gpu_share=0.5"),
-        ({"gpu_share": "auto"}, "gpu_share='auto'"),
+        ({"gpu_share": 0.5, "delayed_parameter_update": True}, "delayed_parameter_update=True"),
     ],
 )
 def test_R30_R19_last_backward_outside_its_domain_is_rejected(area_api, change, named):
     """R19/R30: "last_backward" needs the streamed host update (cpu offload, stage 2/3, Adam), a managed schedule,
-    and neither R27's delay nor R28's split; each names the key, the offending setting and the allowed values. The
-    same config with "step" is fine."""
+    and not R27's delay (with R28's split or without); each names the key, the offending setting and the allowed
+    values. The same config with "step" is fine."""
     with pytest.raises(ConfigurationError, match="host_update_start") as info:
         area_api.AccumulationConfig.from_dict({**VALID, **change})
     assert named in str(info.value) and "allowed" in str(info.value)
@@ -119,6 +132,26 @@ def test_R30_R25_traces_match_reference_clipping_or_not(area_api, reference_api,
         assert_traces_match(actual, expected, tolerance(scenario, impl, accelerator))
         finals[clip] = expected.boundaries()[-1].parameters
     assert any(not torch.equal(finals[0.05][n], finals[1e3][n]) for n in finals[1e3]), "clipping changed nothing"
+
+
+@REQUIRES_OVERLAP
+@REQUIRES_SPLIT
+@pytest.mark.parametrize(("share", "stage"), [(0.5, 2), (1.0, 2), ("auto", 2), (0.5, 3)])
+def test_R30_R28_split_traces_match_reference_clipping_or_not(area_api, reference_api, impl, accelerator, share,
+                                                              stage):
+    """R30 with R28 (W = 2, gas 2, AdamW, bf16 model, 4 boundaries, clipping at every boundary and never): the
+    trace is the reference's, which is the all-host "step" trace (R28's values, R30's arithmetic). A fixed share
+    cuts at the first boundary and "auto" at the second, both boundaries an engine may have speculated on the whole
+    partition: the device side must start from the state before the step."""
+    for clip in (0.05, 1e3):
+        calls = scenario_calls("BSBSBSBSBSBSBSBS")
+        config = _config(stage, clip, dtype="bf16").replace(gpu_share=share)
+        scenario = Scenario(config, 2, calls, seed=32, name=f"R30-R28-{share}")
+        expected = reference_api.run_scenario(scenario)
+        all_host = Scenario(_config(stage, clip, dtype="bf16", start="step"), 2, calls, seed=32, name="R30-R28-host")
+        assert_traces_match(reference_api.run_scenario(all_host), expected, None)
+        actual = area_api.run_scenario(scenario)
+        assert_traces_match(actual, expected, tolerance(scenario, impl, accelerator))
 
 
 @REQUIRES_OVERLAP
@@ -210,7 +243,8 @@ def _train(group, engine_cls, config: dict, boundaries: int, probe: bool = False
                 speculated.append(report["buckets_speculated"])
         return {"losses": losses, "coefs": coefs, "weights": engine.state_dict(), "master": engine.master_partition(),
                 "state": engine.optimizer_state().buffers, "reads": reads, "after": after,
-                "report": engine.overlap_report(), "speculated": speculated}
+                "report": engine.overlap_report(), "speculated": speculated,
+                "split": engine.split_report() if hasattr(engine, "split_report") else None}
     finally:
         engine.destroy()
 
@@ -250,6 +284,33 @@ def test_R30_report_counts_exactly_the_clipped_boundaries(impl, stage):
                 steps = [b - a for a, b in zip([0, *got["speculated"]], got["speculated"], strict=False)]
                 assert len(set(steps)) == 1 and steps[0] > 0, f"{what}: buckets speculated per boundary {steps}"
             assert report["speculations_discarded"] == 0, f"{what}: {report}"
+
+
+@REQUIRES_OVERLAP
+@REQUIRES_SPLIT
+@REQUIRES_ENGINE
+@IN_RANK_PROCESSES
+@pytest.mark.parametrize(("share", "stage", "world"), [(0.5, 2, 2), ("auto", 2, 2), (1.0, 3, 1)])
+def test_R30_R28_split_run_is_the_all_host_step_run(impl, share, stage, world):
+    """R30 with R28 on the engine (3 boundaries, each boundary's buckets given time to be updated early): with
+    clipping at every boundary and without, the run -- losses, weights, master, state -- is bitwise the all-host
+    "step" run; a fixed share's device side holds elements (``split_report()``) and the host side updated buckets
+    early (before the cut at least: a fixed share cuts at the first boundary, "auto" at the second)."""
+    api = engine_api(impl)
+    for clip in (0.05, 1e3):
+        budget = {"gpu_memory_budget": 4096} if share == "auto" else {}  # a cut on the cpu accelerator too
+        config = {**_engine_config(stage, clip), "gpu_share": share, **budget}
+        over = api.run_on_ranks(_train, world, api.ZeroEngine, config, 3)
+        step = api.run_on_ranks(_train, world, api.ZeroEngine, _engine_config(stage, clip, "step"), 3)
+        for rank, (got, want) in enumerate(zip(over, step, strict=True)):
+            what = f"share {share}, stage {stage}, clip {clip}, rank {rank}"
+            _assert_same(got, want, what)
+            assert got["split"] is not None, f"{what}: no split reported"
+            # "auto" may cut nothing on the cpu accelerator (its timings are noise there); a fixed share always cuts
+            assert share == "auto" or got["split"]["device_elements"] > 0, f"{what}: {got['split']}"
+            report = got["report"]
+            assert report["buckets_speculated"] > 0 and report["speculations_discarded"] == 0, f"{what}: {report}"
+            assert report["boundaries_redone"] <= report["boundaries_speculated"], f"{what}: {report}"
 
 
 @REQUIRES_OVERLAP

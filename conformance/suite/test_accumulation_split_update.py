@@ -518,21 +518,25 @@ def _poisoned_loop(group, engine_cls, config: dict, boundaries: int) -> dict:
 @REQUIRES_SPLIT
 @REQUIRES_ENGINE
 @IN_RANK_PROCESSES
-@pytest.mark.parametrize(("share", "delayed"), [(0.5, False), (1.0, False), (0.5, True)],
-                         ids=["0.5-sync", "1-sync", "0.5-delayed"])
-def test_R28_host_update_never_touches_the_device_sides_elements(impl, share, delayed):
+@pytest.mark.parametrize(("share", "delayed", "start"), [(0.5, False, "step"), (1.0, False, "step"),
+                                                       (0.5, True, "step"), (0.5, False, "last_backward")],
+                         ids=["0.5-sync", "1-sync", "0.5-delayed", "0.5-overlap"])
+def test_R28_host_update_never_touches_the_device_sides_elements(impl, share, delayed, start):
     """R28 (ownership): the device side's elements are stepped on the device only; the host's update neither
     reads nor writes its full-size buffers' copies of them, which are a mirror refreshed when read. On the cpu
     accelerator both sides compute the same bits, so a host that also stepped ``[0, d)`` would go unseen by the
     values alone; here the mirrors of the master and moments (the pinned host buffers holding them right after
     a read) are overwritten with NaN once the cut is made, and 3 boundaries (stage 2, W = 1, with and without
     the delayed update, shares 0.5 and 1) must still equal the all-host loop bitwise: losses, weights, master,
-    optimizer state. An engine that lists no such buffer in ``pinned_buffers()`` keeps no host copy to misuse
-    and is skipped with that reason."""
+    optimizer state; also with R30's host update started under the last backward. An engine that lists no such
+    buffer in ``pinned_buffers()`` keeps no host copy to misuse and is skipped with that reason."""
     if delayed and not impl.capabilities.accumulation_delayed_parameter_update:
         pytest.skip(f"{impl.name} does not declare accumulation_delayed_parameter_update (R27)")
+    if start != "step" and not impl.capabilities.accumulation_overlapped_update:
+        pytest.skip(f"{impl.name} does not declare accumulation_overlapped_update (R30)")
     api = engine_api(impl)
     extra = {"delayed_parameter_update": True, "delayed_update_warmup": 1} if delayed else {}
+    extra["host_update_start"] = start
     got = api.run_on_ranks(_poisoned_loop, 1, api.ZeroEngine, _config(2, share, **extra), 3)[0]
     if not got["mirrors"]:
         pytest.skip(f"{impl.name}'s engine lists no pinned host buffer holding the master or a moment after a read "

@@ -335,9 +335,9 @@ class AccumulationConfig:
     def _check_host_update_start(self) -> None:
         """R19/R30: ``host_update_start`` is "step" or "last_backward"; the latter starts the streamed host update
         under the boundary's last backward, so it needs that update (``offload_optimizer: cpu``, stage 2 or 3,
-        Adam/AdamW), a boundary known at backward time (``managed_gradient_accumulation``), and neither R27's
-        delayed update (which already moves the whole update out of the step) nor R28's split (whose device side
-        steps in ``step()``): both refused rather than half-supported."""
+        Adam/AdamW), a boundary known at backward time (``managed_gradient_accumulation``), and not R27's delayed
+        update (which already moves the whole update out of the step): refused rather than half-supported. With
+        R28's split only the host side starts early; the device side steps in ``step()``."""
         start = self.host_update_start
         if not isinstance(start, str) or start not in HOST_UPDATE_STARTS:
             raise allowed_values_error("host_update_start", start, HOST_UPDATE_STARTS)
@@ -348,13 +348,11 @@ class AccumulationConfig:
             wrong.append("managed_gradient_accumulation=False (allowed with it: True)")
         if self.delayed_parameter_update:
             wrong.append("delayed_parameter_update=True (allowed with it: False)")
-        if self.gpu_share != 0.0:
-            wrong.append(f"gpu_share={self.gpu_share!r} (allowed with it: 0.0)")
         if wrong:
             raise ConfigurationError(
                 f"host_update_start='last_backward' starts the streamed host update under the boundary's last "
                 f"backward, which needs offload_optimizer='cpu', zero_stage 2 or 3, an Adam optimizer, a managed "
-                f"schedule, no delayed update and no split; got {', '.join(wrong)}; allowed: change those, or "
+                f"schedule and no delayed update; got {', '.join(wrong)}; allowed: change those, or "
                 f"host_update_start='step'"
             )
 

@@ -19,9 +19,11 @@ path                               chosen when                                  
 :class:`OverlappedHostUpdate`      ``cpu`` streamed, ``host_update_start:             :mod:`.streamed`
                                    last_backward`` (R30: started under the last
                                    backward, :mod:`.speculation`)
+:class:`SplitOverlappedHostUpdate`  ``gpu_share`` other than 0 with ``last_backward``   :mod:`.streamed`
+                                   (R28 + R30: the host side speculates)
 =================================  ===============================================  =========================
 
-The five streamed paths are one class, :class:`StreamedHostUpdate`, composed of one object per stage (the
+The six streamed paths are one class, :class:`StreamedHostUpdate`, composed of one object per stage (the
 gradient stream off the device :mod:`.gradient_stream` with R14's sums :mod:`.norm_sums`, the host update worker
 :mod:`.host_worker`, the weight upload :mod:`.weight_upload`, the timings :mod:`.timings`), a release policy
 (:mod:`.release`: now, or R27's one boundary later) and, for R28, a device side (:mod:`.split`), for R30 a
@@ -73,6 +75,7 @@ from optimized.accumulation.update_paths.streamed import (
     OverlappedHostUpdate,
     SplitDelayedHostUpdate,
     SplitHostUpdate,
+    SplitOverlappedHostUpdate,
     StreamedHostUpdate,
 )
 from optimized.accumulation.update_paths.whole import DeviceUpdate, HostUpdate, NvmeUpdate
@@ -88,6 +91,7 @@ __all__ = [
     "PathReports",
     "SplitDelayedHostUpdate",
     "SplitHostUpdate",
+    "SplitOverlappedHostUpdate",
     "StreamedHostUpdate",
     "UpdateContext",
     "UpdatePath",
@@ -108,7 +112,9 @@ def update_path_class(config: AccumulationConfig) -> type[UpdatePath]:
                 f"gpu_share={config.gpu_share!r} needs the native CPU Adam (optimized.cpu_adam), which this build "
                 f"does not have; allowed: gpu_share=0.0, or a build with the native extension"
             )
-        return SplitDelayedHostUpdate if config.delayed_parameter_update else SplitHostUpdate
+        if config.delayed_parameter_update:
+            return SplitDelayedHostUpdate
+        return SplitOverlappedHostUpdate if config.host_update_start == "last_backward" else SplitHostUpdate
     if config.delayed_parameter_update:
         if not streams:
             raise ConfigurationError(

@@ -18,7 +18,9 @@ R30 (``host_update_start: last_backward``, ``speculation``): buckets already upd
 :mod:`.speculation` are settled there instead (kept, or restored and updated again), then uploaded as any other.
 
 R28 (the split): :meth:`HostUpdateWorker.update_from` leaves the partition's leading elements to the device side;
-the worker updates, publishes and copies out the rest only.
+the worker updates, publishes and copies out the rest only (with R30, it speculates on the rest only, and a cut
+made at a boundary whose buckets were already updated early first gives the device side its elements back as they
+were before the step: :meth:`.SpeculativeUpdate.release_leading`).
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ class HostUpdateWorker:
         #: R30: the buckets updated under the last backward, settled in the step's task
         self._speculation = speculation
         if speculation is not None:
-            speculation.bind(self.run_on_thread, self.adam)
+            speculation.bind(self.run_on_thread, self.adam, self.host_part)
         #: R28: the partition's elements below this are the device side's
         self._host_from = 0
         self._done: list[threading.Event] = [threading.Event() for _ in ranges]
@@ -81,6 +83,10 @@ class HostUpdateWorker:
         self._error: BaseException | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._last_host_rate: float | None = None
+        #: seconds and elements of every kernel call so far (R30's early updates included), and their values when
+        #: the last update completed: the host's rate is taken over what a boundary's kernel calls did
+        self._kernel_seconds = self._kernel_elements = 0.0
+        self._kernel_mark = (0.0, 0.0)
         #: threads of the native kernel; a device run leaves one core to the thread that launches the next
         #: forward's kernels
         self.threads = cpu_adam.default_threads()
@@ -91,6 +97,8 @@ class HostUpdateWorker:
         """R28: from the next :meth:`start` on, update, publish and copy out the partition's ``[n, P)`` only. Waits
         for the update in flight (it must not see the cut move under it)."""
         self.wait_all()
+        if self._speculation is not None:  # R30: the early updates of [0, n) go back to the state before them
+            self._speculation.release_leading(n)
         self._host_from = n
 
     @property
@@ -124,7 +132,7 @@ class HostUpdateWorker:
         self._gradients.hand_over()  # R27: the next backward fills the other accumulator (R13 step 6)
         self._pending = self.run_on_thread(lambda: self._run_delayed(config, step, clip_coef, grad))
 
-    def _host_part(self, b: BucketRange) -> BucketRange | None:
+    def host_part(self, b: BucketRange) -> BucketRange | None:
         """R28: the part of bucket ``b`` the host updates (None: nothing of it, or all of it is the device's)."""
         lo = max(b.lo, self._host_from)
         if lo >= b.hi:
@@ -133,15 +141,16 @@ class HostUpdateWorker:
 
     def _run(self, config: OptimizerConfig, step: int, clip_coef: float | None, grad: torch.Tensor) -> None:
         try:
-            adam_s, elements = self._timings.seconds("cpu_adam_s"), 0
             for b in self.ranges:
-                h = self._host_part(b)
+                h = self.host_part(b)
                 if h is not None:
                     self._update_bucket(h, config, step, clip_coef, grad)
-                    elements += h.length
                 self._done[b.index].set()
+            # Every kernel call since the last update completed: this boundary's, and R30's under its backward.
+            (s0, e0), self._kernel_mark = self._kernel_mark, (self._kernel_seconds, self._kernel_elements)
+            seconds, elements = self._kernel_seconds - s0, self._kernel_elements - e0
             if elements:
-                self._last_host_rate = max(0.0, self._timings.seconds("cpu_adam_s") - adam_s) / elements
+                self._last_host_rate = max(0.0, seconds) / elements
         except BaseException as exc:  # reported by the next wait, on the caller's thread
             self._error = exc
         finally:
@@ -157,12 +166,12 @@ class HostUpdateWorker:
         try:
             source = self.master if self.cast_out is None else self.cast_out
             for b in self.ranges:
-                h = self._host_part(b)
+                h = self.host_part(b)
                 if h is not None:
                     self._upload.copy(h.index, source[h.lo : h.hi], self.weights[h.lo : h.hi], publish=True)
                 self._published[b.index].set()
             for b in self.ranges:
-                h = self._host_part(b)
+                h = self.host_part(b)
                 if h is not None:
                     self._upload.wait_read(b.index)
                     self.adam(h, config, step, clip_coef, grad)
@@ -210,7 +219,10 @@ class HostUpdateWorker:
             threads=self.threads,
             backup=backup,
         )
-        self._timings.add("cpu_adam_s", time.perf_counter() - t0)
+        took = time.perf_counter() - t0
+        self._timings.add("cpu_adam_s", took)
+        self._kernel_seconds += took  # one thread calls the kernel: no lock
+        self._kernel_elements += b.length
         return out
 
     # ---- waiting -------------------------------------------------------------------------------------------

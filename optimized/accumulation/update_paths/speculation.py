@@ -36,6 +36,12 @@ A speculation that no step claims is undone (:meth:`SpeculativeUpdate.discard`: 
 backward after the predicted boundary's (the boundary moved), ``zero_grad()``, a read of the master or the
 optimizer state (a checkpoint save between the backward and the step), a checkpoint load.
 
+R28 (the split): only the host side speculates (the worker's ``host_part`` of each bucket); the device side
+steps in ``step()`` as without R30. A cut made at a boundary whose buckets were already updated early (a fixed
+share's first boundary, "auto"'s second) first gives the device side its elements back as they were before the
+step (:meth:`SpeculativeUpdate.release_leading`: the speculations finished, ``[0, cut)`` restored from the backup),
+so the device side starts from the state R28 says and the host settles only what stays its own.
+
 Why a backup and not side buffers: the native kernel updates in place. Writing the speculative results beside
 the state and committing them on confirmation would put a copy of the state (read and write) on the critical
 path of every boundary that does not clip -- the common case; the backup writes the same bytes before the
@@ -92,6 +98,8 @@ class SpeculativeUpdate:
         #: the worker's thread and kernel (:meth:`bind`)
         self._run_on_thread: Callable[[Callable[[], None]], Future] | None = None
         self._adam: AdamFn | None = None
+        #: R28: the part of a bucket the host updates (None: all of it is the device side's)
+        self._host_part: Callable[[BucketRange], BucketRange | None] = lambda b: b
         #: (hyper-parameters, step) the open speculation used; None: nothing speculated since the last boundary
         self._guess: tuple[OptimizerConfig, int] | None = None
         #: whether a step took the open speculation over (its task settles it; nothing may discard it then)
@@ -109,17 +117,21 @@ class SpeculativeUpdate:
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(REPORT_KEYS, 0)
 
-    def bind(self, run_on_thread: Callable[[Callable[[], None]], Future], adam: AdamFn) -> None:
-        """The worker's thread (first in, first out with its updates) and its kernel, which the speculation uses
-        (called by the worker's constructor; callbacks, so this module does not import the worker's)."""
+    def bind(self, run_on_thread: Callable[[Callable[[], None]], Future], adam: AdamFn,
+             host_part: Callable[[BucketRange], BucketRange | None]) -> None:
+        """The worker's thread (first in, first out with its updates), its kernel and its R28 cut, which the
+        speculation uses (called by the worker's constructor; callbacks, so this module does not import the
+        worker's)."""
         self._run_on_thread = run_on_thread
         self._adam = adam
+        self._host_part = host_part
 
     # ---- the boundary's last backward ---------------------------------------------------------------------
     def begin(self, step: int) -> None:
         """A backward the schedule predicts is the boundary's starts; the boundary will be step ``step``."""
         self.discard()
-        if self._previous_clipped:
+        if self._previous_clipped or not any(self._host_part(b) for b in self._gradients.ranges if b.length):
+            # after a clipped boundary; or R28 left the host no element to update
             self._counts["boundaries_not_speculated"] += 1
             return
         if self._backup is None:  # here, on the training thread, like every other allocation of the engine
@@ -129,7 +141,7 @@ class SpeculativeUpdate:
 
     def bucket_landed(self, b: BucketRange) -> None:
         """Bucket ``b``'s gradient is final and its D2H queued (its event recorded): update it on the worker."""
-        if self._guess is None or self._claimed or not b.length:
+        if self._guess is None or self._claimed or not b.length or self._host_part(b) is None:
             return
         assert self._run_on_thread is not None
         self._futures.append(self._run_on_thread(lambda: self._speculate(b)))
@@ -141,6 +153,8 @@ class SpeculativeUpdate:
             if self._closed:  # the step has the norm: its task updates the bucket, in the forward's order
                 return
         hyper, step = self._guess
+        b = self._host_part(b)  # R28: the cut moves only after this speculation's futures ran (release_leading)
+        assert b is not None
         # The kernel copies each block of the bucket's state into the backup just before updating it, in its one
         # pass (the block is in cache by then: the backup costs its writes, not a second pass over the state). It
         # validates its arguments before writing anything and then always completes, so the bucket is recorded
@@ -154,6 +168,24 @@ class SpeculativeUpdate:
     def _restore(self, b: BucketRange) -> None:
         for name, buf in self._state.items():
             buf[b.lo : b.hi].copy_(self._backup[name][b.lo : b.hi])
+
+    def release_leading(self, n: int) -> None:
+        """R28: the device side takes ``[0, n)`` at this boundary. Wait for the speculation's updates, restore
+        their ``[0, n)`` from the backup -- the state before the step, which the device side starts from -- and
+        keep for the step's settlement only their parts from ``n`` on (the host's). Called by the worker's
+        ``update_from`` on the training thread after ``claim``, before the step's task is queued."""
+        concurrent.futures.wait(self._futures)  # every one has run (the step closed the rest)
+        with self._lock:
+            kept = {}
+            for index, b in self._speculated.items():
+                if b.lo < n:
+                    for name, buf in self._state.items():
+                        buf[b.lo : min(b.hi, n)].copy_(self._backup[name][b.lo : min(b.hi, n)])
+                if b.hi > n:
+                    kept[index] = b if b.lo >= n else BucketRange(b.index, n, b.hi)
+            self._speculated = kept
+        for f in self._futures:  # an error of an early update is the step's (as in settle)
+            f.result()
 
     # ---- step(): settle -------------------------------------------------------------------------------------
     def claim(self, config: OptimizerConfig, step: int, clip_coef: float | None) -> None:

@@ -116,7 +116,7 @@ class DeviceSplit:
     installed in them)."""
 
     def __init__(self, ctx: UpdateContext, gradients: GradientStream, worker: HostUpdateWorker,
-                 timings: UpdateTimings, release: Release) -> None:
+                 timings: UpdateTimings, release: Release, *, host_starts_in_backward: bool = False) -> None:
         self.ctx = ctx
         self._gradients = gradients
         self._worker = worker
@@ -131,7 +131,8 @@ class DeviceSplit:
         self._decision: SplitDecision | None = (
             None if cfg.gpu_share == GPU_SHARE_AUTO else fixed_split(cfg.gpu_share, P, cfg)
         )
-        self._auto = AutoShare(ctx, worker, hides_whole_step=release.lags_parameters)
+        self._auto = AutoShare(ctx, worker, hides_whole_step=release.lags_parameters,
+                               hides_last_backward=host_starts_in_backward)
         self._boundaries = 0
 
     @staticmethod
@@ -201,12 +202,14 @@ class DeviceSplit:
 class AutoShare:
     """``gpu_share: "auto"``: the measurements the cut is chosen from and the choice (module docstring), the same
     on every rank. ``hides_whole_step``: with R27 the host side runs beside the whole next step, else beside the
-    next micro-batch's forward."""
+    next micro-batch's forward, and with R30 (``hides_last_backward``) beside the boundary's last backward too."""
 
-    def __init__(self, ctx: UpdateContext, worker: HostUpdateWorker, *, hides_whole_step: bool) -> None:
+    def __init__(self, ctx: UpdateContext, worker: HostUpdateWorker, *, hides_whole_step: bool,
+                 hides_last_backward: bool = False) -> None:
         self.ctx = ctx
         self._worker = worker
         self._hides_whole_step = hides_whole_step
+        self._hides_last_backward = hides_last_backward
         self._first_backward_at: float | None = None
 
     def backward_starts(self) -> None:
@@ -221,7 +224,9 @@ class AutoShare:
         self._sync_device()
         started = self._first_backward_at
         step_s = 0.0 if started is None else time.perf_counter() - started
-        hide = step_s if self._hides_whole_step else step_s / (3 * cfg.gradient_accumulation_steps)
+        # A micro-batch's forward taken as a third of its forward and backward, its backward as the other two.
+        micro_batch = step_s / cfg.gradient_accumulation_steps
+        hide = step_s if self._hides_whole_step else micro_batch if self._hides_last_backward else micro_batch / 3
         P = ctx.layout.partition_size
         n = max(1, min(P, SAMPLE_ELEMENTS))
         host = self._worker.last_host_seconds_per_element

@@ -135,7 +135,8 @@ class StreamedHostUpdate(UpdatePath):
         )
         #: R28: the device side and the cut (None: the host updates the whole partition)
         self._split = (
-            DeviceSplit(ctx, self._gradients, self._worker, self._timings, self._release) if self.splits else None
+            DeviceSplit(ctx, self._gradients, self._worker, self._timings, self._release,
+                        host_starts_in_backward=self._speculation is not None) if self.splits else None
         )
         self.reports = StreamedReports(self._worker, self._split, self._speculation)
         #: buckets whose reduce-scatter was launched and whose result is not yet absorbed
@@ -315,6 +316,15 @@ class SplitHostUpdate(StreamedHostUpdate):
     """R28 (``gpu_share``) on the synchronous streamed path: the leading part of the partition on the device."""
 
     splits = True
+
+
+class SplitOverlappedHostUpdate(StreamedHostUpdate):
+    """R28 with R30: the host side's buckets started under the last backward; the device side steps in ``step()``
+    (a cut made at a speculated boundary first takes its elements back as they were: :mod:`.speculation`)."""
+
+    release_class = ConfirmedRelease
+    splits = True
+    speculates = True
 
 
 class SplitDelayedHostUpdate(StreamedHostUpdate):
