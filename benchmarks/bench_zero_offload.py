@@ -43,7 +43,9 @@ per-phase timeline of our offloaded arms (compute, exposed wait, and beside them
 default: no offload, synchronous offload, the same with bf16 moments (``-bf16state``: ``state_precision: bf16``,
 R29; reported as absent on a tree without it), the split update (``-split``: ``gpu_share`` ``--gpu-share``, R28;
 reported as absent on a tree without it), the delayed update without and with a warm-up (``-dpu``, ``-dpu-warmup``),
-DeepSpeed ZeRO-Offload, the memory-matched arm and the two peers. Output:
+DeepSpeed ZeRO-Offload, the memory-matched arm and the two peers. Each arm's loss curve is compared with the first
+arm's, and a ``-bf16state`` arm's with its fp32-moment counterpart's, from ``--compare-from`` (50) on, as
+10-boundary running means (``curve_vs`` in the rows; a printed line each). Output:
 ``bench_zero_offload_converge.{json,csv,png}`` (``plot_convergence.py`` draws the loss against wall time per arm).
 
 ``--model`` takes a preset (``tiny``: CPU smoke test; ``886m``: the issue's 886M-parameter model, sequence 2048,
@@ -79,7 +81,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from convergence import BigramChain, Schedule, Trainer, timeline, train
+from convergence import COMPARE_WINDOW, BigramChain, Schedule, Trainer, compare_curves, timeline, train
 from model_flops import peak_tflops, utilisation
 from zero_offload_peers import FP32_WEIGHT_PEERS, PEER_PACKAGES, build_peer
 
@@ -684,6 +686,36 @@ def _converge_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _curve_comparisons(rows: list[dict], start: int) -> str:
+    """``--mode converge``: each arm's loss curve against the first arm's (the exact path, e.g. no offload) and a
+    ``-bf16state`` arm's against its fp32-moment counterpart (the same name without the token, else share 0 with
+    fp32 moments), from boundary ``start`` on (issue 40: "within 1 % of the fp32-state curve from boundary 50").
+    Stored in each row as ``curve_vs``; the lines say what two arms of the same arithmetic differ by too, the run's
+    noise."""
+    curves = {r["arm"]: r["curve"] for r in rows if r.get("curve")}
+    if len(curves) < 2:
+        return ""
+    first = next(iter(curves))
+    lines = []
+    for r in rows:
+        arm = r["arm"]
+        if arm not in curves or arm == first:
+            continue
+        others = [first]
+        if BF16_STATE in arm:
+            fp32 = arm.replace(BF16_STATE, "")
+            fp32 = fp32 if fp32 in curves else MATCH_BASE_ARM
+            if fp32 in curves and fp32 not in others:
+                others.append(fp32)
+        r["curve_vs"] = {o: compare_curves(curves[arm], curves[o], start) for o in others}
+        parts = [f"vs {o}: mean {c['mean_pct']:.2f} %, max {c['max_pct']:.2f} % (boundary {c['max_at']})"
+                 for o, c in r["curve_vs"].items() if c is not None]
+        if parts:
+            lines.append(f"  {arm} ({r['model']}) loss curve from boundary {start} ({COMPARE_WINDOW}-boundary means) "
+                         + "; ".join(parts))
+    return "\n".join(lines)
+
+
 def _timelines(rows: list[dict]) -> str:
     """Item 3 of issue 27: per arm, where a boundary's time went (engines that report ``offload_timings``)."""
     lines = []
@@ -812,6 +844,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--smooth", type=int, default=5,
                     help="the target counts as reached when the mean loss of this many boundaries is <= it, and "
                          "'loss after N' is the mean of the last this many (converge mode)")
+    ap.add_argument("--compare-from", type=int, default=50,
+                    help="the loss curves are compared from this boundary on (converge mode; issue 40: 50)")
     ap.add_argument("--chain-ids", type=int, default=1024, help="token ids the bigram chain uses (converge mode)")
     ap.add_argument("--successors", type=int, default=4, help="successors per id (converge mode)")
     ap.add_argument("--seed", type=int, default=0, help="the bigram chain's and its batches' seed (converge mode)")
@@ -901,6 +935,8 @@ def _report(rows: list[dict], args) -> None:
                   + (f" (host RSS {ok[-1]['host_rss_peak_gib']:.1f} GiB)" if ok else ""))
     print(_converge_table(rows) if args.mode == "converge" else _table(rows))
     text = _timelines(rows)
+    if args.mode == "converge":
+        text = "\n".join(t for t in (text, _curve_comparisons(rows, args.compare_from)) if t)
     if text:
         print(text)
     for r in rows:

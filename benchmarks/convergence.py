@@ -194,3 +194,29 @@ def timeline(timings: dict, durations: list[float]) -> dict[str, float]:
     return {"step": step, "compute": step - wait, "exposed_wait": wait,
             "model": step - wait - per["grad_exposed"] - per["device_adam"],
             "host_adam": timings.get("cpu_adam_s", 0.0) / n * 1e3, **per}
+
+
+#: The running mean the curve comparison takes (boundaries): on the GPU the loss of one boundary moves by several
+#: per cent between two runs of the same arithmetic where it falls steeply (run AC), so single boundaries compare
+#: the noise, not the arms.
+COMPARE_WINDOW = 10
+
+
+def compare_curves(curve: list, against: list, start: int, window: int = COMPARE_WINDOW) -> dict | None:
+    """How far ``curve``'s loss is from ``against``'s, boundary by boundary from boundary ``start`` on: the
+    relative difference of their ``window``-boundary running means, as ``mean_pct``, ``max_pct`` and the boundary
+    ``max_at`` of the largest, over the boundaries both reached (``boundaries``). None: no boundary to compare.
+    Curves are ``[boundary, wall_s, loss]`` points, as the rows keep them."""
+    def means(points: list) -> dict[int, float]:
+        losses = [p[2] for p in points]
+        return {int(p[0]): sum(losses[max(0, i + 1 - window) : i + 1]) / len(losses[max(0, i + 1 - window) : i + 1])
+                for i, p in enumerate(points)}
+
+    mine, theirs = means(curve), means(against)
+    rel = {k: abs(mine[k] - theirs[k]) / abs(theirs[k]) for k in sorted(mine) if k >= start and k in theirs
+           and theirs[k] != 0}
+    if not rel:
+        return None
+    worst = max(rel, key=rel.get)
+    return {"from": start, "window": window, "boundaries": len(rel),
+            "mean_pct": 100 * sum(rel.values()) / len(rel), "max_pct": 100 * rel[worst], "max_at": worst}
