@@ -204,16 +204,19 @@ def split_update_scenarios(draw: st.DrawFn, world_sizes: tuple[int, ...] = (1, 2
 
 
 @st.composite
-def overlapped_update_scenarios(draw: st.DrawFn, world_sizes: tuple[int, ...] = (1, 2)) -> Scenario:
+def overlapped_update_scenarios(draw: st.DrawFn, world_sizes: tuple[int, ...] = (1, 2),
+                                shares: tuple = (0.0,)) -> Scenario:
     """Valid ``host_update_start: last_backward`` scenarios (R30): R19's domain (stages 2/3, ``cpu`` optimizer
-    offload, Adam/AdamW, a managed schedule, share 0, no delay), either state precision (R29), clipping off /
-    default / tiny (the tiny one always clips), boundary overrides, the rest drawn as in :func:`scenarios`."""
+    offload, Adam/AdamW, a managed schedule, no delay), a ``gpu_share`` from ``shares`` (R28; share 0 unless the
+    caller's implementation splits), either state precision (R29), clipping off / default / tiny (the tiny one
+    always clips), boundary overrides, the rest drawn as in :func:`scenarios`."""
     base = draw(accumulation_configs(stages=(2, 3), managed=True))
     config = base.replace(
         optimizer={**base.to_dict()["optimizer"], "type": draw(st.sampled_from(("adam", "adamw"))), "momentum": 0.0},
         offload_optimizer="cpu",
         state_precision=draw(st.sampled_from(("fp32", "bf16"))),
         host_update_start="last_backward",
+        gpu_share=draw(st.sampled_from(shares)),
     )
     return Scenario(
         config=config,

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from conformance.accumulation_assertions import assert_replay_consistent, assert_traces_match
 from conformance.accumulation_assertions import cross_implementation_tolerance as tolerance
 from conformance.accumulation_engines import IN_RANK_PROCESSES, REQUIRES_ENGINE, engine_api
-from conformance.accumulation_strategies import overlapped_update_scenarios
+from conformance.accumulation_strategies import SPLIT_SHARES, overlapped_update_scenarios
 from conformance.suite.test_accumulation_split_update import REQUIRES_SPLIT, WIDE, _assert_same
 from reference.accumulation import AccumulationConfig, Scenario, compute_loss, scenario_calls
 from reference.contract.errors import ConfigurationError
@@ -175,6 +175,19 @@ def test_R30_R25_drawn_scenario_matches_reference(area_api, reference_api, impl,
     clipping off / on / always, Adam/AdamW, either state precision, boundary overrides that move the boundary
     after a predicted one's backward): the trace equals the reference's; the reference's replays."""
     scenario = data.draw(overlapped_update_scenarios())
+    expected = reference_api.run_scenario(scenario)
+    assert_replay_consistent(expected)
+    actual = area_api.run_scenario(scenario)
+    assert_traces_match(actual, expected, tolerance(scenario, impl, accelerator))
+
+
+@REQUIRES_OVERLAP
+@REQUIRES_SPLIT
+@given(data=st.data())
+def test_R30_R28_drawn_split_scenario_matches_reference(area_api, reference_api, impl, accelerator, data):
+    """R30 with R28 on drawn scenarios (as :func:`test_R30_R25_drawn_scenario_matches_reference`, with a share of
+    0, 0.5, 1 or "auto"): the trace equals the reference's, which replays."""
+    scenario = data.draw(overlapped_update_scenarios(shares=SPLIT_SHARES))
     expected = reference_api.run_scenario(scenario)
     assert_replay_consistent(expected)
     actual = area_api.run_scenario(scenario)
