@@ -308,7 +308,8 @@ def test_R30_R28_split_run_is_the_all_host_step_run(impl, share, stage, world):
     """R30 with R28 on the engine (3 boundaries, each boundary's buckets given time to be updated early): with
     clipping at every boundary and without, the run -- losses, weights, master, state -- is bitwise the all-host
     "step" run; a fixed share's device side holds elements (``split_report()``) and the host side updated buckets
-    early (before the cut at least: a fixed share cuts at the first boundary, "auto" at the second)."""
+    early (before the cut at least: a fixed share cuts at the first boundary, "auto" at the second); with share 1
+    the boundaries after the cut are not started early (the host has nothing of them)."""
     api = engine_api(impl)
     for clip in (0.05, 1e3):
         budget = {"gpu_memory_budget": 4096} if share == "auto" else {}  # a cut on the cpu accelerator too
@@ -324,6 +325,9 @@ def test_R30_R28_split_run_is_the_all_host_step_run(impl, share, stage, world):
             report = got["report"]
             assert report["buckets_speculated"] > 0 and report["speculations_discarded"] == 0, f"{what}: {report}"
             assert report["boundaries_redone"] <= report["boundaries_speculated"], f"{what}: {report}"
+            if share == 1.0:  # after the cut the host keeps no element: nothing to start early (R30's report)
+                assert (report["boundaries_speculated"], report["boundaries_not_speculated"]) == (1, 2), \
+                    f"{what}: {report}"
 
 
 @REQUIRES_OVERLAP
