@@ -6,8 +6,9 @@ not -- is R15/R16's. So the traces with ``host_update_start: last_backward`` are
 cpu accelerator, with clipping that triggers at every boundary (a speculating engine must redo every bucket) and
 that never does (it must keep every bucket), at stages 2 and 3, with accumulation, at both state precisions. A
 distributed engine's ``overlap_report()`` counts the redone boundaries: exactly those whose ``step()`` returned a
-clip coefficient. What is read between the last backward and the step (a checkpoint's master and state) is the
-state before the step. Everything that runs an engine needs ``accumulation_overlapped_update``.
+clip coefficient; that the first boundary did start early is also observed in host memory, not only in that
+report. What is read between the last backward and the step (a checkpoint's master and state) is the state before
+the step. Everything that runs an engine needs ``accumulation_overlapped_update``.
 """
 
 from __future__ import annotations
@@ -328,6 +329,73 @@ def test_R30_R28_split_run_is_the_all_host_step_run(impl, share, stage, world):
             if share == 1.0:  # after the cut the host keeps no element: nothing to start early (R30's report)
                 assert (report["boundaries_speculated"], report["boundaries_not_speculated"]) == (1, 2), \
                     f"{what}: {report}"
+
+
+def _state_changes_before_step(group, engine_cls, config: dict, watch_s: float) -> dict:
+    """One rank, one boundary of 2 micro-steps: the pinned host buffers that hold the master or a moment (found as
+    the R28 mirror test finds them: dtype, size and values equal to ``master_partition()`` or a buffer of
+    ``optimizer_state()`` right after a read), copied before the boundary's last backward and then watched, from
+    the backward's return until the step, for up to ``watch_s`` -- read directly, calling nothing of the engine that
+    reads state (that would undo an early update, R30). Whether any of them changed before ``step()`` was called,
+    how many there were, the report just before the step, and the clip coefficient."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank(group)
+    engine = engine_cls(WIDE.build(5), config, process_group=group, bucket_elements=16)
+    try:
+        cfg = engine.config
+        batches = []
+        for j in range(cfg.gradient_accumulation_steps):
+            gen = torch.Generator().manual_seed(10 * j + rank)
+            batches.append((torch.randn(cfg.train_micro_batch_size_per_gpu, WIDE.in_features, generator=gen),
+                            torch.randn(cfg.train_micro_batch_size_per_gpu, WIDE.out_features, generator=gen)))
+        for x, y in batches[:-1]:
+            engine.backward(compute_loss(engine.module, x, y, cfg.model_dtype))
+            engine.step()
+        wanted = [engine.master_partition(), *engine.optimizer_state().buffers.values()]
+        watched = [t.view(-1) for t in engine.pinned_buffers()
+                   if any(t.dtype == w.dtype and t.numel() == w.numel() and torch.equal(t.view(-1), w.view(-1))
+                          for w in wanted)]
+        before = [t.clone() for t in watched]
+        x, y = batches[-1]
+        engine.backward(compute_loss(engine.module, x, y, cfg.model_dtype))
+        changed, deadline = False, time.monotonic() + watch_s
+        while watched and not changed and time.monotonic() < deadline:
+            changed = any(not torch.equal(t, b) for t, b in zip(watched, before, strict=True))
+            time.sleep(0.005)
+        report = engine.overlap_report()
+        out = engine.step()
+        return {"changed": changed, "watched": len(watched), "report": report, "coef": out.clip_coef}
+    finally:
+        engine.destroy()
+
+
+@REQUIRES_OVERLAP
+@REQUIRES_ENGINE
+@IN_RANK_PROCESSES
+def test_R30_update_starts_before_step_as_host_memory_shows(impl):
+    """R30's early start, observed in host memory as well as in the engine's report (W = 1, stage 2, no clipping,
+    the engine's first boundary, which R30's policy starts early): with "last_backward" a pinned host copy of the
+    master or a moment changes after the boundary's last backward returned and before ``step()`` is called; with
+    "step" none does (so the observation can fail). An engine that starts nothing early (its report counts no
+    bucket and no watched buffer changed) fails. One whose report counts early buckets while no watched buffer
+    changed keeps its early results elsewhere (R30 allows side buffers) and is skipped with that reason, as is
+    one that lists no pinned buffer holding the master or a moment."""
+    api = engine_api(impl)
+    # up to 10 s for the early update to show; 1 s of watching the "step" run, where nothing may change
+    early = api.run_on_ranks(_state_changes_before_step, 1, api.ZeroEngine, _engine_config(2, 1e3), 10.0)[0]
+    if not early["watched"]:
+        pytest.skip(f"{impl.name}'s engine lists no pinned host buffer holding the master or a moment "
+                    "(pinned_buffers()): nothing to watch")
+    late = api.run_on_ranks(_state_changes_before_step, 1, api.ZeroEngine, _engine_config(2, 1e3, "step"), 1.0)[0]
+    assert early["coef"] is None and late["coef"] is None, (early, late)
+    assert not late["changed"], f'host_update_start "step" changed the state before step(): {late}'
+    if not early["changed"]:
+        assert early["report"]["buckets_speculated"] > 0, (
+            f"R30: the first boundary started nothing early: no watched buffer changed between the last backward "
+            f"and step(), and the report counts no bucket: {early}")
+        pytest.skip(f"{impl.name}'s report counts {early['report']['buckets_speculated']} buckets updated early, "
+                    "but no pinned copy of the master or a moment changed: its early results live elsewhere")
 
 
 @REQUIRES_OVERLAP
