@@ -59,7 +59,7 @@ class Capabilities:
     - ``accumulation_overlapped_update``: the accumulation area accepts R30's ``host_update_start`` (config key:
       "step" or "last_backward", the host update started under the boundary's last backward with R15's arithmetic
       kept exact) and a distributed engine reports it (``overlap_report()``); without it the R30 tests are
-      skipped.
+      skipped. With ``accumulation_split_update`` too, it accepts R30 with R28's split.
     - ``accumulation_host_memory_estimate``: the distributed engine's class has
       ``estimate_host_memory(module, config, *, world_size=1, device="cuda")``, which lists the host buffers one
       rank's engine will allocate (an object with ``buffers``, ``pinned_bytes``, ``locked_bytes`` and
