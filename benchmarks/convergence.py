@@ -209,8 +209,7 @@ def compare_curves(curve: list, against: list, start: int, window: int = COMPARE
     Curves are ``[boundary, wall_s, loss]`` points, as the rows keep them."""
     def means(points: list) -> dict[int, float]:
         losses = [p[2] for p in points]
-        return {int(p[0]): sum(losses[max(0, i + 1 - window) : i + 1]) / len(losses[max(0, i + 1 - window) : i + 1])
-                for i, p in enumerate(points)}
+        return {int(p[0]): statistics.fmean(losses[max(0, i + 1 - window) : i + 1]) for i, p in enumerate(points)}
 
     mine, theirs = means(curve), means(against)
     rel = {k: abs(mine[k] - theirs[k]) / abs(theirs[k]) for k in sorted(mine) if k >= start and k in theirs

@@ -24,7 +24,7 @@ from conformance.accumulation_assertions import assert_replay_consistent, assert
 from conformance.accumulation_assertions import cross_implementation_tolerance as tolerance
 from conformance.accumulation_engines import IN_RANK_PROCESSES, REQUIRES_ENGINE, engine_api
 from conformance.accumulation_strategies import SPLIT_SHARES, overlapped_update_scenarios
-from conformance.suite.test_accumulation_split_update import REQUIRES_SPLIT, WIDE, _assert_same
+from conformance.suite.test_accumulation_split_update import REQUIRES_SPLIT, WIDE, _assert_same, pinned_state_copies
 from reference.accumulation import AccumulationConfig, Scenario, compute_loss, scenario_calls
 from reference.contract.errors import ConfigurationError
 
@@ -352,10 +352,7 @@ def _state_changes_before_step(group, engine_cls, config: dict, watch_s: float) 
         for x, y in batches[:-1]:
             engine.backward(compute_loss(engine.module, x, y, cfg.model_dtype))
             engine.step()
-        wanted = [engine.master_partition(), *engine.optimizer_state().buffers.values()]
-        watched = [t.view(-1) for t in engine.pinned_buffers()
-                   if any(t.dtype == w.dtype and t.numel() == w.numel() and torch.equal(t.view(-1), w.view(-1))
-                          for w in wanted)]
+        watched = pinned_state_copies(engine)
         before = [t.clone() for t in watched]
         x, y = batches[-1]
         engine.backward(compute_loss(engine.module, x, y, cfg.model_dtype))

@@ -481,16 +481,19 @@ def test_R28_training_loop_equals_the_all_host_loop(impl, share, stage, world, d
     _assert_same(got, want, f"share {share} stage {stage} W={world} delayed={delayed}")
 
 
-def _mirrors_of(engine, d: int) -> list[torch.Tensor]:
-    """The pinned host buffers that hold the master or a moment of the whole partition: right after a read
+def pinned_state_copies(engine) -> list[torch.Tensor]:
+    """The pinned host buffers that hold the master or a moment of the whole partition, flat: right after a read
     (``master_partition()`` / ``optimizer_state()`` refresh every host copy), those whose dtype, size and values
-    are the master's or a moment's. Their first ``d`` elements are the device side's."""
-    if not d:
-        return []
+    are the master's or a moment's."""
     wanted = [engine.master_partition(), *engine.optimizer_state().buffers.values()]
     return [t.view(-1) for t in engine.pinned_buffers()
             if any(t.dtype == w.dtype and t.numel() == w.numel() and torch.equal(t.view(-1), w.view(-1))
                    for w in wanted)]
+
+
+def _mirrors_of(engine, d: int) -> list[torch.Tensor]:
+    """:func:`pinned_state_copies`, whose first ``d`` elements are the device side's (none where ``d`` is 0)."""
+    return pinned_state_copies(engine) if d else []
 
 
 def _poisoned_loop(group, engine_cls, config: dict, boundaries: int) -> dict:

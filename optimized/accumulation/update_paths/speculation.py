@@ -165,9 +165,10 @@ class SpeculativeUpdate:
             self._speculated[b.index] = b
             self._counts["buckets_speculated"] += 1
 
-    def _restore(self, b: BucketRange) -> None:
+    def _restore(self, lo: int, hi: int) -> None:
+        """The state of ``[lo, hi)`` as the backup holds it (before the speculative update)."""
         for name, buf in self._state.items():
-            buf[b.lo : b.hi].copy_(self._backup[name][b.lo : b.hi])
+            buf[lo:hi].copy_(self._backup[name][lo:hi])
 
     def release_leading(self, n: int) -> None:
         """R28: the device side takes ``[0, n)`` at this boundary. Wait for the speculation's updates, restore
@@ -179,8 +180,7 @@ class SpeculativeUpdate:
             kept = {}
             for index, b in self._speculated.items():
                 if b.lo < n:
-                    for name, buf in self._state.items():
-                        buf[b.lo : min(b.hi, n)].copy_(self._backup[name][b.lo : min(b.hi, n)])
+                    self._restore(b.lo, min(b.hi, n))
                 if b.hi > n:
                     kept[index] = b if b.lo >= n else BucketRange(b.index, n, b.hi)
             self._speculated = kept
@@ -212,7 +212,7 @@ class SpeculativeUpdate:
             return False
         if clip_coef is None and self._guess == (config, step):
             return True
-        self._restore(speculated)
+        self._restore(speculated.lo, speculated.hi)
         self._adam(speculated, config, step, clip_coef, grad, None)
         self._redone_here += 1
         return True
@@ -243,7 +243,7 @@ class SpeculativeUpdate:
         futures, self._futures = self._futures, []
         concurrent.futures.wait(futures)  # every one has run (restoring under a running one would race it)
         for b in self._speculated.values():
-            self._restore(b)
+            self._restore(b.lo, b.hi)
         self._counts["speculations_discarded"] += 1
         self._reset()
         for f in futures:
