@@ -25,7 +25,10 @@ This class is the training surface and the schedule; what happens where is in mo
 - :mod:`.checkpoint` -- ``save_checkpoint`` / ``load_checkpoint`` (per-rank files in parameter coordinates, staged
   and committed by one rename, loadable at any world size, stage and update path) and the consolidated
   ``state_dict`` / ``load_state_dict``, reading the engine through a :class:`~.checkpoint_view.CheckpointView`;
-- :mod:`.lr` -- ``engine.optimizer`` and ``LrSchedule`` (the attached ``lr_scheduler``, ``get_lr`` / ``set_lr``).
+- :mod:`.lr` -- ``engine.optimizer`` and ``LrSchedule`` (the attached ``lr_scheduler``, ``get_lr`` / ``set_lr``);
+- :mod:`.engine_surface` -- the surface that only passes through, as base classes: the module's (``engine(x)``,
+  ``train``/``eval``, ``parameters``), the learning rate's and the reports (``offload_timings()``,
+  ``split_report()``, ``overlap_report()``, ``pinned_buffers()`` ...).
 
 What a training script uses besides backward()/step() (docs/zero.md): ``engine.optimizer``, a
 ``torch.optim.Optimizer`` facade whose group values the boundary update reads (:mod:`.lr`), so any
@@ -54,6 +57,7 @@ from torch import nn
 from optimized.accumulation import checkpoint as ckpt
 from optimized.accumulation.checkpoint_view import CheckpointView
 from optimized.accumulation.collectives import Collectives
+from optimized.accumulation.engine_surface import EngineReports, LrSurface, ModuleSurface
 from optimized.accumulation.construction import (
     build_module,
     check_engine_arguments,
@@ -77,7 +81,7 @@ __all__ = ["DEFAULT_BUCKET_ELEMENTS", "StepOutcome", "ZeroEngine"]
 DEFAULT_BUCKET_ELEMENTS = 25_000_000
 
 
-class ZeroEngine(ScheduledEngine):
+class ZeroEngine(ModuleSurface, LrSurface, EngineReports, ScheduledEngine):
     """One rank of a ZeRO data-parallel run of ``model`` under ``config`` (docs/accumulation.md, docs/zero.md).
 
     ``model``: an ``nn.Module`` (used in place, cast to the model dtype and moved to ``device``) or a factory.
@@ -140,15 +144,6 @@ class ZeroEngine(ScheduledEngine):
         )
         self.master_device, self.param_device = parts.path.master.device, parts.weights.param_device
 
-    @property
-    def prefetch_hits(self) -> int:
-        """Stage-3 gathers that found their parameters already prefetched (for tests and tuning)."""
-        return 0 if self._parts.stage3 is None else self._parts.stage3.prefetch_hits
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        self._check_alive()
-        return self.module(*args, **kwargs)
-
     def backward(self, loss: torch.Tensor, scale_wrt_gas: bool = True) -> None:
         """Back-propagate this rank's ``loss`` and accumulate (R5, R7, R9, R10)."""
         parts = self._check_alive()
@@ -185,31 +180,6 @@ class ZeroEngine(ScheduledEngine):
             self._lr.boundary_done()
         return outcome
 
-    # ---- the usual module surface ----------------------------------------------------------------------------
-    def train(self, mode: bool = True) -> ZeroEngine:
-        """``module.train(mode)``; returns the engine."""
-        self.module.train(mode)
-        return self
-
-    def eval(self) -> ZeroEngine:
-        """``module.eval()``; returns the engine."""
-        self.module.eval()
-        return self
-
-    @property
-    def training(self) -> bool:
-        return self.module.training
-
-    def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]:
-        """The module's parameters (at stage 3 between forwards they hold no data: shape ``[0]``); waits for
-        an update still streaming in (:meth:`synchronize`)."""
-        self.synchronize()
-        return self.module.parameters(recurse)
-
-    def named_parameters(self, *args: Any, **kwargs: Any) -> Iterator[tuple[str, nn.Parameter]]:
-        self.synchronize()
-        return self.module.named_parameters(*args, **kwargs)
-
     def zero_grad(self) -> None:
         """Discard the gradient accumulated since the last boundary (counters unchanged). Gradients never stay
         on ``p.grad`` (the engine moves them into its buffers during backward), so this is all there is to
@@ -220,24 +190,6 @@ class ZeroEngine(ScheduledEngine):
         path.zero_grad()
         self._model.clear_grads()
         self._grads_pending = False
-
-    def get_lr(self) -> list[float]:
-        """The learning rate of each parameter group of ``optimizer`` (one group)."""
-        return self._lr.get_lr()
-
-    def set_lr(self, lr: float) -> None:
-        """Set the learning rate of every group; used from the next boundary on."""
-        self._lr.set_lr(lr)
-
-    @property
-    def lr_scheduler(self) -> Any:
-        """The scheduler ``step()`` advances at each boundary (None: none). Assign one built on ``engine.optimizer``;
-        a scheduler state :meth:`load_checkpoint` loaded before one was attached is applied to it on assignment."""
-        return self._lr.scheduler
-
-    @lr_scheduler.setter
-    def lr_scheduler(self, scheduler: Any) -> None:
-        self._lr.attach(scheduler)
 
     # ---- checkpoints (:mod:`.checkpoint` reads and writes them) -----------------------------------------------
     def save_checkpoint(
@@ -338,36 +290,6 @@ class ZeroEngine(ScheduledEngine):
             )
         parts.synchronize()
         parts.path.apply_delayed()
-
-    # ---- reports, for benchmarks and inspection (the update path's :class:`PathReports`) ------------------------
-    def pinned_buffers(self) -> tuple[torch.Tensor, ...]:
-        """The pinned host buffers this engine holds now (offload state; ``nvme`` state while in memory)."""
-        return self._parts.pinned_buffers()
-
-    @property
-    def swap_directory(self) -> str | None:
-        """The directory this rank swaps optimizer state into (``nvme`` offload), else None."""
-        return self._parts.reports.swap_directory
-
-    def swap_stats(self):
-        """The swap handle's :class:`~reference.io.SwapStats` (``nvme`` offload), else None."""
-        return self._parts.reports.swap_stats()
-
-    def offload_timings(self) -> dict[str, float] | None:
-        """Where the streamed offloaded update spent its time since the last call (seconds: ``cpu_adam_s``, ``wait_s``
-        -- the training thread blocked on it --, ``d2h_s``, ``h2d_s`` ...; without offload on a GPU ``device_adam_s``),
-        or None (nothing streamed: a cpu run without offload, stage 0/1, SGD). Synchronizes; for benchmarks."""
-        return self._parts.reports.offload_timings()
-
-    def split_report(self) -> dict | None:
-        """R28 (``gpu_share``): this rank's cut -- share, elements, device bytes and, for ``"auto"``, the budget and
-        the measurement it chose from (``accumulation_split.SplitDecision`` as a mapping) -- or None (share 0, or
-        "auto" before the second boundary)."""
-        return self._parts.reports.split_report()
-
-    def overlap_report(self) -> dict[str, int] | None:
-        """R30 (``host_update_start: last_backward``): boundaries/buckets speculated, redone, discarded; or None."""
-        return self._parts.reports.overlap_report()
 
     def _check_alive(self, synchronize: bool = False) -> EngineParts:
         """Refuse a destroyed engine (the hook :class:`ScheduledEngine`'s calls use too); else the engine's parts,
