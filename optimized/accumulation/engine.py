@@ -47,7 +47,7 @@ new engine.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -57,13 +57,13 @@ from torch import nn
 from optimized.accumulation import checkpoint as ckpt
 from optimized.accumulation.checkpoint_view import CheckpointView
 from optimized.accumulation.collectives import Collectives
-from optimized.accumulation.engine_surface import EngineReports, LrSurface, ModuleSurface
 from optimized.accumulation.construction import (
     build_module,
     check_engine_arguments,
     model_parameters,
     resolve_device,
 )
+from optimized.accumulation.engine_surface import EngineReports, LrSurface, ModuleSurface
 from optimized.accumulation.host_memory import estimate_host_memory
 from optimized.accumulation.lr import EngineOptimizer, LrSchedule
 from optimized.accumulation.origin import LossOrigin
