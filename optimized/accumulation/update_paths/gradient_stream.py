@@ -10,6 +10,14 @@ previous bucket's D2H: on one stream the two directions would run one after the 
 accumulation would move twice the bytes it has time for. On the backward a managed schedule says is the
 boundary's, the same stream also sums the squares of every R14 piece of the bucket (:mod:`.norm_sums`).
 
+The first backward of an accumulation that more backwards will follow (a managed schedule says so) sends its reduced
+gradient at the comm dtype's width instead: the running sum after it is ``0 + red``, which that dtype holds exactly,
+so the D2H and the next backward's upload carry 2 bytes per element instead of 4 with bf16 reductions (the host's
+memory, shared by those copies and the host Adam under R30, sees half the traffic). The narrow values live in the
+first bytes of the bucket's own host accumulator range (:func:`packed_view`); the next backward brings them up
+into a narrow staging buffer and adds ``0 + red_1`` then ``red_2`` on the device, R10's arithmetic in R10's order.
+A boundary that comes after such a backward anyway (an unforeseen one) widens them on the host first.
+
 R28 (the split): once :meth:`GradientStream.keep_on_device` made a cut, the device side's slices are added into an
 fp32 accumulator on the device and never leave it (no D2H, no upload of the running sum); the host accumulator's
 ``[0, cut)`` is then stale until :meth:`GradientStream.grad_for_boundary` joins it in for a reader of the whole
@@ -33,7 +41,7 @@ from optimized.accumulation.device_spans import timing_event
 from optimized.accumulation.update_paths.norm_sums import BucketRange, NormPieceSums
 from optimized.accumulation.update_paths.timings import UpdateTimings
 
-__all__ = ["GradientStream"]
+__all__ = ["GradientStream", "packed_view", "widen_packed"]
 
 
 class GradientStream:
@@ -43,7 +51,8 @@ class GradientStream:
     """
 
     def __init__(self, *, device: torch.device, ranges: Sequence[BucketRange], norms: NormPieceSums,
-                 accum_dtype: torch.dtype, accumulators: Sequence[torch.Tensor], timings: UpdateTimings) -> None:
+                 accum_dtype: torch.dtype, comm_dtype: torch.dtype, accumulators: Sequence[torch.Tensor],
+                 timings: UpdateTimings) -> None:
         self.device = device
         self.on_device = device.type != "cpu"
         self.ranges = ranges
@@ -55,6 +64,11 @@ class GradientStream:
         self.accumulator = self._accumulators[0]
         self._timings = timings
         self._first = True  # no backward since the last boundary: the accumulator is logically zero
+        #: whether the running backward sends its gradient narrow (see the module docstring), and whether the host
+        #: accumulator holds such narrow values now (the last backward did)
+        self._pack = self._packed = False
+        #: the comm dtype when it is narrower than the accumulation dtype (else None: nothing to gain by packing)
+        self._narrow = comm_dtype if comm_dtype.itemsize < accum_dtype.itemsize else None
         #: R28: the elements of the partition below this are the device side's (set by :meth:`keep_on_device`)
         self._cut = 0
         #: R28, device runs: the device side's fp32 gradient accumulator for ``[0, cut)``
@@ -70,6 +84,8 @@ class GradientStream:
         longest = max((b.length for b in self.ranges), default=0)
         # Two staging buffers: the stream adds into one while the other's D2H drains.
         self._staging = [torch.empty(longest, dtype=self.accum_dtype, device=device) for _ in range(2)]
+        #: where a packed running sum is brought up to (allocated at the first packed backward)
+        self._narrow_staging: list[torch.Tensor] | None = None
         self._turn = 0
         self._d2h_stream = torch.cuda.Stream(device)
         #: brings a bucket's running sum up from the host on a copy engine of its own, so that it runs beside
@@ -87,10 +103,15 @@ class GradientStream:
             self._device_grad = torch.empty(n, dtype=self.accum_dtype, device=self.device)
 
     # ---- backward: accumulate (R10) and stream out ----------------------------------------------------------
-    def begin_backward(self) -> None:
+    def begin_backward(self, more_follow: bool) -> None:
+        """``more_follow``: a managed schedule says this backward is not the accumulation's last (it may pack)."""
         self.norms.fresh = False
         if self._first:  # a new accumulation: where the device side's gradient lives is decided for all of it
             self._device_side_here = self.on_device and self._device_grad is not None and self._cut > 0
+        self._pack = self._first and more_follow and self.on_device and self._narrow is not None
+        if self._pack and self._narrow_staging is None:
+            longest = max((b.length for b in self.ranges), default=0)
+            self._narrow_staging = [torch.empty(longest, dtype=self._narrow, device=self.device) for _ in range(2)]
 
     def absorb(self, index: int, reduced: torch.Tensor, want_sums: bool) -> None:
         """Add this rank's reduced slice of bucket ``index`` (comm dtype, on the device) into its accumulator
@@ -113,26 +134,25 @@ class GradientStream:
         stream = self._d2h_stream
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            red = reduced.to(self.accum_dtype)
+            # a packed backward without a device side needs no wide copy of the gradient at all
+            red = None if self._pack and cut == b.lo else reduced.to(self.accum_dtype)
             kept = None
             if cut > b.lo:
                 kept = self._device_grad
                 if self._first:
                     kept[b.lo : cut].zero_()
                 kept[b.lo : cut].add_(red[: cut - b.lo])
-            stage = None
-            if slot is not None:
-                stage = self._staging[slot][: b.hi - cut]
-                if uploaded is None:
-                    stage.zero_()
-                else:
-                    stream.wait_event(uploaded)
-                stage.add_(red[cut - b.lo :])
+            stage = target = None
+            if slot is not None and self._pack:  # 0 + red is red itself: it leaves at the comm dtype's width
+                source, target = reduced[cut - b.lo :], packed_view(self.accumulator, cut, b.hi, self._narrow)
+            elif slot is not None:
+                stage = source = self._running_sum(slot, b.hi - cut, uploaded, red[cut - b.lo :])
+                target = self.accumulator[cut : b.hi]
             if want_sums:
                 self.norms.take(b, cut, kept, stage)
-            if stage is not None:
+            if target is not None:
                 begin = timing_event(stream)
-                self.accumulator[cut : b.hi].copy_(stage, non_blocking=True)
+                target.copy_(source, non_blocking=True)
                 event = timing_event(stream)
                 self._slot_free[slot] = event
                 self._timings.span("d2h_s", begin, event)
@@ -140,6 +160,21 @@ class GradientStream:
                 event = timing_event(stream)
         reduced.record_stream(stream)
         self._d2h_done[index] = event
+
+    def _running_sum(self, slot: int, n: int, uploaded: torch.cuda.Event | None, red: torch.Tensor) -> torch.Tensor:
+        """On the D2H stream: staging slot ``slot``'s first ``n`` elements become R10's ``acc + red`` -- acc from
+        zeros on an accumulation's first backward, else the running sum :meth:`_upload` brought up (narrow after a
+        packed backward: ``0 + red_1`` first, the order R10 adds in)."""
+        stage = self._staging[slot][:n]
+        if uploaded is None:
+            stage.zero_()
+        else:
+            self._d2h_stream.wait_event(uploaded)
+            if self._packed:
+                stage.zero_()
+                stage.add_(self._narrow_staging[slot][:n])
+        stage.add_(red)
+        return stage
 
     def _upload(self, index: int, lo: int, hi: int) -> tuple[int, torch.cuda.Event | None]:
         """A staging slot for the host part ``[lo, hi)`` of bucket ``index`` and, after the first backward of an
@@ -155,7 +190,12 @@ class GradientStream:
                 up.wait_event(before)
         with torch.cuda.stream(up):
             begin = timing_event(up)
-            self._staging[slot][: hi - lo].copy_(self.accumulator[lo:hi], non_blocking=True)
+            if self._packed:
+                self._narrow_staging[slot][: hi - lo].copy_(
+                    packed_view(self.accumulator, lo, hi, self._narrow), non_blocking=True
+                )
+            else:
+                self._staging[slot][: hi - lo].copy_(self.accumulator[lo:hi], non_blocking=True)
             done = timing_event(up)
         self._timings.span("grad_up_s", begin, done)
         return slot, done
@@ -163,6 +203,7 @@ class GradientStream:
     def end_backward(self, summed: bool) -> None:
         """Every bucket was absorbed; ``summed``: the piece sums were taken in this backward (the boundary's)."""
         self._first = False
+        self._packed, self._pack = self._pack, False
         self.norms.fresh = summed
         if summed and self.on_device and self._timings.recording:
             # How long the boundary waits for the gradient stream after backward's last kernel (clamped at 0).
@@ -190,6 +231,12 @@ class GradientStream:
         if self._first:
             self.accumulator.zero_()
         self.wait_transfers_out()
+        if self._packed:  # an accumulation that ended after a packed backward: widen on the host (0 + red)
+            self._packed = False
+            lo = self._cut if self._device_side_here else 0
+            for b in self.ranges:
+                if max(b.lo, lo) < b.hi:
+                    widen_packed(self.accumulator, max(b.lo, lo), b.hi, self._narrow)
         return self.accumulator
 
     def grad_for_boundary(self) -> torch.Tensor:
@@ -220,6 +267,7 @@ class GradientStream:
     def restart(self) -> None:
         """R13 step 6: the next backward starts a new accumulation (the accumulator is logically zero)."""
         self._first = True
+        self._packed = False
         self.norms.fresh = False
 
     def hand_over(self) -> None:
@@ -237,3 +285,18 @@ class GradientStream:
                 self._up_stream.synchronize()
             except BaseException:
                 pass
+
+
+def packed_view(accumulator: torch.Tensor, lo: int, hi: int, narrow: torch.dtype) -> torch.Tensor:
+    """The ``hi - lo`` narrow (comm dtype) values a packed backward keeps in the first bytes of ``accumulator[lo:hi]``
+    (the same pinned memory: a copy into it is a D2H like any other)."""
+    return accumulator[lo:hi].view(torch.uint8)[: (hi - lo) * narrow.itemsize].view(narrow)
+
+
+def widen_packed(accumulator: torch.Tensor, lo: int, hi: int, narrow: torch.dtype) -> None:
+    """``accumulator[lo:hi] = 0 + packed`` (R10 after one backward) from :func:`packed_view`'s values, in place.
+    The narrow values share the range's bytes, so they are copied out first."""
+    values = packed_view(accumulator, lo, hi, narrow).clone()
+    wide = accumulator[lo:hi]
+    wide.zero_()
+    wide.add_(values)

@@ -120,7 +120,7 @@ class StreamedHostUpdate(UpdatePath):
         self._timings = UpdateTimings(ctx.device)
         self._gradients = GradientStream(
             device=ctx.device, ranges=ranges, norms=NormPieceSums(ctx.layout, ctx.rank, ranges, on_device),
-            accum_dtype=cfg.accum_dtype, accumulators=accumulators, timings=self._timings,
+            accum_dtype=cfg.accum_dtype, comm_dtype=cfg.comm_dtype, accumulators=accumulators, timings=self._timings,
         )
         self._upload = WeightUpload(ctx.device, len(ranges), self._timings)
         #: R30: the update under the last backward (None: it starts in step())
@@ -183,7 +183,7 @@ class StreamedHostUpdate(UpdatePath):
         # be) the boundary's; otherwise the boundary sums the host accumulator.
         managed = self.config.managed_gradient_accumulation
         self._want_norm_pieces = boundary_predicted or (not managed and self.ctx.device.type != "cpu")
-        self._gradients.begin_backward()
+        self._gradients.begin_backward(more_follow=managed and not boundary_predicted)
         self._launched.clear()
         if self._speculation is not None:  # R30: an earlier open speculation is undone first
             if boundary_predicted:
