@@ -33,9 +33,25 @@ def _model() -> nn.Module:
     return nn.Sequential(*layers, nn.Linear(WIDTH, 4))
 
 
-def _train(group, engine_cls, stage: int, offload: bool, drain: bool = False) -> dict:
+#: Engine calls that read weights, the master or the optimizer state, as CPU copies: each must see the whole update
+#: of the step before it (docs/zero.md, "Streamed offload": every engine method that reads weights or optimizer
+#: state waits for the update first). ``parameters`` / ``named_parameters`` are the module surface (docs/zero.md,
+#: "The module surface"); the others are the engine protocol's.
+_READS = {
+    "parameters": lambda e: [p.detach().to("cpu", copy=True) for p in e.parameters()],
+    "named_parameters": lambda e: [p.detach().to("cpu", copy=True) for _, p in e.named_parameters()],
+    "state_dict": lambda e: [v.to("cpu", copy=True) for v in e.state_dict().values()],
+    "full_parameters": lambda e: [v.to("cpu", copy=True) for v in e.full_parameters().values()],
+    "master_partition": lambda e: [e.master_partition().to("cpu", copy=True)],
+    "optimizer_state": lambda e: [torch.tensor(float(e.optimizer_state().step))]
+    + [v.to("cpu", copy=True) for _, v in sorted(e.optimizer_state().buffers.items())],
+}
+
+
+def _train(group, engine_cls, stage: int, offload: bool, drain: bool = False, read: str | None = None) -> dict:
     """``drain``: read ``state_dict()`` after every step (a read that must see the whole update) before the next
-    forward, so that forward cannot overtake an update still in flight."""
+    forward, so that forward cannot overtake an update still in flight. ``read``: right after every boundary
+    ``step()``, before anything else, read through that :data:`_READS` call and keep what it returned."""
     # A slow update (one thread) widens the window in which a forward could overtake it.
     os.environ["HOSTOFFLOAD_CPU_ADAM_THREADS"] = "1"
     model = _model()
@@ -48,7 +64,7 @@ def _train(group, engine_cls, stage: int, offload: bool, drain: bool = False) ->
     engine = engine_cls(model, config, process_group=group, bucket_elements=WIDTH * WIDTH)
     device = next(model.parameters()).device  # the engine placed the model (cuda with NCCL)
     gen = torch.Generator().manual_seed(7)
-    losses, norms = [], []
+    losses, norms, reads = [], [], []
     try:
         for _ in range(2 * STEPS):
             x = torch.randn(16, WIDTH, generator=gen).to(device=device, dtype=torch.bfloat16)
@@ -59,12 +75,14 @@ def _train(group, engine_cls, stage: int, offload: bool, drain: bool = False) ->
             out = engine.step()
             if out.boundary:
                 norms.append(out.grad_norm)
+                if read is not None:
+                    reads.append(_READS[read](engine))
             if drain:
                 engine.state_dict()
         params = {k: v.to("cpu", copy=True) for k, v in engine.state_dict().items()}
     finally:
         engine.destroy()
-    return {"losses": losses, "norms": norms, "params": params}
+    return {"losses": losses, "norms": norms, "params": params, "reads": reads}
 
 
 @pytest.mark.parametrize("stage", [2, 3])
@@ -80,6 +98,25 @@ def test_R15_R17_forward_right_after_step_sees_the_whole_update(impl, stage):
         assert torch.equal(a, b), f"micro-step {i}: loss {a.item()!r} with offload != {b.item()!r} without"
     for name, p in plain["params"].items():
         assert torch.equal(offloaded["params"][name], p), f"{name}: offloaded run != run without offload"
+
+
+@pytest.mark.parametrize("read", sorted(_READS))
+def test_R17_reads_right_after_step_see_the_whole_update(impl, read):
+    """R17: with CPU offload at stage 2, each engine call that reads weights, the master or the optimizer state,
+    made the moment a boundary ``step()`` returns, gives bitwise what it gives without offload -- the call waits
+    for an update still in flight (one Adam thread and small buckets keep it in flight when the call comes), it
+    never hands out a half-updated model."""
+    api = engine_api(impl)
+    plain = api.run_on_ranks(_train, 1, api.ZeroEngine, 2, False, False, read)[0]
+    offloaded = api.run_on_ranks(_train, 1, api.ZeroEngine, 2, True, False, read)[0]
+    assert len(offloaded["reads"]) == len(plain["reads"]) == STEPS
+    for step, (got, want) in enumerate(zip(offloaded["reads"], plain["reads"], strict=True)):
+        assert len(got) == len(want), f"{read}() after boundary {step}: {len(got)} tensors != {len(want)}"
+        for i, (a, b) in enumerate(zip(got, want, strict=True)):
+            assert torch.equal(a, b), (
+                f"{read}() right after boundary {step}'s step(): tensor {i} differs from the run without offload "
+                f"(a read that did not wait for the update in flight)"
+            )
 
 
 @pytest.mark.gpu
