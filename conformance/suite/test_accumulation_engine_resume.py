@@ -49,14 +49,20 @@ def _train(
 ) -> list:
     """One rank: a fresh engine (optionally loading ``load=(dir, tag)``; the LR scheduler attached before the
     load, or after it with ``attach_after_load``), ``steps`` boundaries from boundary index ``start``, optionally
-    ``save=(dir, tag)`` at the end. Returns rank 0's records (others: [])."""
+    ``save=(dir, tag)`` at the end. Returns this rank's records.
+
+    Each rank's RNG is seeded differently and the model carries a buffer the training loop advances by a
+    rank-dependent amount at every boundary (as a rank's BatchNorm statistics would drift on its own data): what
+    a rank's checkpoint file holds for that rank alone must come back to that rank."""
     import torch.distributed as dist
     from torch.optim.lr_scheduler import LambdaLR
 
     rank = dist.get_rank(group)
     torch.manual_seed(rng_seed * 100 + rank)  # differs between runs: a load must restore the saved state
     spec = ModelSpec()
-    engine = engine_cls(spec.build(SEED), config, process_group=group)
+    model = spec.build(SEED)
+    model.register_buffer("rank_boundaries", torch.zeros(2))  # state_dict() carries it: see "params"
+    engine = engine_cls(model, config, process_group=group)
     try:
         if not attach_after_load:
             engine.lr_scheduler = LambdaLR(engine.optimizer, _decay)
@@ -73,6 +79,7 @@ def _train(
                 engine.backward(loss)
                 out = engine.step()
             assert out.boundary
+            engine.module.rank_boundaries.add_(rank + 1)
             records.append(
                 {
                     "loss": loss.detach().clone(),
@@ -89,8 +96,6 @@ def _train(
             engine.save_checkpoint(*save)
     finally:
         engine.destroy()
-    if rank != 0:
-        return []
     return records if steps else [{"params": state}]
 
 
@@ -146,16 +151,18 @@ SAME_WORLD = [
 def test_R3_R16_resume_at_same_world_size_equals_uninterrupted_run(impl, tmp_path, stage, extra):
     """Train 3 boundaries on 2 ranks, save, load into fresh engines, train 2 more: losses, norms, clip
     coefficients, scheduled learning rates, counters (R3), full parameters (the optimizer state and step count
-    of R16 included, or they would drift) and RNG draws equal an uninterrupted 5-boundary run bitwise."""
+    of R16 included, or they would drift), every rank's buffers and every rank's RNG draws equal an uninterrupted
+    5-boundary run bitwise."""
     api = engine_api(impl)
     cfg = _config(stage, **extra)
     if extra.get("offload_optimizer") == "nvme":  # the Adam state is read back from / written into its files
         cfg["nvme_path"] = str(tmp_path / "swap")
         os.mkdir(cfg["nvme_path"])
-    full = api.run_on_ranks(_train, 2, api.ZeroEngine, cfg, 0, 5, None, None, 1)[0]
+    full = api.run_on_ranks(_train, 2, api.ZeroEngine, cfg, 0, 5, None, None, 1)
     api.run_on_ranks(_train, 2, api.ZeroEngine, cfg, 0, 3, None, (str(tmp_path), "ck"), 1)
-    resumed = api.run_on_ranks(_train, 2, api.ZeroEngine, cfg, 3, 2, (str(tmp_path), None), None, 2)[0]
-    _assert_same(resumed, full[3:], f"stage {stage} resumed at W=2")
+    resumed = api.run_on_ranks(_train, 2, api.ZeroEngine, cfg, 3, 2, (str(tmp_path), None), None, 2)
+    for r in range(2):  # each rank's own RNG state and buffers come back to it
+        _assert_same(resumed[r], full[r][3:], f"stage {stage} resumed at W=2, rank {r}")
 
 
 CROSS_WORLD = [
