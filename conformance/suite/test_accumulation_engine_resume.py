@@ -45,11 +45,12 @@ def _batch(index: int, spec: ModelSpec, micro: int) -> tuple[torch.Tensor, torch
 
 def _train(
     group, engine_cls, config, start: int, steps: int, load=None, save=None, rng_seed: int = 0,
-    attach_after_load: bool = False,
+    attach_after_load: bool = False, stray_backward: bool = False,
 ) -> list:
     """One rank: a fresh engine (optionally loading ``load=(dir, tag)``; the LR scheduler attached before the
     load, or after it with ``attach_after_load``), ``steps`` boundaries from boundary index ``start``, optionally
-    ``save=(dir, tag)`` at the end. Returns this rank's records.
+    ``save=(dir, tag)`` at the end. Returns this rank's records. ``stray_backward``: a backward on a batch of
+    its own before the load, and a save (tag ``after-load``) right after it.
 
     Each rank's RNG is seeded differently and the model carries a buffer the training loop advances by a
     rank-dependent amount at every boundary (as a rank's BatchNorm statistics would drift on its own data): what
@@ -67,7 +68,12 @@ def _train(
         if not attach_after_load:
             engine.lr_scheduler = LambdaLR(engine.optimizer, _decay)
         if load is not None:
+            if stray_backward:  # a gradient accumulated before the load: the load must drop it
+                x, y = _batch(10_000, spec, engine.config.train_micro_batch_size_per_gpu)
+                engine.backward(compute_loss(engine.module, x, y, engine.config.model_dtype))
             engine.load_checkpoint(*load)
+            if stray_backward:  # nothing accumulated survived the load, so a save is allowed again
+                engine.save_checkpoint(load[0], "after-load")
         if attach_after_load:  # the loaded scheduler state waits for a scheduler, then is applied to it
             engine.lr_scheduler = LambdaLR(engine.optimizer, _decay)
         cfg = engine.config
@@ -163,6 +169,20 @@ def test_R3_R16_resume_at_same_world_size_equals_uninterrupted_run(impl, tmp_pat
     resumed = api.run_on_ranks(_train, 2, api.ZeroEngine, cfg, 3, 2, (str(tmp_path), None), None, 2)
     for r in range(2):  # each rank's own RNG state and buffers come back to it
         _assert_same(resumed[r], full[r][3:], f"stage {stage} resumed at W=2, rank {r}")
+
+
+@pytest.mark.parametrize("stage,extra", [SAME_WORLD[0], SAME_WORLD[2]])
+def test_R20_load_drops_a_gradient_accumulated_before_it(impl, tmp_path, stage, extra):
+    """A load after a backward drops the gradient that backward accumulated (no checkpoint holds it): a save
+    right after the load is accepted (nothing would be lost), and the run continues exactly as one resumed
+    without that backward -- no stale gradient reaches the first boundary after the load."""
+    api = engine_api(impl)
+    cfg = _config(stage, **extra)
+    full = api.run_on_ranks(_train, 2, api.ZeroEngine, cfg, 0, 4, None, None, 1)
+    api.run_on_ranks(_train, 2, api.ZeroEngine, cfg, 0, 3, None, (str(tmp_path), "ck"), 1)
+    resumed = api.run_on_ranks(_train, 2, api.ZeroEngine, cfg, 3, 1, (str(tmp_path), "ck"), None, 2, False, True)
+    for r in range(2):
+        _assert_same(resumed[r], full[r][3:], f"stage {stage}, loaded after a backward, rank {r}")
 
 
 CROSS_WORLD = [
