@@ -1,6 +1,7 @@
 """Checkpoint cases the fault machine does not reach in the ci profile (issue 42): a rank file larger than one
-checksum block, a crash between the commit's renames followed by a save of another tag, and the durability
-order of the operating-system calls (docs/zero.md, "Checkpoints: what is guaranteed").
+checksum block, a crash between the commit's renames followed by a save of another tag, a crash right after the
+rename that publishes a tag (the previous checkpoint still beside it), and the durability order of the
+operating-system calls (docs/zero.md, "Checkpoints: what is guaranteed").
 
 Why fixed cases: the state machine of :mod:`conformance.checkpoint_machine` draws small models (its files are a
 few hundred KiB) and kills at a drawn step, so a bug in how a write straddling a block boundary is checksummed,
@@ -193,6 +194,58 @@ def test_a_crash_between_the_commit_renames_then_another_save_keeps_the_first_ta
         got = out["loaded"][tag]
         assert not isinstance(got, str), f"load_checkpoint({tag!r}) raised after the crash and the save of 'b': {got}"
         assert any(same_state(got, s) for s in want), f"load_checkpoint({tag!r}) restored a state no save of it had"
+
+
+def _killed_after_publishing(group, impl, directory: str) -> dict:
+    engine = engine_class(impl)(SMALL.build(SEED), CONFIG, process_group=group)
+    final = os.path.abspath(os.path.join(directory, "a"))
+    try:
+        _boundary(engine, SMALL, 0)
+        engine.save_checkpoint(directory, "a")
+        first = engine_state(engine)
+        _boundary(engine, SMALL, 1)
+        with FilesystemFaults(directory, "kill", 0) as counting:  # at=0: counts the steps, fires never
+            engine.save_checkpoint(directory, "a")  # replaces an existing tag: the same steps as the killed save
+        onto = [i for i, (op, path) in enumerate(counting.steps, start=1) if op == "rename" and path == final]
+        after = len(counting.steps) - onto[-1] if onto else 0  # steps the save makes after publishing
+        _boundary(engine, SMALL, 2)
+        new = engine_state(engine)
+        killed = False
+        if onto and after:
+            faults = FilesystemFaults(directory, "kill", onto[-1] + 1)  # dies just after the rename onto <dir>/a
+            try:
+                with faults:
+                    engine.save_checkpoint(directory, "a")
+            except Killed:
+                killed = True
+                faults.restore_killed_state()
+        after_kill = sorted(os.listdir(directory))
+    finally:
+        engine.destroy()
+    return {"renames_onto": onto, "after": after, "killed": killed, "after_kill": after_kill, "first": first,
+            "new": new, "loaded": _loads(group, impl, directory, ("a",))}
+
+
+def test_a_crash_right_after_the_publishing_rename_loads_the_new_checkpoint(impl, tmp_path):
+    """Tag ``a`` is saved, then saved again with a newer state, killed just after the rename that publishes it
+    (docs/zero.md's table, "killed after ``.<tag>.partial`` -> ``<tag>``": the new checkpoint), so whatever the
+    save still had to do -- the fsync of the directory, ``latest``, removing the previous ``a`` it had moved aside
+    -- is left undone. A fresh engine loading ``a`` gets the newer state: a leftover copy of the previous
+    checkpoint beside the published one must not be read in its place."""
+    directory = str(tmp_path / "ck")
+    out = engine_api(impl).run_on_ranks(_killed_after_publishing, 1, impl, directory)[0]
+    assert out["renames_onto"], "premise: the save commits by a rename onto <dir>/a (docs/zero.md, step 4)"
+    assert out["after"] and out["killed"], (
+        f"premise: the save makes steps after publishing (docs/zero.md: at least the fsync of <dir>) and was killed "
+        f"before them: {out['after']} steps after, killed {out['killed']}"
+    )
+    assert "a" in out["after_kill"], f"premise: killed after the rename onto <dir>/a: {out['after_kill']}"
+    got = out["loaded"]["a"]
+    assert not isinstance(got, str), f"load_checkpoint('a') raised after the crash: {got}"
+    assert same_state(got, out["new"]), (
+        "load_checkpoint('a') after a crash right after the publishing rename did not restore the published "
+        "(newer) checkpoint" + (" but the previous one" if same_state(got, out["first"]) else "")
+    )
 
 
 # ---- the durability order ---------------------------------------------------------------------------------------
