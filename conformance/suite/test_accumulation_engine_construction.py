@@ -83,6 +83,75 @@ def test_a_model_that_is_neither_a_module_nor_a_factory_is_refused_by_name(impl)
     assert "model" in got[1] and "resnet" in got[1] and "factory" in got[1] and "Module" in got[1], got[1]
 
 
+def _factory_of_a_string(group, impl) -> tuple[str, str] | None:
+    return _attempt(lambda: engine_class(impl)(lambda: "resnet", CONFIG, process_group=group))
+
+
+def test_a_factory_that_returns_no_module_is_refused_by_name(impl):
+    """A factory is called at construction; one that returns something other than an ``nn.Module`` is refused
+    there, naming ``model`` and what the factory must return -- not an ``AttributeError`` from deep inside."""
+    got = engine_api(impl).run_on_ranks(_factory_of_a_string, 1, impl)[0]
+    assert got is not None and got[0] == "ConfigurationError", got
+    assert "model" in got[1] and "factory" in got[1] and "Module" in got[1], got[1]
+
+
+def _all_frozen(group, impl) -> tuple[str, str] | None:
+    model = ModelSpec().build(1)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return _attempt(lambda: engine_class(impl)(model, CONFIG, process_group=group))
+
+
+def test_a_model_with_nothing_to_train_is_refused_by_name(impl):
+    """Every parameter frozen: there is nothing to update, so the engine refuses at construction, naming
+    ``requires_grad`` -- instead of building empty partitions and stepping nothing."""
+    got = engine_api(impl).run_on_ranks(_all_frozen, 1, impl)[0]
+    assert got is not None and got[0] == "ConfigurationError", got
+    assert "requires_grad" in got[1], got[1]
+
+
+#: Engine keyword arguments of the wrong kind, each with the argument name the refusal must carry.
+BAD_ARGUMENTS = [
+    ({"bucket_elements": 0}, "bucket_elements"),
+    ({"bucket_elements": -5}, "bucket_elements"),
+    ({"bucket_elements": 2.5}, "bucket_elements"),
+    ({"bucket_elements": True}, "bucket_elements"),
+    ({"record_gradients": "yes"}, "record_gradients"),
+    ({"prefetch": 1}, "prefetch"),
+]
+
+
+def _bad_argument(group, impl, kwargs) -> tuple[str, str] | None:
+    return _attempt(lambda: engine_class(impl)(ModelSpec().build(1), CONFIG, process_group=group, **kwargs))
+
+
+@pytest.mark.parametrize("kwargs,name", BAD_ARGUMENTS, ids=[f"{n}={v[n]!r}" for v, n in BAD_ARGUMENTS])
+def test_engine_arguments_of_the_wrong_kind_are_refused_by_name(impl, kwargs, name):
+    """``bucket_elements`` must be an int >= 1 (0 buckets nothing, a bool is not a size), ``record_gradients``
+    and ``prefetch`` bools: each wrong kind is a ConfigurationError naming the argument, at construction."""
+    got = engine_api(impl).run_on_ranks(_bad_argument, 1, impl, kwargs)[0]
+    assert got is not None and got[0] == "ConfigurationError", f"{kwargs}: {got}"
+    assert name in got[1], f"{kwargs}: the message must name {name!r}: {got[1]}"
+
+
+def _differs_on_the_last_rank(group, impl) -> tuple[str, str] | None:
+    import torch.distributed as dist
+
+    last = dist.get_rank(group) == dist.get_world_size(group) - 1
+    return _attempt(lambda: engine_class(impl)(ModelSpec(hidden=7 if last else 6).build(1), CONFIG,
+                                               process_group=group))
+
+
+def test_a_model_that_differs_only_on_the_last_of_three_ranks_fails_on_every_rank(impl):
+    """W=3, ranks 0 and 1 agree and rank 2 wraps another model: every rank refuses at construction (a check that
+    compared rank 0 with rank 1 only would let rank 2 into the first collective with other sizes), and the
+    message names rank 2."""
+    out = engine_api(impl).run_on_ranks(_differs_on_the_last_rank, 3, impl)
+    for r, got in enumerate(out):
+        assert got is not None and got[0] == "ConfigurationError", f"rank {r}: {got}"
+        assert "rank 2" in got[1], f"rank {r}: the message must name rank 2: {got[1]}"
+
+
 def _unavailable_device(group, impl) -> tuple[str, tuple[str, str] | None]:
     device = "cuda" if not torch.cuda.is_available() else f"cuda:{torch.cuda.device_count()}"
     return device, _attempt(lambda: engine_class(impl)(ModelSpec().build(1), CONFIG, process_group=group,
