@@ -142,6 +142,28 @@ def _loads(group, impl, directory: str, tags: tuple) -> dict:
     return out
 
 
+def _renames_onto(engine, directory: str, final: str) -> tuple[list[int], int]:
+    """Save tag ``a`` once more while counting its filesystem steps (nothing fires): the step numbers of the
+    renames onto ``final`` and the number of steps (a save that replaces a tag makes the same steps again)."""
+    with FilesystemFaults(directory, "kill", 0) as counting:  # at=0: counts the steps, fires never
+        engine.save_checkpoint(directory, "a")
+    onto = [i for i, (op, path) in enumerate(counting.steps, start=1) if op == "rename" and path == final]
+    return onto, len(counting.steps)
+
+
+def _save_killed_at(engine, directory: str, step: int) -> bool:
+    """Save tag ``a`` with the process "killed" just before filesystem step ``step``; the directory is then left
+    as the killed process left it. Whether the kill fired."""
+    faults = FilesystemFaults(directory, "kill", step)
+    try:
+        with faults:
+            engine.save_checkpoint(directory, "a")
+    except Killed:
+        faults.restore_killed_state()
+        return True
+    return False
+
+
 def _killed_between_renames_then_other_tag(group, impl, directory: str, latest_b: bool) -> dict:
     engine = engine_class(impl)(SMALL.build(SEED), CONFIG, process_group=group)
     final = os.path.abspath(os.path.join(directory, "a"))
@@ -149,21 +171,12 @@ def _killed_between_renames_then_other_tag(group, impl, directory: str, latest_b
         _boundary(engine, SMALL, 0)
         engine.save_checkpoint(directory, "a")
         _boundary(engine, SMALL, 1)
-        with FilesystemFaults(directory, "kill", 0) as counting:  # at=0: counts the steps, fires never
-            engine.save_checkpoint(directory, "a")  # replaces an existing tag: the same steps as the killed save
+        onto, _ = _renames_onto(engine, directory, final)
         first = engine_state(engine)
-        onto = [i for i, (op, path) in enumerate(counting.steps, start=1) if op == "rename" and path == final]
         _boundary(engine, SMALL, 2)
         second = engine_state(engine)
-        killed = False
-        if onto:
-            faults = FilesystemFaults(directory, "kill", onto[-1])  # dies just before the rename onto <dir>/a
-            try:
-                with faults:
-                    engine.save_checkpoint(directory, "a")
-            except Killed:
-                killed = True
-                faults.restore_killed_state()
+        # dies just before the rename onto <dir>/a
+        killed = _save_killed_at(engine, directory, onto[-1]) if onto else False
         after_kill = sorted(os.listdir(directory))
         _boundary(engine, SMALL, 3)
         other = engine_state(engine)
@@ -204,21 +217,12 @@ def _killed_after_publishing(group, impl, directory: str) -> dict:
         engine.save_checkpoint(directory, "a")
         first = engine_state(engine)
         _boundary(engine, SMALL, 1)
-        with FilesystemFaults(directory, "kill", 0) as counting:  # at=0: counts the steps, fires never
-            engine.save_checkpoint(directory, "a")  # replaces an existing tag: the same steps as the killed save
-        onto = [i for i, (op, path) in enumerate(counting.steps, start=1) if op == "rename" and path == final]
-        after = len(counting.steps) - onto[-1] if onto else 0  # steps the save makes after publishing
+        onto, steps = _renames_onto(engine, directory, final)
+        after = steps - onto[-1] if onto else 0  # steps the save makes after publishing
         _boundary(engine, SMALL, 2)
         new = engine_state(engine)
-        killed = False
-        if onto and after:
-            faults = FilesystemFaults(directory, "kill", onto[-1] + 1)  # dies just after the rename onto <dir>/a
-            try:
-                with faults:
-                    engine.save_checkpoint(directory, "a")
-            except Killed:
-                killed = True
-                faults.restore_killed_state()
+        # dies just after the rename onto <dir>/a
+        killed = _save_killed_at(engine, directory, onto[-1] + 1) if onto and after else False
         after_kill = sorted(os.listdir(directory))
     finally:
         engine.destroy()
