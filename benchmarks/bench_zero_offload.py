@@ -82,7 +82,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from convergence import COMPARE_WINDOW, BigramChain, Schedule, Trainer, compare_curves, timeline, train
+from ds_configs import DEFAULT_NUMERICS, DS_ARMS, ds_config, variant
 from model_flops import peak_tflops, utilisation
+from peak_breakdown import PeakRecorder
+from peak_breakdown import table as breakdown_table
 from zero_offload_peers import FP32_WEIGHT_PEERS, PEER_PACKAGES, build_peer
 
 if TYPE_CHECKING:  # for annotations only: the functions import torch where they use it
@@ -107,13 +110,14 @@ MODELS: dict[str, tuple[int, int, int, int, int, int, int, int]] = {
     "13b": (5120, 40, 40, 13824, 32000, 2048, 4, 2),
 }
 
-ARMS = ["ours-s2", "ours-s2-offload", "ours-s2-offload-bf16state", "ours-s2-offload-overlap",
+ARMS = ["ours-s2", "ours-s2-bf16acc", "ours-s2-offload", "ours-s2-offload-bf16acc", "ours-s2-offload-bf16state",
+        "ours-s2-offload-overlap", "ours-s2-offload-bf16acc-bf16state-overlap",
         "ours-s2-offload-bf16state-overlap", "ours-s2-offload-split",
         "ours-s2-offload-dpu",
         "ours-s2-offload-dpu-warmup", "ours-s3", "ours-s3-offload", "ours-s3-offload-split", "ours-s3-offload-dpu",
-        "ours-s3-offload-dpu-warmup", "ds-z2-offload", "ds-z3-offload", "fsdp2", "fsdp2-offload",
+        "ours-s3-offload-dpu-warmup", *DS_ARMS, "fsdp2", "fsdp2-offload",
         "ours-s2-offload-matched", "ours-s2-offload-bf16state-matched", "ours-s2-offload-bf16state-overlap-matched",
-        *PEER_PACKAGES]
+        "ours-s2-offload-bf16acc-bf16state-overlap-matched", *PEER_PACKAGES]
 #: ``--mode converge``'s arms unless ``--arms`` is given (issue 27 item 6), most telling first: a run cut short by
 #: its time box keeps those.
 CONVERGE_ARMS = ["ours-s2", "ours-s2-offload", "ours-s2-offload-bf16state", "ours-s2-offload-bf16state-overlap",
@@ -132,7 +136,11 @@ OVERLAP = "-overlap"
 #: DeepSpeed's (the peak to match; not needed with ``--match-memory-gib``).
 MATCHED = "-matched"
 MATCH_BASE_ARM = "ours-s2-offload"
-MATCH_TARGET_ARM = "ds-z2-offload"
+#: The arm-name token of accumulation at the model dtype (bf16), DeepSpeed's default numerics (issue 49 item 1):
+#: without it our arms accumulate in fp32 (``data_types.grad_accum_dtype: fp32``, R9).
+BF16_ACC = "-bf16acc"
+#: The files whose frames make an allocation an engine's own (peak_breakdown.py): ours and the peers'.
+ENGINE_PATHS = ("/optimized/", "/reference/", "/deepspeed/", "/torchao/", "/megatron/", "zero_offload_peers.py")
 #: The ``-dpu-warmup`` arm's undelayed boundaries on a tree whose config has no ``delayed_update_warmup``: the 30
 #: ``apply_delayed_update()`` boundaries issue 27 measured.
 DEFAULT_MANUAL_WARMUP = 30
@@ -173,18 +181,6 @@ def _llama(name: str, seq: int):
 
 def _rss_peak_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30
-
-
-def _ds_config(stage: int, gas: int, batch: int, lr: float, clip: float) -> dict:
-    zero = {"stage": stage, "offload_optimizer": {"device": "cpu", "pin_memory": True}, "overlap_comm": True,
-            "contiguous_gradients": True}
-    if stage == 3:
-        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
-    return {
-        "train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": gas, "gradient_clipping": clip,
-        "bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}, "zero_optimization": zero,
-        "optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": 0.01}}, "steps_per_print": 10**9,
-    }
 
 
 def _progress(t0: float, what: str) -> None:
@@ -250,6 +246,26 @@ def _ours_zero(arm: str, opts) -> tuple[dict, int]:
     return zero, manual_warmup
 
 
+def _ours_config(arm: str, opts, batch: int, gas: int, zero: dict) -> dict:
+    """Our engine's config for ``arm``: bf16, AdamW, clipping, and the accumulation dtype the arm names (fp32
+    unless ``-bf16acc``: then the model dtype, DeepSpeed's default numerics)."""
+    config = {"train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": gas,
+              "gradient_clipping": opts.clip, "bf16": {"enabled": True}, "zero_optimization": zero,
+              "optimizer": {"type": "AdamW", "params": {"lr": opts.lr, "weight_decay": 0.01}}}
+    if BF16_ACC not in arm:
+        config["data_types"] = {"grad_accum_dtype": "fp32"}
+    return config
+
+
+def _configuration(arm: str) -> str:
+    """What the arm's row is configured to compute, in words (every row names its configuration)."""
+    if arm.startswith("ds-"):
+        return "DeepSpeed: " + variant(arm).label()
+    if arm.startswith("ours"):
+        return "grad accumulation " + ("bf16 (model dtype)" if BF16_ACC in arm else "fp32")
+    return ""
+
+
 def _current_rss_gib() -> float:
     with open("/proc/self/status") as fh:
         for line in fh:
@@ -279,10 +295,7 @@ def _predict_host_memory(arm: str, model_name: str, shape: tuple, opts, row: dic
     with torch.device("meta"):
         meta = _llama(model_name, shape[1])
     try:
-        est = estimate_host_memory(meta, {
-            "train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": gas, "bf16": {"enabled": True},
-            "data_types": {"grad_accum_dtype": "fp32"}, "zero_optimization": zero,
-        }, device=opts.device)
+        est = estimate_host_memory(meta, _ours_config(arm, opts, batch, gas, zero), device=opts.device)
     except ConfigurationError as exc:
         row["host_estimate"] = f"not estimated: {exc}"
         return
@@ -300,11 +313,7 @@ def _build_ours(arm: str, model, device, shape: tuple, opts, row: dict) -> Train
 
     _, _, batch, gas = shape
     zero, manual_warmup = _ours_zero(arm, opts)
-    engine = ZeroEngine(model, {
-        "train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": gas, "gradient_clipping": opts.clip,
-        "bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}, "zero_optimization": zero,
-        "optimizer": {"type": "AdamW", "params": {"lr": opts.lr, "weight_decay": 0.01}},
-    }, device=device)
+    engine = ZeroEngine(model, _ours_config(arm, opts, batch, gas, zero), device=device)
     row["pin_backend"] = pin_backend()
     row["zero_host_memory"] = zero_host_memory()
     row["adam_threads"] = cpu_adam_threads()
@@ -341,9 +350,8 @@ def _build_ds(arm: str, model, shape: tuple, opts) -> Trainer:
     import deepspeed
 
     _, _, batch, gas = shape
-    stage = 2 if "-z2" in arm else 3
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                      config=_ds_config(stage, gas, batch, opts.lr, opts.clip))
+                                      config=ds_config(arm, gas, batch, opts.lr, opts.clip))
 
     def set_lr(lr: float) -> None:
         for g in engine.optimizer.param_groups:
@@ -430,6 +438,9 @@ def _child_setup(arm: str, model_name: str, opts, row: dict):
         torch.set_default_dtype(torch.bfloat16)
     if arm.startswith("ours"):
         _predict_host_memory(arm, model_name, shape, opts, row)
+    # issue 49 item 2: the allocator's trace from before the model exists, replayed after the warm-up
+    opts.recorder = PeakRecorder(cuda and getattr(opts, "memory_breakdown", False), ENGINE_PATHS)
+    opts.recorder.mark("model")
     _progress(opts.t_start, f"{arm} {model_name}: building the model on {device}")
     try:
         with torch.device(device):
@@ -440,6 +451,7 @@ def _child_setup(arm: str, model_name: str, opts, row: dict):
     # What the model FLOPs count (model_flops.py): every weight but the input embedding's lookup table.
     row["matmul_parameters"] = row["parameters"] - model.get_input_embeddings().weight.numel()
     _progress(opts.t_start, f"built: {row['parameters']:,} parameters; setting up the engine")
+    opts.recorder.mark("engine")
     if arm.startswith("ours"):
         trainer = _build_ours(arm, model, device, shape, opts, row)
     elif arm.startswith("ds-"):
@@ -448,6 +460,7 @@ def _child_setup(arm: str, model_name: str, opts, row: dict):
         trainer = build_peer(arm, model, opts.lr, opts.clip)
     else:
         trainer = _build_fsdp2(arm, model, device, opts)
+    opts.recorder.mark("steps")
     return trainer, device, shape
 
 
@@ -461,6 +474,9 @@ def _time_steps(trainer: Trainer, micro: torch.Tensor, opts, row: dict) -> None:
     for _ in range(opts.warmup):
         trainer.step(micro)
     trainer.finish()
+    recorder = getattr(opts, "recorder", None)
+    if recorder is not None and recorder.enabled:  # the warm-up's peak, by category; the timed steps run unrecorded
+        row["peak_breakdown"] = recorder.result()
     _progress(opts.t_start, "warm-up done; timing")
     if cuda:
         torch.cuda.synchronize()
@@ -504,7 +520,8 @@ def _converge(trainer: Trainer, device, shape: tuple, opts, row: dict) -> None:
 def _child(arm: str, model_name: str, opts, out_file: str) -> None:
     """One arm in this process; writes a JSON row to ``out_file``."""
     opts.t_start = time.perf_counter()
-    row: dict = {"arm": arm, "model": model_name, "device": opts.device, "mode": opts.mode}
+    row: dict = {"arm": arm, "configuration": _configuration(arm), "model": model_name, "device": opts.device,
+                 "mode": opts.mode}
     setup = _child_setup(arm, model_name, opts, row)
     if setup is None:
         Path(out_file).write_text(json.dumps(row))
@@ -602,15 +619,17 @@ def _memory_match(rows: list[dict], model: str, gas: int, args) -> dict:
                 return r["peak_gpu_gib"]
         return None
 
-    matched = args.match_memory_gib if args.match_memory_gib is not None else peak(MATCH_TARGET_ARM)
+    measured = {a: peak(a) for a in DEFAULT_NUMERICS if peak(a) is not None}
+    target_arm = min(measured, key=measured.get) if measured else None
+    matched = args.match_memory_gib if args.match_memory_gib is not None else measured.get(target_arm)
     # issue 40's memory target is "<= 1.1x DeepSpeed's peak": --match-memory-factor 1.1 measures at that bound
     target = None if matched is None else matched * args.match_memory_factor
     base = peak(MATCH_BASE_ARM)
     info = {"match_target_gib": target, "match_target_from": "--match-memory-gib" if args.match_memory_gib
-            is not None else MATCH_TARGET_ARM, "match_factor": args.match_memory_factor, "match_base_gib": base,
-            "match_budget_gib": None}
+            is not None else f"{target_arm} (the smallest peak of {', '.join(DEFAULT_NUMERICS)} measured)",
+            "match_factor": args.match_memory_factor, "match_base_gib": base, "match_budget_gib": None}
     if target is None or base is None:
-        missing = MATCH_BASE_ARM if base is None else MATCH_TARGET_ARM
+        missing = MATCH_BASE_ARM if base is None else " or ".join(DEFAULT_NUMERICS)
         info["match_error"] = (f"no peak GPU memory from {missing} at {model}, gas {gas} (not run, failed or on "
                                f"the cpu) to match" + ("" if base is None else "; give --match-memory-gib"))
         return info
@@ -624,7 +643,7 @@ def _with_match_prerequisites(arms: list[str], args) -> list[str]:
     matched = [a for a in arms if a.endswith(MATCHED)]
     if not matched:
         return arms
-    needs = [MATCH_BASE_ARM] + ([MATCH_TARGET_ARM] if args.match_memory_gib is None else [])
+    needs = [MATCH_BASE_ARM] + (list(DEFAULT_NUMERICS) if args.match_memory_gib is None else [])
     added = [a for a in needs if a not in arms]
     if added:
         print(f"  {', '.join(matched)} need(s) {', '.join(added)} measured first: added", flush=True)
@@ -660,14 +679,15 @@ def _mfu(r: dict) -> str:
 
 
 def _table(rows: list[dict]) -> str:
-    head = ("arm", "model", "gas", "status", "step ms", "tokens/s", "MFU", "peak GPU GiB", "host RSS GiB",
-            "pinned asked GiB", "breakdown ms")
+    head = ("arm", "configuration", "model", "gas", "status", "step ms", "tokens/s", "MFU", "peak GPU GiB",
+            "host RSS GiB", "pinned asked GiB", "breakdown ms")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         bd = r.get("breakdown_ms")
         bd_text = ", ".join(f"{k} {v:.1f}" for k, v in bd.items()) if bd else ""
-        lines.append("| " + " | ".join([r["arm"], r["model"], _fmt(r, "gas", "d"), r["status"],
-                                          _fmt(r, "step_ms", ".1f"), _fmt(r, "tokens_per_s", ".0f"), _mfu(r),
+        lines.append("| " + " | ".join([r["arm"], r.get("configuration", ""), r["model"], _fmt(r, "gas", "d"),
+                                          r["status"], _fmt(r, "step_ms", ".1f"), _fmt(r, "tokens_per_s", ".0f"),
+                                          _mfu(r),
                                           _fmt(r, "peak_gpu_gib", ".2f"),
                                           _fmt(r, "host_rss_peak_gib", ".2f"),
                                           _fmt(r, "host_pinned_requested_gib", ".2f"), bd_text]) + " |")
@@ -860,8 +880,12 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--gpu-memory-budget-gib", type=float, default=None,
                     help="the -split arms' offload_optimizer.gpu_memory_budget, GiB (default: the engine's)")
     ap.add_argument("--match-memory-gib", type=float, default=None,
-                    help=f"the peak GPU memory the {MATCHED} arms are matched to, GiB (default: {MATCH_TARGET_ARM}'s "
-                         f"peak measured in this run at the same model and gas)")
+                    help=f"the peak GPU memory the {MATCHED} arms are matched to, GiB (default: the smallest peak of "
+                         f"{', '.join(DEFAULT_NUMERICS)} (DeepSpeed's default numerics) measured in this run at the "
+                         "same model and gas)")
+    ap.add_argument("--memory-breakdown", action="store_true",
+                    help="record the CUDA allocator's trace through the warm-up and print what each arm's peak is "
+                         "made of (peak_breakdown.py); the timed steps run unrecorded")
     ap.add_argument("--match-memory-factor", type=float, default=1.0,
                     help="the matched arms' peak to match is this times --match-memory-gib (or the measured peak): "
                          "1.1 measures at issue 40's bound of 1.1x DeepSpeed's peak (default 1.0: equal memory)")
@@ -941,7 +965,7 @@ def _report(rows: list[dict], args) -> None:
             print(f"  largest model that trained with {arm}: {ok[-1]['model'] if ok else 'none'}"
                   + (f" (host RSS {ok[-1]['host_rss_peak_gib']:.1f} GiB)" if ok else ""))
     print(_converge_table(rows) if args.mode == "converge" else _table(rows))
-    text = _timelines(rows)
+    text = "\n".join(t for t in (_timelines(rows), breakdown_table(rows)) if t)
     if args.mode == "converge":
         text = "\n".join(t for t in (text, _curve_comparisons(rows, args.compare_from)) if t)
     if text:
