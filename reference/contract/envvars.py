@@ -204,6 +204,17 @@ def cpu_adam_threads() -> int | None:
 
 # -- which kernel steps an Adam master on a device (optional) ------------------------------------------------------
 
+STAGING_ELEMENTS_ENV = "HOSTOFFLOAD_STAGING_ELEMENTS"
+#: The default of :data:`STAGING_ELEMENTS_ENV`: 16 Mi elements (64 MiB per fp32 slot).
+DEFAULT_STAGING_ELEMENTS = 16 * 2**20
+
+
+def staging_elements() -> int:
+    """Elements per staging slot of a device run's streamed gradient (the slots a bucket's running sum passes
+    through in chunks; a smaller value spends less device memory, more copies). Read at engine construction."""
+    return read_int(STAGING_ELEMENTS_ENV, 1, DEFAULT_STAGING_ELEMENTS)
+
+
 DEVICE_ADAM_ENV = "HOSTOFFLOAD_DEVICE_ADAM"
 DEVICE_ADAM_MODES: tuple[str, ...] = ("auto", "fused", "torch")
 
@@ -276,6 +287,10 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(
         ZERO_HOST_MEMORY_ENV, "implementations", ", ".join(ZERO_HOST_MEMORY_MODES), "exact",
         "where a ZeroEngine's own pinned buffers come from (exact: page-locked at their size)",
+    ),
+    Variable(
+        STAGING_ELEMENTS_ENV, "implementations", "an int >= 1", str(DEFAULT_STAGING_ELEMENTS),
+        "elements per staging slot of a device run's streamed gradient",
     ),
     Variable(PIN_HUGE_PAGES_ENV, "native pinning", ", ".join(PIN_HUGE_PAGES_MODES), "auto", "huge pages of buffers"),
     Variable(PIN_POPULATE_THREADS_ENV, "native pinning", "an int >= 0 (0: automatic)", "0", "page-population threads"),

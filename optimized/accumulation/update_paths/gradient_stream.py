@@ -40,6 +40,7 @@ import torch
 from optimized.accumulation.device_spans import timing_event
 from optimized.accumulation.update_paths.norm_sums import BucketRange, NormPieceSums
 from optimized.accumulation.update_paths.timings import UpdateTimings
+from reference.contract.envvars import staging_elements
 
 __all__ = ["GradientStream", "packed_view", "widen_packed"]
 
@@ -87,7 +88,13 @@ class GradientStream:
     def _init_device_streams(self) -> None:
         """A device run's staging buffers, copy streams and per-bucket events."""
         device = self.device
-        longest = max((b.length for b in self.ranges), default=0)
+        # A bucket's host part passes through the two slots in chunks of at most HOSTOFFLOAD_STAGING_ELEMENTS
+        # (16 Mi by default: 64 MiB at fp32, large enough for copies at PCIe's full rate). Sized by the longest
+        # bucket instead, the slots of the 886M shape's vocabulary buckets (65.5M elements each) held 0.73 GiB of
+        # the device for the whole run, at the peak too (issue 49 item 2).
+        longest = min(max((b.length for b in self.ranges), default=0), staging_elements())
+        #: how many elements of a bucket pass through a staging slot at a time
+        self._chunk = max(1, longest)
         # Two staging buffers: the stream adds into one while the other's D2H drains.
         self._staging = [torch.empty(longest, dtype=self.accum_dtype, device=device) for _ in range(2)]
         #: where a packed running sum is brought up to (allocated at the first packed backward)
@@ -116,8 +123,8 @@ class GradientStream:
             self._device_side_here = self.on_device and self._device_grad is not None and self._cut > 0
         self._pack = self._first and more_follow and self.on_device and self._narrow is not None
         if self._pack and self._narrow_staging is None:
-            longest = max((b.length for b in self.ranges), default=0)
-            self._narrow_staging = [torch.empty(longest, dtype=self._narrow, device=self.device) for _ in range(2)]
+            self._narrow_staging = [torch.empty(self._chunk, dtype=self._narrow, device=self.device)
+                                    for _ in range(2)]
 
     def absorb(self, index: int, reduced: torch.Tensor, want_sums: bool) -> None:
         """Add this rank's reduced slice of bucket ``index`` (comm dtype, on the device) into its accumulator
@@ -136,35 +143,46 @@ class GradientStream:
             return
         # R28: [b.lo, cut) is the device side's and stays in _device_grad; [cut, b.hi) goes through the host.
         cut = max(b.lo, min(b.hi, self._cut)) if self._device_side_here else b.lo
-        slot, uploaded = self._upload(index, cut, b.hi) if cut < b.hi else (None, None)
         stream = self._d2h_stream
         stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
+        with torch.cuda.stream(stream):  # any conversion runs on the D2H stream, which alone reads it
             # a packed backward without a device side needs no wide copy of the gradient at all
             red = (None if self._pack and cut == b.lo
                    else reduced if self._adds_without_copy else reduced.to(self.accum_dtype))
-            kept = None
-            if cut > b.lo:
-                kept = self._device_grad
+        if want_sums:
+            self.norms.clear(b)
+        if cut > b.lo:
+            with torch.cuda.stream(stream):
+                kept = self._device_grad[b.lo : cut]
                 if self._first:
-                    kept[b.lo : cut].zero_()
-                kept[b.lo : cut].add_(red[: cut - b.lo])
-            stage = target = None
-            if slot is not None and self._pack:  # 0 + red is red itself: it leaves at the comm dtype's width
-                source, target = reduced[cut - b.lo :], packed_view(self.accumulator, cut, b.hi, self._narrow)
-            elif slot is not None:
-                stage = source = self._running_sum(slot, b.hi - cut, uploaded, red[cut - b.lo :])
-                target = self.accumulator[cut : b.hi]
-            if want_sums:
-                self.norms.take(b, cut, kept, stage)
-            if target is not None:
+                    kept.zero_()
+                kept.add_(red[: cut - b.lo])
+                if want_sums:
+                    self.norms.take_part(b, b.lo, kept)
+        narrow = self._pack or self._packed
+        packed = packed_view(self.accumulator, cut, b.hi, self._narrow) if narrow and cut < b.hi else None
+        event = None
+        # The host part passes through the staging slots a chunk at a time, last chunk first: a wide D2H of chunk
+        # k overwrites the bytes where a packed backward left chunks 2k and 2k+1, which descending order has
+        # uploaded already (ascending order would overwrite chunk k+1's packed values before they were read).
+        for lo in reversed(range(cut, b.hi, self._chunk)):
+            hi = min(b.hi, lo + self._chunk)
+            slot, uploaded = self._upload(index, lo, hi, None if packed is None else packed[lo - cut : hi - cut])
+            with torch.cuda.stream(stream):
+                if self._pack:  # 0 + red is red itself: it leaves at the comm dtype's width
+                    source, target = reduced[lo - b.lo : hi - b.lo], packed[lo - cut : hi - cut]
+                else:
+                    source = self._running_sum(slot, hi - lo, uploaded, red[lo - b.lo : hi - b.lo])
+                    target = self.accumulator[lo:hi]
+                    if want_sums:
+                        self.norms.take_part(b, lo, source)
                 begin = timing_event(stream)
                 target.copy_(source, non_blocking=True)
                 event = timing_event(stream)
                 self._slot_free[slot] = event
                 self._timings.span("d2h_s", begin, event)
-            else:
-                event = timing_event(stream)
+        if event is None:
+            event = timing_event(stream)
         reduced.record_stream(stream)
         self._d2h_done[index] = event
 
@@ -183,10 +201,12 @@ class GradientStream:
         stage.add_(red)
         return stage
 
-    def _upload(self, index: int, lo: int, hi: int) -> tuple[int, torch.cuda.Event | None]:
-        """A staging slot for the host part ``[lo, hi)`` of bucket ``index`` and, after the first backward of an
+    def _upload(self, index: int, lo: int, hi: int,
+                packed: torch.Tensor | None) -> tuple[int, torch.cuda.Event | None]:
+        """A staging slot for the host chunk ``[lo, hi)`` of bucket ``index`` and, after the first backward of an
         accumulation, the event of the upload of its running sum into it (on the upload stream: once the slot's
-        last D2H and the previous D2H of this range have run). None: nothing to upload (the sum starts at 0)."""
+        last D2H and the previous backward's last D2H of this bucket have run). None: nothing to upload (the sum
+        starts at 0). ``packed``: the chunk's narrow values where the last backward packed them."""
         slot = self._turn
         self._turn ^= 1
         if self._first:
@@ -198,9 +218,7 @@ class GradientStream:
         with torch.cuda.stream(up):
             begin = timing_event(up)
             if self._packed:
-                self._narrow_staging[slot][: hi - lo].copy_(
-                    packed_view(self.accumulator, lo, hi, self._narrow), non_blocking=True
-                )
+                self._narrow_staging[slot][: hi - lo].copy_(packed, non_blocking=True)
             else:
                 self._staging[slot][: hi - lo].copy_(self.accumulator[lo:hi], non_blocking=True)
             done = timing_event(up)

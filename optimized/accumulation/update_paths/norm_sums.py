@@ -69,6 +69,26 @@ class NormPieceSums:
                 total = part if total is None else total + part
             self._sums[position] = total if self.on_device else total.item()
 
+    def clear(self, b: BucketRange) -> None:
+        """Forget bucket ``b``'s sums: :meth:`take_part` adds its parts to them next."""
+        for position, _, _ in b.pieces:
+            self._sums[position] = None
+
+    def take_part(self, b: BucketRange, lo: int, values: torch.Tensor) -> None:
+        """Add R14's sums over the part ``[lo, lo + len(values))`` of bucket ``b`` (partition coordinates) to the
+        sums since :meth:`clear`, on a device run where the bucket streams out in parts (the split's device side,
+        :class:`GradientStream`'s staging chunks): a piece inside the part is summed whole, as :meth:`take` sums
+        it; one a part boundary cuts is summed part by part, the parts added in fp64 (on a device the sums agree
+        with the host's within R25's tolerance, as at the split's cut)."""
+        hi = lo + values.numel()
+        for position, start, length in b.pieces:
+            a, z = max(start, lo), min(start + length, hi)
+            if a >= z:
+                continue
+            part = sum_squares(values[a - lo : z - lo])
+            previous = self._sums[position]
+            self._sums[position] = part if previous is None else previous + part
+
     def sum_host(self, grad: torch.Tensor, ranges: Sequence[BucketRange]) -> None:
         """Not predicted (unmanaged step, or the boundary override changed after backward): sum the host copy of
         the whole accumulated gradient; on a device run the value agrees with the device's within R25's
