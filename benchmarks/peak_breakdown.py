@@ -32,8 +32,9 @@ GIB = 2**30
 #: the order categories are printed in
 CATEGORIES = ("weights", "engine at construction", "activations", "logits and loss", "gradients, engine code",
               "gradients, autograd", "other")
-#: frames of these files are the framework's own, never "where" an allocation was made
-_FRAMEWORK = ("torch/", "contextlib.py", "functools.py", "threading.py")
+#: frames of these files are the framework's own, never "where" an allocation was made (torch's package, not any
+#: path that contains "torch/": the GPU box's environment lives in /opt/torch/.venv)
+_FRAMEWORK = ("site-packages/torch/", "dist-packages/torch/", "/contextlib.py", "/functools.py", "/threading.py")
 #: words of a model or loss line that make its allocation a vocabulary-wide one
 _LOSS_WORDS = ("logits", "lm_head", "loss", "cross_entropy", "log_softmax")
 
