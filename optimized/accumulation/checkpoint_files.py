@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from reference.contract.accumulation_checkpoint_names import LATEST, LATEST_STAGING, check_tag
-from reference.contract.errors import CheckpointError
+from reference.contract.errors import CheckpointError, ConfigurationError
 
 __all__ = [
     "CLIENT_STATE",
@@ -324,7 +324,10 @@ def _undo(done: list[str], staging: str, final: str, old: str) -> None:
 
 
 def resolve_tag(directory: str, tag: str | None) -> str:
-    """``tag``, or the one ``<dir>/latest`` names."""
+    """``tag``, or the one ``<dir>/latest`` names. A ``latest`` file that names no tag a save could have written
+    (empty, ``../x``, undecodable) is the checkpoint directory's fault, not the caller's: a
+    :class:`CheckpointError` naming the file. Only a line ending is taken off its text (a person's ``echo tag >
+    latest``); a tag a save accepts never ends with one, so nothing a save wrote is changed by it."""
     if tag is not None:
         return check_tag(tag)
     latest = os.path.join(directory, LATEST)
@@ -333,8 +336,16 @@ def resolve_tag(directory: str, tag: str | None) -> str:
             f"no checkpoint to load in {directory!r}: tag=None reads the file 'latest', which does not exist (tags "
             f"there: {_tags(directory)}); allowed: pass tag=, or a directory save_checkpoint() wrote"
         )
-    with open(latest, encoding="utf-8") as f:
-        return check_tag(f.read().strip())
+    try:
+        with open(latest, "rb") as f:
+            name = f.read().decode("utf-8").rstrip("\r\n")
+        return check_tag(name)
+    except (OSError, UnicodeError, ConfigurationError) as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+        raise CheckpointError(
+            f"the file {latest!r}, which load_checkpoint reads for tag=None, names no checkpoint ({reason}); "
+            f"allowed: a 'latest' file naming one of the tags there ({_tags(directory)}), or pass tag="
+        ) from exc
 
 
 def _tags(directory: str) -> list[str]:
