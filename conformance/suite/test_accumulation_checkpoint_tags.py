@@ -1,4 +1,4 @@
-"""Checkpoint tags and the ``latest`` file (issue 52, first-hour defects 1, 3, 4; docs/zero.md, "Checkpoints").
+"""Checkpoint tags and the ``latest`` file (issue 52, first-hour defects 1, 3, 4, 8; docs/zero.md, "Checkpoints").
 
 A tag names a directory inside ``save_dir`` and ``<save_dir>/latest`` names the newest tag, so what a save accepts
 is what a load from ``latest`` must find again: a tag a save writes and ``load_checkpoint(dir)`` cannot resume is a
@@ -14,11 +14,14 @@ run lost after a save that reported success. The rule every implementation keeps
   same file;
 - an unusable ``latest`` file (empty, ``../x``) is the checkpoint's fault, not the caller's: a ``CheckpointError``
   naming the ``latest`` file's path, not a ``ConfigurationError`` about a ``tag=`` the caller never passed;
+- damage is reported where it is: a flipped byte in a small rank file names a byte range inside the file (not
+  the 16 MiB checksum block's nominal one), and a missing ``client_state.pt`` is a partial checkpoint naming it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import torch
@@ -151,3 +154,60 @@ def test_an_unusable_latest_file_is_a_checkpoint_error_naming_it(impl, tmp_path)
         assert latest in text, f"latest={bad[key]!r}: the error does not name {latest!r}: {text}"
     assert out["newline"] == ("ok", "good"), out["newline"]
     assert out["plain"] == ("ok", "good"), out["plain"]
+
+
+def _damage(group, impl, directory: str, what: str) -> dict:
+    """One rank: save tag ``ck`` with a client_state, damage it (``flip``: one byte of the rank file, at a third
+    of its length; ``client_state``: remove client_state.pt), load it."""
+    engine = engine_class(impl)(ModelSpec().build(SEED), CONFIG, process_group=group)
+    try:
+        _boundary(engine, 0)
+        engine.save_checkpoint(directory, "ck", client_state={"epoch": 2})
+        folder = os.path.join(directory, "ck")
+        names = sorted(os.listdir(folder))
+        out: dict = {"names": names}
+        if what == "flip":
+            rank_file = next(n for n in names if re.fullmatch(r"rank0\.pt", n))
+            path = os.path.join(folder, rank_file)
+            size = os.path.getsize(path)
+            offset = size // 3
+            with open(path, "r+b") as f:
+                f.seek(offset)
+                byte = f.read(1)
+                f.seek(offset)
+                f.write(bytes([byte[0] ^ 0x01]))
+            out.update(size=size, offset=offset)
+        else:
+            os.remove(os.path.join(folder, "client_state.pt"))
+        out["got"] = _attempt(lambda: engine.load_checkpoint(directory, "ck"))
+        return out
+    finally:
+        engine.destroy()
+
+
+def test_a_flipped_byte_is_reported_with_the_bytes_the_check_covers(impl, tmp_path):
+    """Defect 8: one flipped byte in a rank file of a few KB was reported as damage to "bytes 0 to 16777216" --
+    the 16 MiB checksum block's nominal range, far past the end of the file. The CheckpointError names the rank
+    file and a byte range (``bytes A to B``) that contains the flipped byte and ends inside the file."""
+    out = engine_api(impl).run_on_ranks(_damage, 1, impl, str(tmp_path), "flip")[0]
+    kind, text = out["got"]
+    assert kind == "CheckpointError", out["got"]
+    assert "rank0.pt" in text and "damaged" in text, text
+    ranges = [(int(a), int(b)) for a, b in re.findall(r"bytes (\d+) to (\d+)", text)]
+    assert ranges, f"the error names no byte range ('bytes A to B'): {text}"
+    lo, hi = ranges[0]
+    assert lo <= out["offset"] < hi <= out["size"], (
+        f"the flipped byte is at {out['offset']} of a {out['size']}-byte file; the error names bytes {lo} to {hi}"
+    )
+
+
+def test_a_missing_client_state_file_is_a_partial_checkpoint(impl, tmp_path):
+    """Defect 8: with ``client_state.pt`` removed the load said "rank file ... cannot be read". A checkpoint
+    missing one of the files its manifest lists is partial: the CheckpointError says so and names the file."""
+    out = engine_api(impl).run_on_ranks(_damage, 1, impl, str(tmp_path), "client_state")[0]
+    if "client_state.pt" not in out["names"]:
+        pytest.skip(f"this implementation stores client_state elsewhere (files: {out['names']})")
+    kind, text = out["got"]
+    assert kind == "CheckpointError", out["got"]
+    assert "client_state.pt" in text and "partial" in text and "missing" in text, text
+    assert "rank file" not in text, f"the client_state file is called a rank file: {text}"

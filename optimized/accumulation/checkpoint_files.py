@@ -409,6 +409,15 @@ def _cross_check(where: str, path: str, manifest: dict[str, Any]) -> None:
         if size != entry["bytes"]:
             raise CheckpointError(f"{where} is partial: {entry['file']} (rank {r} of {world}) has {size} bytes, the "
                                   f"manifest records {entry['bytes']} (a truncated or replaced file)")
+    client = manifest.get("client_state")
+    if client is not None:  # version 3: the one copy of client_state is a file of its own
+        cpath = os.path.join(path, client["file"])
+        if not os.path.isfile(cpath):
+            raise CheckpointError(f"{where} is partial: {client['file']}, which the manifest lists (the saved "
+                                  f"client_state), is missing")
+        if os.path.getsize(cpath) != client["bytes"]:
+            raise CheckpointError(f"{where} is partial: {client['file']} has {os.path.getsize(cpath)} bytes, the "
+                                  f"manifest records {client['bytes']} (a truncated or replaced file)")
 
 
 def _block_crcs(path: str, block: int) -> list[int]:
@@ -432,23 +441,28 @@ def read_client_state(path: str, manifest: dict[str, Any], own: dict[str, Any]) 
 
 def read_rank_file(path: str, entry: dict[str, Any]) -> dict[str, Any]:
     """One rank file (or the client_state file), its CRC-32 verified against the manifest before it is
-    unpickled."""
+    unpickled. Damage is reported as the bytes the failing checksum covers, clipped to the file (a small file
+    is one block shorter than :data:`BLOCK`: its nominal range would point past the end)."""
     fpath = os.path.join(path, entry["file"])
+    what = "rank file" if _RANK_FILE.fullmatch(entry["file"]) else "file"
     try:
         crcs = _block_crcs(fpath, entry["block"])
+        size = os.path.getsize(fpath)
     except OSError as exc:
-        raise CheckpointError(f"rank file {fpath!r} cannot be read ({exc})") from exc
+        raise CheckpointError(f"{what} {fpath!r} cannot be read ({exc})") from exc
     bad = [i for i, (a, b) in enumerate(zip(crcs, entry["crc32"], strict=False)) if a != b]
     if bad or len(crcs) != len(entry["crc32"]):
-        where = f"bytes {bad[0] * entry['block']} to {(bad[0] + 1) * entry['block']}" if bad else "its length"
+        block = entry["block"]
+        where = f"bytes {bad[0] * block} to {min((bad[0] + 1) * block, size)}" if bad else "its length"
+        others = f" (and {len(bad) - 1} more block(s) of {block} bytes)" if len(bad) > 1 else ""
         raise CheckpointError(
-            f"rank file {fpath!r} is damaged or was not written by save_checkpoint: the CRC-32 of {where} differs "
-            f"from the one the manifest records"
+            f"{what} {fpath!r} is damaged or was not written by save_checkpoint: the CRC-32 of {where}{others} "
+            f"differs from the one the manifest records"
         )
     try:
         return torch.load(fpath, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:
         first = _ANSI.sub("", str(exc)).strip().splitlines()[0] if str(exc).strip() else ""
         raise CheckpointError(
-            f"rank file {fpath!r} was not written by this version's save_checkpoint ({type(exc).__name__}: {first})"
+            f"{what} {fpath!r} was not written by this version's save_checkpoint ({type(exc).__name__}: {first})"
         ) from exc
