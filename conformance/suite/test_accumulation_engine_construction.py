@@ -218,3 +218,45 @@ def test_the_forward_after_destroy_is_refused_like_step(impl):
     got = engine_api(impl).run_on_ranks(_forward_after_destroy, 1, impl)[0]
     assert got is not None, "the forward ran on a destroyed engine"
     assert got[0] == UnsupportedOperationError.__name__ and "destroy" in got[1], got
+
+
+def _misspelled_variable(group, impl, typo: str) -> list[str]:
+    """One rank: with ``typo`` set, build an offloading engine (it pins its host buffers), train two boundaries and
+    destroy it, twice; the warnings that name ``typo``, every warning shown."""
+    import os
+    import warnings
+
+    from reference.contract.accumulation_scenario import compute_loss
+
+    spec = ModelSpec()
+    os.environ[typo] = "native"
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(2):
+                engine = engine_class(impl)(spec.build(1), {**CONFIG, "offload_optimizer": "cpu"}, process_group=group)
+                for k in range(2):
+                    gen = torch.Generator().manual_seed(k)
+                    x, y = torch.randn(2, spec.in_features, generator=gen), torch.randn(2, spec.out_features,
+                                                                                       generator=gen)
+                    engine.backward(compute_loss(engine.module, x, y, engine.config.model_dtype))
+                    engine.step()
+                engine.destroy()
+    finally:
+        del os.environ[typo]
+    return [str(w.message) for w in caught if typo in str(w.message)]
+
+
+def test_a_misspelled_variable_warns_once_per_process_not_at_every_call(impl):
+    """Issue 52, defect 10: one misspelled ``HOSTOFFLOAD_*`` variable warned three or more times per
+    construct-and-step (every pinning call of the engine's buffers warned again). Two engines built, trained and
+    destroyed in one process with a misspelled name set give exactly one warning naming it (with every warning
+    shown: ``simplefilter("always")``). The name carries the test's process id and time, so no earlier test in
+    the rank's process has warned about it already."""
+    import os
+    import time
+
+    typo = f"HOSTOFFLOAD_PIN_BACKND_{os.getpid()}_{time.monotonic_ns()}"
+    texts = engine_api(impl).run_on_ranks(_misspelled_variable, 1, impl, typo)[0]
+    assert len(texts) == 1, f"{len(texts)} warnings name {typo}: {texts}"
+    assert "HOSTOFFLOAD_PIN_BACKEND" in texts[0], texts[0]
