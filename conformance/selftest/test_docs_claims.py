@@ -219,3 +219,34 @@ def test_an_example_that_needs_an_extra_names_it():
                                f"lines before it do not name [{extra}]")
     assert checked, "no example imports an optional package: the check found nothing to check"
     assert not missing, "examples that need an extra without saying so:\n" + "\n".join(missing)
+
+
+# ---- the README's commands -----------------------------------------------------------------------------------
+
+_CPU_INDEX = "download.pytorch.org/whl/cpu"
+
+
+def test_the_readme_warns_that_tox_installs_the_cuda_torch_and_shows_the_cpu_one():
+    """Issue 52, defect 9: ``tox -e test`` (and ``-e conformance``) install ``torch==2.13.0`` (tox.ini, from
+    ``HOSTOFFLOAD_TORCH_SPEC``); from a stock index that is the CUDA build with its CUDA libraries (gigabytes), and
+    the README warned only for ``pip install .``. The README's part before its first section (where the two tox
+    commands are) names the torch version tox pins, says it is the CUDA build from a stock index, and shows how to
+    get the CPU wheel: the CPU index through pip's own variable (``PIP_INDEX_URL`` / ``PIP_EXTRA_INDEX_URL``, which
+    tox passes through) and the spec variable tox.ini reads."""
+    root = _root()
+    tox = (root / "tox.ini").read_text()
+    m = re.search(r"torch\{env:(?P<var>\w+):(?P<spec>[^}]+)\}", tox)
+    assert m, "tox.ini no longer installs torch{env:VAR:spec}: update this check"
+    var, version = m.group("var"), m.group("spec").lstrip("=<>~! ")
+    readme = (root / "README.md").read_text()
+    head = readme.split("\n## ", 1)[0]
+    assert "tox -e test" in head, "the README's tox commands moved: update this check"
+    missing = [what for what, ok in (
+        (f"the version tox pins ({version})", version in head),
+        ("that it is the CUDA build", "CUDA" in head),
+        (f"the CPU index ({_CPU_INDEX})", _CPU_INDEX in head),
+        ("pip's index variable", re.search(r"PIP_(EXTRA_)?INDEX_URL", head) is not None),
+        (f"tox.ini's spec variable ({var})", var in head),
+    ) if not ok]
+    assert not missing, f"the README's tox commands come without: {', '.join(missing)}"
+    assert re.search(rf"pass_env\s*=[^\[]*{var.split('_')[0]}_\*", tox), f"tox.ini does not pass {var} through"
