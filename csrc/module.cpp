@@ -97,14 +97,16 @@ std::uint64_t checked_int(const char* name, py::handle value, std::uint64_t mini
 }
 
 void check_range_end(std::uint64_t start, std::uint64_t nbytes) {
-    if (nbytes <= std::numeric_limits<std::uint64_t>::max() - start) return;
+    // start + nbytes <= 2**64 (the contract's limit, a range may end exactly there) without overflowing; nbytes >= 1
+    // was checked before, and the registry stores the range's last byte, start + nbytes - 1.
+    if (nbytes - 1 <= std::numeric_limits<std::uint64_t>::max() - start) return;
     raise_from_contract(g_check_range_end, Py_BuildValue("(KKO)", static_cast<unsigned long long>(start),
                                                          static_cast<unsigned long long>(nbytes), g_address_limit));
 }
 
 py::object make_range(const RangeEntry& e) {
     PyObject* r = PyObject_CallFunction(pinned_range_type(), "KKK", static_cast<unsigned long long>(e.start),
-                                        static_cast<unsigned long long>(e.end - e.start),
+                                        static_cast<unsigned long long>(e.last - e.start + 1),
                                         static_cast<unsigned long long>(e.owner));
     if (r == nullptr) throw py::error_already_set();
     return py::reinterpret_steal<py::object>(r);
@@ -495,7 +497,7 @@ writer mutex. Same methods, arguments, results and errors as reference.ranges.Ra
                     const std::uint64_t n = checked_int("nbytes", t[1], 1);
                     const std::uint64_t o = checked_int("owner", t[2], 0);
                     check_range_end(s, n);
-                    entries.push_back(RangeEntry{s, s + n, o});
+                    entries.push_back(RangeEntry{s, s + (n - 1), o});
                 }
                 py::gil_scoped_release unlocked;
                 r.add_many(std::move(entries));

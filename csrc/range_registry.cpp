@@ -96,7 +96,7 @@ private:
 
 std::string describe(const RangeEntry& e) {
     char buf[96];
-    std::snprintf(buf, sizeof buf, "[%#" PRIx64 ", +%" PRIu64 ")", e.start, e.end - e.start);
+    std::snprintf(buf, sizeof buf, "[%#" PRIx64 ", +%" PRIu64 ")", e.start, e.last - e.start + 1);
     return buf;
 }
 
@@ -212,7 +212,7 @@ void RangeRegistry::reclaim_locked() {
 }
 
 void RangeRegistry::add(std::uint64_t start, std::uint64_t nbytes, std::uint64_t owner) {
-    const RangeEntry e{start, start + nbytes, owner};
+    const RangeEntry e{start, start + (nbytes - 1), owner};  // nbytes >= 1, start + nbytes <= 2**64
     std::lock_guard<std::mutex> lock(writer_mutex_);
     const Snapshot& cur = *current_.load(std::memory_order_relaxed);
 
@@ -220,7 +220,7 @@ void RangeRegistry::add(std::uint64_t start, std::uint64_t nbytes, std::uint64_t
     std::ptrdiff_t ci = cur.chunk_for(start);
     if (ci >= 0) {
         const RangeEntry* prev = cur.floor_entry(start);
-        if (prev->end > start) throw RangeOverlapError(e, *prev);
+        if (prev->last >= start) throw RangeOverlapError(e, *prev);
     }
     const std::size_t target = ci < 0 ? 0 : static_cast<std::size_t>(ci);
     if (!cur.chunks.empty()) {
@@ -232,7 +232,7 @@ void RangeRegistry::add(std::uint64_t start, std::uint64_t nbytes, std::uint64_t
         } else if (target + 1 < cur.chunks.size()) {
             next = &cur.chunks[target + 1]->entries.front();
         }
-        if (next != nullptr && next->start < e.end) throw RangeOverlapError(e, *next);
+        if (next != nullptr && next->start <= e.last) throw RangeOverlapError(e, *next);
     }
 
     // New chunks are owned by unique_ptrs until the snapshot is published, so an allocation failure
@@ -279,15 +279,15 @@ void RangeRegistry::add_many(std::vector<RangeEntry> entries) {
     if (entries.empty()) return;
     std::sort(entries.begin(), entries.end(), start_less);
     for (std::size_t i = 1; i < entries.size(); ++i) {
-        if (entries[i - 1].end > entries[i].start) throw RangeOverlapError(entries[i], entries[i - 1]);
+        if (entries[i - 1].last >= entries[i].start) throw RangeOverlapError(entries[i], entries[i - 1]);
     }
     std::lock_guard<std::mutex> lock(writer_mutex_);
     const Snapshot& cur = *current_.load(std::memory_order_relaxed);
     for (const RangeEntry& e : entries) {
-        if (const RangeEntry* prev = cur.floor_entry(e.start); prev != nullptr && prev->end > e.start) {
+        if (const RangeEntry* prev = cur.floor_entry(e.start); prev != nullptr && prev->last >= e.start) {
             throw RangeOverlapError(e, *prev);
         }
-        if (const RangeEntry* next = cur.floor_entry(e.end - 1); next != nullptr && next->start > e.start) {
+        if (const RangeEntry* next = cur.floor_entry(e.last); next != nullptr && next->start > e.start) {
             throw RangeOverlapError(e, *next);
         }
     }
@@ -307,7 +307,7 @@ void RangeRegistry::add_many(std::vector<RangeEntry> entries) {
     }
     snap->count = all.size();
     snap->total = cur.total;
-    for (const RangeEntry& e : entries) snap->total += e.end - e.start;
+    for (const RangeEntry& e : entries) snap->total += e.last - e.start + 1;
     std::vector<const Chunk*> dead(cur.chunks.begin(), cur.chunks.end());
     snap->chunks.reserve(built.size());
     for (auto& c : built) snap->chunks.push_back(c.release());
@@ -327,7 +327,7 @@ bool RangeRegistry::remove(std::uint64_t start) {
 
     std::unique_ptr<Snapshot> snap(new Snapshot());
     snap->count = cur.count - 1;
-    snap->total = cur.total - (pos->end - pos->start);
+    snap->total = cur.total - (pos->last - pos->start + 1);
     snap->chunks = cur.chunks;
     snap->firsts = cur.firsts;
     if (es.size() == 1) {
@@ -361,7 +361,7 @@ std::size_t RangeRegistry::remove_many_locked(std::vector<std::uint64_t> starts)
         for (const RangeEntry& e : c->entries) {
             if (!std::binary_search(starts.begin(), starts.end(), e.start)) {
                 kept.push_back(e);
-                total += e.end - e.start;
+                total += e.last - e.start + 1;
             }
         }
     }
@@ -396,15 +396,16 @@ std::size_t RangeRegistry::clear() {
 bool RangeRegistry::contains(std::uint64_t ptr, std::uint64_t nbytes) const {
     return read([&](const Snapshot& s) {
         const RangeEntry* e = s.floor_entry(ptr);
-        // ptr < end, and the extent's end (ptr + nbytes) <= end without overflowing.
-        return e != nullptr && ptr < e->end && nbytes <= e->end - ptr;
+        // ptr <= last, and the extent's end (ptr + nbytes) <= last + 1 without overflowing: a zero-length extent
+        // needs only its address inside; otherwise its last byte, ptr + nbytes - 1, must be <= last.
+        return e != nullptr && ptr <= e->last && (nbytes == 0 || nbytes - 1 <= e->last - ptr);
     });
 }
 
 std::optional<RangeEntry> RangeRegistry::find(std::uint64_t ptr) const {
     return read([&](const Snapshot& s) -> std::optional<RangeEntry> {
         const RangeEntry* e = s.floor_entry(ptr);
-        if (e != nullptr && ptr < e->end) return *e;
+        if (e != nullptr && ptr <= e->last) return *e;
         return std::nullopt;
     });
 }

@@ -25,7 +25,9 @@ namespace hostoffload {
 
 struct RangeEntry {
     std::uint64_t start;
-    std::uint64_t end;  // exclusive
+    // Inclusive: the last byte of a range (nbytes >= 1). An exclusive end could not represent a range that ends
+    // exactly at 2**64, which the contract (check_range_end) and the reference accept.
+    std::uint64_t last;
     std::uint64_t owner;
 };
 

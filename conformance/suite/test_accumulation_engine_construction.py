@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conformance.accumulation_engines import REQUIRES_ENGINE, engine_api, engine_class
+from reference.contract.accumulation_config import OptimizerConfig
 from reference.contract.accumulation_scenario import ModelSpec
 from reference.contract.errors import UnsupportedOperationError
 
@@ -203,6 +204,64 @@ def test_an_unknown_device_adam_mode_is_refused_at_construction(impl, extra):
     assert not leaks, f"the refused construction left behind (seen by the OS): {leaks}"
 
 
+def _fused_device_adam_mode(group, impl, extra: dict) -> dict:
+    """One rank: the engine's device (an engine built with the default mode), whether the implementation's own
+    ``use_for`` steps an AdamW master there with the kernel (mode ``auto``), and what construction does with
+    ``HOSTOFFLOAD_DEVICE_ADAM=fused``; pinned allocations and OS-visible leaks around the attempt."""
+    import os
+
+    from conformance.accumulation_engines import pinned_stats_of
+    from conformance.observation import Observation
+
+    config = {**CONFIG, **extra}
+    engine = engine_class(impl)(ModelSpec().build(1), config, process_group=group)
+    device = engine.device
+    engine.destroy()
+    kernel = impl.load("accumulation").fused_device_adam
+    optimizer = OptimizerConfig(type="adamw")
+    used = bool(kernel.use_for(optimizer, torch.zeros(8, device=device)))
+    stats = pinned_stats_of(impl)
+    before, seen = stats().allocations, Observation.now()
+    os.environ["HOSTOFFLOAD_DEVICE_ADAM"] = "fused"
+    try:
+        got = _attempt(lambda: engine_class(impl)(ModelSpec().build(1), config, process_group=group))
+    finally:
+        del os.environ["HOSTOFFLOAD_DEVICE_ADAM"]
+    return {"device": str(device), "used": used, "got": got, "before": before, "after": stats().allocations,
+            "leaks": Observation.now().leaks_since(seen)}
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"offload_optimizer": "cpu", "gpu_share": 0.5}, {"offload_optimizer": "cpu"}],
+    ids=["no-offload", "split", "host-update"],
+)
+def test_fused_device_adam_where_the_kernel_is_not_used_is_refused_at_construction(impl, extra):
+    """Issue 52, defect 7: ``HOSTOFFLOAD_DEVICE_ADAM=fused`` "requires the kernel (an error where it is missing)"
+    (docs/zero.md), yet a CPU engine accepted it silently and trained with other kernels. "Missing" is judged by
+    the implementation's own choice: where its ``fused_device_adam.use_for`` would not step an Adam master on the
+    engine's device with the kernel in mode ``auto`` (on the cpu accelerator the Triton kernel only runs in
+    Triton's interpreter, for verification, and is never chosen for training; or Triton is not installed),
+    ``fused`` is a ConfigurationError at construction naming the variable and its values, leaving nothing behind;
+    where it would, ``fused`` builds. An engine that updates every master on the host refuses it the same way: the
+    variable asks for something this process cannot do, whatever the config."""
+    module = impl.load("accumulation")
+    kernel = getattr(module, "fused_device_adam", None)
+    if kernel is None or not hasattr(kernel, "use_for"):
+        pytest.skip("this implementation declares no fused device Adam with a run-time choice (use_for)")
+    out = engine_api(impl).run_on_ranks(_fused_device_adam_mode, 1, impl, extra)[0]
+    if out["used"]:
+        assert out["got"] is None, f"on {out['device']} the kernel is used, yet fused was refused: {out['got']}"
+        return
+    got = out["got"]
+    assert got is not None, f"HOSTOFFLOAD_DEVICE_ADAM=fused was accepted on {out['device']}, where no master steps " \
+                            f"with the fused kernel"
+    assert got[0] == "ConfigurationError", got
+    assert "HOSTOFFLOAD_DEVICE_ADAM" in got[1] and "auto, fused, torch" in got[1], got[1]
+    assert out["after"] == out["before"], f"pinned allocations {out['before']} -> {out['after']} after the refusal"
+    assert not out["leaks"], f"the refused construction left behind (seen by the OS): {out['leaks']}"
+
+
 def _forward_after_destroy(group, impl) -> tuple[str, str] | None:
     engine = engine_class(impl)(ModelSpec().build(1), CONFIG, process_group=group)
     engine.destroy()
@@ -218,3 +277,48 @@ def test_the_forward_after_destroy_is_refused_like_step(impl):
     got = engine_api(impl).run_on_ranks(_forward_after_destroy, 1, impl)[0]
     assert got is not None, "the forward ran on a destroyed engine"
     assert got[0] == UnsupportedOperationError.__name__ and "destroy" in got[1], got
+
+
+def _misspelled_variable(group, impl, typo: str) -> list[str]:
+    """One rank: with ``typo`` set, build an offloading engine (it pins its host buffers), train two boundaries and
+    destroy it, twice; the warnings that name ``typo``, every warning shown."""
+    import os
+    import warnings
+
+    from reference.contract.accumulation_scenario import compute_loss
+
+    spec = ModelSpec()
+    os.environ[typo] = "native"
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(2):
+                engine = engine_class(impl)(spec.build(1), {**CONFIG, "offload_optimizer": "cpu"}, process_group=group)
+                for k in range(2):
+                    gen = torch.Generator().manual_seed(k)
+                    x, y = torch.randn(2, spec.in_features, generator=gen), torch.randn(2, spec.out_features,
+                                                                                       generator=gen)
+                    engine.backward(compute_loss(engine.module, x, y, engine.config.model_dtype))
+                    engine.step()
+                engine.destroy()
+    finally:
+        del os.environ[typo]
+    return [str(w.message) for w in caught if typo in str(w.message)]
+
+
+def test_a_misspelled_variable_warns_once_per_process_not_at_every_call(impl):
+    """Issue 52, defect 10: one misspelled ``HOSTOFFLOAD_*`` variable warned three or more times per
+    construct-and-step (every pinning call of the engine's buffers warned again). Two engines built, trained and
+    destroyed in one process with a misspelled name set give exactly one warning naming it (with every warning
+    shown: ``simplefilter("always")``). The name carries the test's process id and time, so no earlier test in
+    the rank's process has warned about it already."""
+    import os
+    import time
+
+    from reference.contract import envvars
+
+    misspelled = envvars.PIN_BACKEND_ENV.replace("BACKEND", "BACKND")  # spelt out, the layout check would flag it
+    typo = f"{misspelled}_{os.getpid()}_{time.monotonic_ns()}"
+    texts = engine_api(impl).run_on_ranks(_misspelled_variable, 1, impl, typo)[0]
+    assert len(texts) == 1, f"{len(texts)} warnings name {typo}: {texts}"
+    assert envvars.PIN_BACKEND_ENV in texts[0], texts[0]

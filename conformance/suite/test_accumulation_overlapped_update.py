@@ -7,8 +7,9 @@ cpu accelerator, with clipping that triggers at every boundary (a speculating en
 that never does (it must keep every bucket), at stages 2 and 3, with accumulation, at both state precisions. A
 distributed engine's ``overlap_report()`` counts the redone boundaries: exactly those whose ``step()`` returned a
 clip coefficient; that the first boundary did start early is also observed in host memory, not only in that
-report. What is read between the last backward and the step (a checkpoint's master and state) is the state before
-the step. Everything that runs an engine needs ``accumulation_overlapped_update``.
+report. What is read between the last backward and the step (the master and the optimizer state) is the state
+before the step; a checkpoint save there is refused, and the refusal leaves no trace. Everything that runs an
+engine needs ``accumulation_overlapped_update``.
 """
 
 from __future__ import annotations
@@ -221,11 +222,14 @@ def _let_speculation_settle(engine, seen: dict) -> None:
 
 
 def _train(group, engine_cls, config: dict, boundaries: int, probe: bool = False, new_lr: float | None = None,
-           loss_scales: tuple[float, ...] | None = None):
+           loss_scales: tuple[float, ...] | None = None, save_dir: str | None = None):
     """One rank: ``boundaries`` boundaries of 2 micro-steps (WIDE, buckets of 16 elements); ``probe``: read the
     master and the optimizer state between each boundary's last backward and its step; ``new_lr``: set the
-    learning rate there; ``loss_scales``: per boundary, a factor on its losses (to make given boundaries clip).
-    The losses, clip coefficients, final weights, master, state, the reads, the report."""
+    learning rate there; ``loss_scales``: per boundary, a factor on its losses (to make given boundaries clip);
+    ``save_dir``: try ``save_checkpoint`` there (what it raised, and whether the directory stayed empty, go into
+    ``saves``). The losses, clip coefficients, final weights, master, state, the reads, the report."""
+    import os
+
     import torch.distributed as dist
 
     rank = dist.get_rank(group)
@@ -233,6 +237,7 @@ def _train(group, engine_cls, config: dict, boundaries: int, probe: bool = False
     try:
         cfg = engine.config
         losses, coefs, reads, after, speculated, seen = [], [], [], [engine.master_partition()], [], {}
+        saves = []
         for k in range(boundaries):
             for j in range(cfg.gradient_accumulation_steps):
                 gen = torch.Generator().manual_seed(1000 * k + 10 * j + rank)
@@ -248,6 +253,13 @@ def _train(group, engine_cls, config: dict, boundaries: int, probe: bool = False
                         reads.append({"master": engine.master_partition(), **engine.optimizer_state().buffers})
                     if new_lr is not None:
                         engine.set_lr(new_lr * (k + 1))
+                    if save_dir is not None:
+                        try:
+                            engine.save_checkpoint(save_dir, f"boundary{k}")
+                            saves.append(("saved", ""))
+                        except Exception as exc:  # classified by the test
+                            saves.append((type(exc).__name__, str(exc)))
+                        saves[-1] += (not os.path.exists(save_dir) or not os.listdir(save_dir),)
                 out = engine.step()
                 losses.append(loss.detach().clone())
             coefs.append(out.clip_coef)
@@ -257,7 +269,7 @@ def _train(group, engine_cls, config: dict, boundaries: int, probe: bool = False
                 speculated.append(report["buckets_speculated"])
         return {"losses": losses, "coefs": coefs, "weights": engine.state_dict(), "master": engine.master_partition(),
                 "state": engine.optimizer_state().buffers, "reads": reads, "after": after,
-                "report": engine.overlap_report(), "speculated": speculated,
+                "report": engine.overlap_report(), "speculated": speculated, "saves": saves,
                 "split": engine.split_report() if hasattr(engine, "split_report") else None}
     finally:
         engine.destroy()
@@ -432,6 +444,30 @@ def test_R30_reads_between_last_backward_and_step_see_the_state_before_it(impl):
             for name in ref:
                 assert torch.equal(read[name], ref[name]), f"rank {rank}: boundary {k}: {name} read differs"
         assert got["report"]["speculations_discarded"] == 3, got["report"]
+
+
+@REQUIRES_OVERLAP
+@REQUIRES_ENGINE
+@IN_RANK_PROCESSES
+@pytest.mark.requires("accumulation_checkpoint")
+def test_R30_a_save_between_last_backward_and_step_is_refused_and_leaves_no_trace(impl, tmp_path):
+    """R30 with ``save_checkpoint`` between the boundary's last backward and its step (W = 2, stage 2, no
+    clipping; issue 52, defect 5: the docs called it supported). The gradient accumulated by that backward is not
+    part of a checkpoint (docs/zero.md, "Checkpoints"), so the save is refused there as on any path -- an
+    UnsupportedOperationError on every rank, nothing written -- and the refusal leaves no trace: the speculation
+    the backward started is neither discarded nor redone, and the run is bitwise the "step" run."""
+    api = engine_api(impl)
+    directory = str(tmp_path / "ck")
+    over = api.run_on_ranks(_train, 2, api.ZeroEngine, _engine_config(2, 1e3), 3, False, None, None, directory)
+    step = api.run_on_ranks(_train, 2, api.ZeroEngine, _engine_config(2, 1e3, "step"), 3)
+    for rank, (got, want) in enumerate(zip(over, step, strict=True)):
+        assert len(got["saves"]) == 3, got["saves"]
+        for k, (kind, message, untouched) in enumerate(got["saves"]):
+            assert kind == "UnsupportedOperationError", f"rank {rank}, boundary {k}: {kind}: {message}"
+            assert untouched, f"rank {rank}, boundary {k}: the refused save wrote into {directory}"
+        _assert_same(got, want, f"rank {rank}")
+        report = got["report"]
+        assert report["speculations_discarded"] == 0 and report["boundaries_redone"] == 0, report
 
 
 @REQUIRES_OVERLAP

@@ -7,6 +7,7 @@ A tensor with no elements is never pinned: it has no bytes to copy and torch rep
 from __future__ import annotations
 
 import gc
+import itertools
 import os
 import subprocess
 import sys
@@ -367,32 +368,72 @@ def test_native_tuning_variables_are_checked_at_every_pinning_call_with_any_back
         del kept
 
 
+#: Misspellings handed out so far: the warning comes once per process and name, so each test asks for names of its
+#: own (a name already warned about in this process, by an earlier test, would stay silent).
+_TYPOS = itertools.count()
+
+
+def _fresh_typo() -> str:
+    """``..._PIN_BACKND_<n>``: one letter missing and a suffix never used before in this process; still closest to
+    ``HOSTOFFLOAD_PIN_BACKEND``."""
+    from reference.contract import envvars
+
+    return f"{envvars.PIN_BACKEND_ENV.replace('BACKEND', 'BACKND')}_{os.getpid()}_{next(_TYPOS)}"
+
+
+def _typo_warnings(caught, typo: str) -> list[str]:
+    return [str(w.message) for w in caught if typo in str(w.message)]
+
+
 @pytest.mark.requires(calls=tuple(f"pinning.{c}" for c in _PIN_CALLS))
 def test_a_misspelled_variable_warns_naming_the_closest_declared_one(
     area_api, pin_backend, accelerator, monkeypatch, leak_check
 ):
     """Issue 28: ``..._PIN_BACKND=native`` (one letter missing) was silently ignored, so the run used the torch
-    backend without a word. A pinning call with an undeclared ``HOSTOFFLOAD_*`` name set warns, naming the
-    variable and the closest name of reference/contract/envvars.py, and still pins (the prefix is not reserved:
-    a warning, not an error, docs/usage.md)."""
+    backend without a word. Every pinning call, as the first call made with an undeclared ``HOSTOFFLOAD_*`` name
+    set, warns, naming the variable and the closest name of reference/contract/envvars.py, and still pins (the
+    prefix is not reserved: a warning, not an error, docs/usage.md)."""
     from reference.contract import envvars
 
-    typo = envvars.PIN_BACKEND_ENV.replace("BACKEND", "BACKND")
-    monkeypatch.setenv(typo, "native")
     for name, call in _PIN_CALLS.items():
+        typo = _fresh_typo()
+        monkeypatch.setenv(typo, "native")
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             out = call(area_api)
-        texts = [str(w.message) for w in caught if typo in str(w.message)]
+        texts = _typo_warnings(caught, typo)
         assert texts, f"{name}: no warning names {typo} (got {[str(w.message) for w in caught]})"
         assert envvars.PIN_BACKEND_ENV in texts[0], f"{name}: the warning does not name the closest variable"
         area_api.unpin(out)
         del out
-    monkeypatch.delenv(typo)
+        monkeypatch.delenv(typo)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         area_api.unpin(area_api.pin_empty(4, dtype=torch.float32))
-    assert not [w for w in caught if typo in str(w.message)], "the warning outlives the variable"
+    assert not [w for w in caught if "BACKND" in str(w.message)], "the warning outlives the variable"
+
+
+@pytest.mark.requires(calls=tuple(f"pinning.{c}" for c in _PIN_CALLS))
+def test_a_misspelled_variable_warns_once_per_process_and_name(
+    area_api, pin_backend, accelerator, monkeypatch, leak_check
+):
+    """Issue 52, defect 10: one misspelled variable warned at every pinning call -- three or more times per
+    construct-and-step of an engine, which pins several buffers -- so the one useful line drowned in copies.
+    With every warning shown (``simplefilter("always")``, which defeats Python's once-per-call-site filter), a
+    misspelled name warns exactly once per process however many pinning calls follow; a second misspelled name
+    gets its own one warning."""
+    first, second = _fresh_typo(), _fresh_typo()
+    monkeypatch.setenv(first, "native")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            for call in _PIN_CALLS.values():
+                area_api.unpin(call(area_api))
+        monkeypatch.setenv(second, "native")
+        for call in _PIN_CALLS.values():
+            area_api.unpin(call(area_api))
+    assert len(_typo_warnings(caught, first)) == 1, f"{first}: {_typo_warnings(caught, first)}"
+    assert len(_typo_warnings(caught, second)) == 1, f"{second}: {_typo_warnings(caught, second)}"
 
 
 def test_bad_environment_is_not_an_import_error(impl, monkeypatch):

@@ -157,6 +157,42 @@ def test_registry_agrees_with_reference(impl, area_api, reference_api, conforman
     conformance_property(f"registry agreement runs ({impl.name})", 1)
 
 
+def test_a_range_ending_at_the_address_limit_agrees_with_reference(impl, area_api, reference_api):
+    """Issue 52, defect 2: ``RangeRegistry().add(2**64 - 10, 10)`` -- a range that ends exactly at the top of the
+    64-bit address space, which the contract's ``check_range_end`` accepts (``start + nbytes <= 2**64``) -- raised a
+    raw RuntimeError from the native registry. At the implementation's declared address limit (2**64 when it
+    declares none, the reference's own) a range ending exactly there is stored, found and removed like the
+    reference does it: every add, probe, overlap refusal and removal observes the same result. One byte further is
+    a ConfigurationError naming ``start + nbytes`` for a bounded registry, never a RuntimeError."""
+    _skip_for_oracle(impl, "ranges")
+    limit = _address_limit(impl) or 2**64
+    ours, ref = area_api.RangeRegistry(), reference_api.RangeRegistry()
+
+    def both(method: str, *args):
+        a = _outcome(getattr(ours, method), *args)
+        b = _outcome(getattr(ref, method), *args)
+        assert a == b, f"{method}{args}: implementation {a} != reference {b}"
+        return a
+
+    assert both("add", limit - 10, 10, 7) == ("ok", None)
+    both("add", limit - 1, 1)  # overlaps: the same ValueError
+    both("add", limit - 20, 11)  # overlaps from below
+    assert both("add", limit - 20, 10) == ("ok", None)  # adjacent below it
+    for ptr, nbytes in ((limit - 10, 10), (limit - 1, 1), (limit - 1, 0), (limit - 10, 11), (limit - 11, 2),
+                        (limit - 5, 2**64), (limit - 20, 20)):
+        both("contains", ptr, nbytes)
+        both("__contains__", (ptr, nbytes))
+    for ptr in (limit - 1, limit - 10, limit - 11, limit - 21):
+        both("find", ptr)
+    both("ranges")
+    both("total_bytes")
+    assert both("remove", limit - 10) == ("ok", True)
+    both("ranges")
+    if _address_limit(impl) is not None:
+        past = _outcome(ours.add, limit - 10, 11)
+        assert past[:2] == ("raise", "ConfigurationError") and "start + nbytes" in past[2], past
+
+
 def make_pinning_agreement(ours_pin, ref_pin):
     class PinningAgreement(RuleBasedStateMachine):
         def __init__(self) -> None:

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from reference.contract.accumulation_checkpoint_names import LATEST, LATEST_STAGING, check_tag
-from reference.contract.errors import CheckpointError
+from reference.contract.errors import CheckpointError, ConfigurationError
 
 __all__ = [
     "CLIENT_STATE",
@@ -324,7 +324,10 @@ def _undo(done: list[str], staging: str, final: str, old: str) -> None:
 
 
 def resolve_tag(directory: str, tag: str | None) -> str:
-    """``tag``, or the one ``<dir>/latest`` names."""
+    """``tag``, or the one ``<dir>/latest`` names. A ``latest`` file that names no tag a save could have written
+    (empty, ``../x``, undecodable) is the checkpoint directory's fault, not the caller's: a
+    :class:`CheckpointError` naming the file. Only a line ending is taken off its text (a person's ``echo tag >
+    latest``); a tag a save accepts never ends with one, so nothing a save wrote is changed by it."""
     if tag is not None:
         return check_tag(tag)
     latest = os.path.join(directory, LATEST)
@@ -333,8 +336,16 @@ def resolve_tag(directory: str, tag: str | None) -> str:
             f"no checkpoint to load in {directory!r}: tag=None reads the file 'latest', which does not exist (tags "
             f"there: {_tags(directory)}); allowed: pass tag=, or a directory save_checkpoint() wrote"
         )
-    with open(latest, encoding="utf-8") as f:
-        return check_tag(f.read().strip())
+    try:
+        with open(latest, "rb") as f:
+            name = f.read().decode("utf-8").rstrip("\r\n")
+        return check_tag(name)
+    except (OSError, UnicodeError, ConfigurationError) as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+        raise CheckpointError(
+            f"the file {latest!r}, which load_checkpoint reads for tag=None, names no checkpoint ({reason}); "
+            f"allowed: a 'latest' file naming one of the tags there ({_tags(directory)}), or pass tag="
+        ) from exc
 
 
 def _tags(directory: str) -> list[str]:
@@ -398,6 +409,15 @@ def _cross_check(where: str, path: str, manifest: dict[str, Any]) -> None:
         if size != entry["bytes"]:
             raise CheckpointError(f"{where} is partial: {entry['file']} (rank {r} of {world}) has {size} bytes, the "
                                   f"manifest records {entry['bytes']} (a truncated or replaced file)")
+    client = manifest.get("client_state")
+    if client is not None:  # version 3: the one copy of client_state is a file of its own
+        cpath = os.path.join(path, client["file"])
+        if not os.path.isfile(cpath):
+            raise CheckpointError(f"{where} is partial: {client['file']}, which the manifest lists (the saved "
+                                  f"client_state), is missing")
+        if os.path.getsize(cpath) != client["bytes"]:
+            raise CheckpointError(f"{where} is partial: {client['file']} has {os.path.getsize(cpath)} bytes, the "
+                                  f"manifest records {client['bytes']} (a truncated or replaced file)")
 
 
 def _block_crcs(path: str, block: int) -> list[int]:
@@ -421,23 +441,28 @@ def read_client_state(path: str, manifest: dict[str, Any], own: dict[str, Any]) 
 
 def read_rank_file(path: str, entry: dict[str, Any]) -> dict[str, Any]:
     """One rank file (or the client_state file), its CRC-32 verified against the manifest before it is
-    unpickled."""
+    unpickled. Damage is reported as the bytes the failing checksum covers, clipped to the file (a small file
+    is one block shorter than :data:`BLOCK`: its nominal range would point past the end)."""
     fpath = os.path.join(path, entry["file"])
+    what = "rank file" if _RANK_FILE.fullmatch(entry["file"]) else "file"
     try:
         crcs = _block_crcs(fpath, entry["block"])
+        size = os.path.getsize(fpath)
     except OSError as exc:
-        raise CheckpointError(f"rank file {fpath!r} cannot be read ({exc})") from exc
+        raise CheckpointError(f"{what} {fpath!r} cannot be read ({exc})") from exc
     bad = [i for i, (a, b) in enumerate(zip(crcs, entry["crc32"], strict=False)) if a != b]
     if bad or len(crcs) != len(entry["crc32"]):
-        where = f"bytes {bad[0] * entry['block']} to {(bad[0] + 1) * entry['block']}" if bad else "its length"
+        block = entry["block"]
+        where = f"bytes {bad[0] * block} to {min((bad[0] + 1) * block, size)}" if bad else "its length"
+        others = f" (and {len(bad) - 1} more block(s) of {block} bytes)" if len(bad) > 1 else ""
         raise CheckpointError(
-            f"rank file {fpath!r} is damaged or was not written by save_checkpoint: the CRC-32 of {where} differs "
-            f"from the one the manifest records"
+            f"{what} {fpath!r} is damaged or was not written by save_checkpoint: the CRC-32 of {where}{others} "
+            f"differs from the one the manifest records"
         )
     try:
         return torch.load(fpath, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:
         first = _ANSI.sub("", str(exc)).strip().splitlines()[0] if str(exc).strip() else ""
         raise CheckpointError(
-            f"rank file {fpath!r} was not written by this version's save_checkpoint ({type(exc).__name__}: {first})"
+            f"{what} {fpath!r} was not written by this version's save_checkpoint ({type(exc).__name__}: {first})"
         ) from exc

@@ -46,7 +46,7 @@ from reference.contract.accumulation_state_precision import STATE_PRECISIONS, St
 from reference.contract.accumulation_step import ADAM_KERNEL_TYPES, check_adam_kernel_call
 from reference.contract.errors import ConfigurationError
 
-__all__ = ["BLOCK", "adam_step", "available", "prepare", "self_check", "use_for", "verdicts"]
+__all__ = ["BLOCK", "adam_step", "available", "check_engine_device", "prepare", "self_check", "use_for", "verdicts"]
 
 #: Elements per Triton program.
 BLOCK = 1024
@@ -261,6 +261,29 @@ def _decide(config: OptimizerConfig, device: torch.device, precision: StatePreci
             f"allowed values: {', '.join(envvars.DEVICE_ADAM_MODES)}"
         )
     return verdict is None
+
+
+def check_engine_device(device: torch.device) -> None:
+    """An engine on ``device``, built while ``HOSTOFFLOAD_DEVICE_ADAM`` is read: ``fused`` where the kernel can never
+    step a master of this engine is a :class:`ConfigurationError` naming the variable, at construction.
+
+    What "available" means for ``fused``: the kernel can be built (Triton installed) *and* the engine's device is
+    one it is compiled for. On the cpu accelerator it only runs in Triton's interpreter (the CPU suite uses that to
+    hold its operation sequence to the formula), which :func:`use_for` never chooses for training: a CPU engine's
+    masters take the native CPU Adam or torch ops. Accepting ``fused`` there would silently train with another
+    kernel than the one the user demanded. (Whether the kernel passes its check on an accelerator is decided by
+    :func:`prepare` where a path steps a device master.)"""
+    if envvars.device_adam() != "fused":
+        return
+    allowed = f"allowed values: {', '.join(envvars.DEVICE_ADAM_MODES)} (auto uses the kernel where it applies)"
+    if not available():
+        raise ConfigurationError(f"{envvars.DEVICE_ADAM_ENV}=fused needs Triton, which is not installed; {allowed}")
+    if torch.device(device).type == "cpu":
+        raise ConfigurationError(
+            f"{envvars.DEVICE_ADAM_ENV}=fused: the fused device Adam steps masters on an accelerator, and this "
+            f"engine runs on {device} (its masters take the native CPU Adam or torch ops; on the cpu the kernel "
+            f"runs only in Triton's interpreter, for verification); {allowed}"
+        )
 
 
 def prepare(config: OptimizerConfig, device: torch.device | str, precision: StatePrecision | None = None) -> bool:

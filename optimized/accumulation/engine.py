@@ -55,6 +55,7 @@ import torch.distributed as dist
 from torch import nn
 
 from optimized.accumulation import checkpoint as ckpt
+from optimized.accumulation import device_adam
 from optimized.accumulation.checkpoint_view import CheckpointView
 from optimized.accumulation.collectives import Collectives
 from optimized.accumulation.construction import (
@@ -116,6 +117,7 @@ class ZeroEngine(ModuleSurface, LrSurface, EngineReports, ScheduledEngine):
         self._comm = Collectives(process_group)
         self.world_size, self.rank, self.stage = self._comm.world, self._comm.rank, cfg.zero_stage
         self.device = resolve_device(device, process_group)
+        device_adam.check_engine_device(self.device)  # HOSTOFFLOAD_DEVICE_ADAM=fused where the kernel never runs
         self.record_gradients, self.prefetch = record_gradients, prefetch
         module = build_module(model)
         check_not_owned(module)

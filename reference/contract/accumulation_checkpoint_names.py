@@ -27,14 +27,29 @@ RESERVED_TAGS = (LATEST, LATEST_STAGING)
 
 
 def check_tag(tag: object) -> str:
-    """``tag`` if it can name a checkpoint directory, else a :class:`ConfigurationError` naming what is allowed."""
+    """``tag`` if it can name a checkpoint directory, else a :class:`ConfigurationError` naming what is allowed.
+
+    Why each rule: a path separator, ``.``/``..`` or a leading ``.`` would leave ``save_dir`` or collide with the
+    hidden staging names; NUL is in no file name (the OS layer raised a bare ``ValueError``); leading or trailing
+    whitespace is invisible in listings and in ``latest``, and a load from a hand-edited ``latest`` cannot tell it
+    from the line ending (``tag='run1 '`` saved, and the load from ``latest`` then looked for ``'run1'``); and a
+    reserved name in another case (``'LATEST'``) is the reserved file itself on a case-insensitive filesystem."""
     if not isinstance(tag, str) or not tag or tag in (".", "..") or os.sep in tag or tag.startswith("."):
         raise ConfigurationError(
             f"tag={tag!r} must be a non-empty str without path separators that does not start with '.'"
         )
-    if tag in RESERVED_TAGS:
+    if "\x00" in tag:
         raise ConfigurationError(
-            f"tag={tag!r} is reserved by the checkpoint directory's layout (reserved: "
+            f"tag={tag!r} contains a NUL character, which no file name may hold; allowed: a name without it"
+        )
+    if tag != tag.strip():
+        raise ConfigurationError(
+            f"tag={tag!r} starts or ends with whitespace, which a tag may not (it would not survive the 'latest' "
+            f"file unchanged); allowed: the name without it, e.g. {tag.strip() or 'global_step<N>'!r}"
+        )
+    if tag.casefold() in RESERVED_TAGS:
+        raise ConfigurationError(
+            f"tag={tag!r} is reserved by the checkpoint directory's layout (reserved, in any letter case: "
             f"{', '.join(repr(n) for n in RESERVED_TAGS)}; '.'-prefixed names are the staging directories); "
             f"allowed: any other non-empty name, e.g. 'global_step<N>'"
         )

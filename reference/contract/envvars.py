@@ -28,14 +28,16 @@ Every pinning variable is validated at every pinning call whatever the backend: 
 ``HOSTOFFLOAD_PIN_REGISTER_DEVICE``, ``..._PIN_HUGE_PAGES``, ``..._PIN_POPULATE_THREADS`` or
 ``..._PIN_REGISTER_OVERLAP`` is an error with the torch backend too, although only a native path uses them, so a
 bad value never waits for the day the backend changes. A *name* that is not declared here (a misspelling such as
-``..._PIN_BACKND``) cannot be an error -- another tool may own a name with this prefix -- so every pinning call
-warns about it (:class:`UnknownVariableWarning`, naming the closest declared name; :func:`warn_unknown_variables`).
+``..._PIN_BACKND``) cannot be an error -- another tool may own a name with this prefix -- so the first pinning call
+that sees it warns about it, once per process (:class:`UnknownVariableWarning`, naming the closest declared name;
+:func:`warn_unknown_variables`).
 """
 
 from __future__ import annotations
 
 import difflib
 import os
+import threading
 import warnings
 from dataclasses import dataclass
 
@@ -336,8 +338,10 @@ def closest_variable(name: str) -> str | None:
     return match[0] if match else None
 
 
-#: (number of environment entries, unknown names found) at the last scan; see warn_unknown_variables.
-_last_scan: tuple[int, tuple[str, ...]] = (-1, ())
+#: The undeclared names already warned about in this process (each is warned about once; see
+#: warn_unknown_variables).
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
 
 
 def unknown_variables() -> tuple[str, ...]:
@@ -346,22 +350,25 @@ def unknown_variables() -> tuple[str, ...]:
 
 
 def warn_unknown_variables() -> tuple[str, ...]:
-    """Warn (:class:`UnknownVariableWarning`) for every undeclared ``HOSTOFFLOAD_*`` name set now, naming the
-    closest declared one; return them. Python's warning filters show each message once per call site by
-    default. Why a warning and not an error: the prefix is not reserved, and refusing to pin memory because of
-    an unrelated variable would be worse than the typo. The full scan (a few microseconds) runs when the number
-    of environment entries changed since the last one; in between, the names it found are re-checked."""
-    global _last_scan
-    count = len(os.environ)
-    if count != _last_scan[0]:
-        _last_scan = (count, unknown_variables())
-    found = tuple(n for n in _last_scan[1] if n in os.environ)
-    for name in found:
+    """Warn (:class:`UnknownVariableWarning`) once per process for each undeclared ``HOSTOFFLOAD_*`` name set now,
+    naming the closest declared one; return every such name set now (warned about before or not).
+
+    Why a warning and not an error: the prefix is not reserved, and refusing to pin memory because of an unrelated
+    variable would be worse than the typo. Why once per process and name (issue 52): every pinning call checks, an
+    engine's construction and first step make several, and Python's default filter shows a message once per
+    call site, so one typo printed three or more identical lines; a name set later in the process (a launcher
+    changing the environment) still gets its own warning. The scan reads the environment at every call (a few
+    microseconds): a name set or removed between two calls is seen at the next."""
+    found = unknown_variables()
+    with _warned_lock:
+        fresh = [n for n in found if n not in _warned]
+        _warned.update(fresh)
+    for name in fresh:
         close = closest_variable(name)
         hint = f"did you mean {close}?" if close else "no declared variable is close"
         warnings.warn(
-            f"{name} is set but is not a hostoffload variable ({hint}); it is ignored. Declared variables: "
-            f"reference/contract/envvars.py (VARIABLES) and docs/usage.md",
+            f"{name} is set but is not a hostoffload variable ({hint}); it is ignored (warned once per process). "
+            f"Declared variables: reference/contract/envvars.py (VARIABLES) and docs/usage.md",
             UnknownVariableWarning,
             stacklevel=3,
         )
