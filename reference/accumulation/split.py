@@ -57,9 +57,9 @@ class SplitUpdate:
         self._backward_s = 0.0
         self._boundaries = 0
         auto = config.gpu_share == GPU_SHARE_AUTO
-        warn_if_auto_without_device(config, device.type)
         #: gpu_memory_limit: the engine's peak device memory from here to the choice (None without a limit)
         self._meter = floor_meter(config, device)
+        warn_if_auto_without_device(config, device.type)
         #: None until "auto" has decided (at the second boundary)
         self.decision: SplitDecision | None = (
             None if auto else fixed_split(config.gpu_share, partition_elements, config)

@@ -63,12 +63,12 @@ def limit_margin(limit: int) -> int:
 
 
 def smallest_limit(floor: int) -> int:
-    """The smallest limit that runs an engine whose floor is ``floor`` bytes (at share 0):
-    ``L - limit_margin(L) >= floor``."""
+    """The smallest limit that runs an engine whose floor is ``floor`` bytes (at share 0): the least ``L >= 1``
+    with ``L - limit_margin(L) >= floor``."""
     # f(L) = L - L // k is non-decreasing; f(k*q + r) = (k-1)*q + r for 0 <= r < k, and f(k*q - 1) = f(k*q).
     k = LIMIT_MARGIN_DIVISOR
     q, r = divmod(floor, k - 1)
-    return k * q - 1 if r == 0 and q > 0 else k * q + r
+    return max(1, k * q - 1 if r == 0 and q > 0 else k * q + r)  # a limit is an int > 0
 
 
 @dataclass(frozen=True)

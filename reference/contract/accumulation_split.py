@@ -54,7 +54,7 @@ def warn_if_auto_without_device(config: AccumulationConfig, device_type: str) ->
     warnings.warn(
         "gpu_share='auto' on the cpu device: both sides of the split are the host, so the share 'auto' picks is "
         "timing noise (the update is the same either way); gpu_share means something only with an accelerator "
-        "device -- set gpu_share=0.0 to silence this",
+        "device -- set gpu_share=0.0 (without gpu_memory_limit) to silence this",
         DevicelessSplitWarning, stacklevel=3,
     )
     return True
