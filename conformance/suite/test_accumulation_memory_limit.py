@@ -333,15 +333,23 @@ def test_R28_engine_limit_spends_the_largest_floor_and_equals_the_all_host_run(i
 @REQUIRES_SPLIT
 @REQUIRES_ENGINE
 @IN_RANK_PROCESSES
-def test_R28_engine_limit_below_one_ranks_floor_is_refused_on_every_rank(impl):
+@pytest.mark.parametrize("mode", ["sync", "overlap", "delayed"])
+def test_R28_engine_limit_below_one_ranks_floor_is_refused_on_every_rank(impl, mode):
     """R28 at W = 2: a limit that holds rank 0's floor but not rank 1's is refused on both ranks at the second
     boundary (where "auto" chooses; the first runs), a ConfigurationError naming ``gpu_memory_limit`` with the
     larger floor and the smallest limit that runs; destroying the engine then leaves no pinned allocation,
-    locked page, descriptor or thread behind."""
+    locked page, descriptor or thread behind -- also where the host update started under the last backward (R30)
+    or the update is delayed (R27)."""
+    extra = {"sync": {}, "overlap": {"host_update_start": "last_backward"},
+             "delayed": {"delayed_parameter_update": True, "delayed_update_warmup": 1}}[mode]
+    if mode == "overlap" and not impl.capabilities.accumulation_overlapped_update:
+        pytest.skip(f"{impl.name} does not declare accumulation_overlapped_update (R30)")
+    if mode == "delayed" and not impl.capabilities.accumulation_delayed_parameter_update:
+        pytest.skip(f"{impl.name} does not declare accumulation_delayed_parameter_update (R27)")
     api = engine_api(impl)
     floors = [5 << 20, 6 << 20]
     limit = smallest_limit(floors[1]) - 1
-    got = api.run_on_ranks(_limited_loop, 2, impl, _config(gpu_memory_limit=limit), 3,
+    got = api.run_on_ranks(_limited_loop, 2, impl, _config(gpu_memory_limit=limit, **extra), 3,
                            [[f, f] for f in floors])
     for rank, out in enumerate(got):
         assert out["error"] is not None, f"rank {rank}: a floor over the limit was not refused"
