@@ -371,3 +371,65 @@ def test_R28_engine_limit_without_a_counter_is_refused_at_construction(impl):
     assert got["error"] is not None and not got["built"], f"the limit was not refused at construction: {got}"
     assert "gpu_memory_limit" in got["error"], got["error"]
     assert got["pinned"][0] == got["pinned"][1] and not got["leaks"], got
+
+
+# ---- on the GPU (NCCL, world size 1) --------------------------------------------------------------------------
+
+#: About 0.6M trainable elements: a device side of megabytes, well above the allocator's rounding.
+LARGE = ModelSpec(in_features=256, hidden=1024, out_features=256)
+
+
+def _cuda_run(group, engine_cls, config: dict, boundaries: int) -> tuple[dict | None, int]:
+    """One engine on cuda: its split report after ``boundaries`` boundaries and the peak allocated bytes from the
+    end of its construction (the counter restarted there) to the end. Micro-batches of 2048 rows: the backward's
+    activations (megabytes) make the peak a training peak, not the boundary's (where the cut's one-off copy of
+    the device side's gradient lands)."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    engine = engine_cls(LARGE.build(5), config, process_group=group, bucket_elements=1 << 16)
+    try:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        cfg = engine.config
+        gen = torch.Generator().manual_seed(3)
+        for _ in range(boundaries * cfg.gradient_accumulation_steps):
+            x = torch.randn(2048, LARGE.in_features, generator=gen).to(device)
+            y = torch.randn(2048, LARGE.out_features, generator=gen).to(device)
+            engine.backward(compute_loss(engine.module, x, y, cfg.model_dtype))
+            engine.step()
+        engine.synchronize()
+        torch.cuda.synchronize(device)
+        return engine.split_report(), int(torch.cuda.max_memory_allocated(device))
+    finally:
+        engine.destroy()
+
+
+def _limit_on_cuda(group, engine_cls, room: int) -> tuple:
+    """One rank on cuda: the peak of 3 boundaries at share 0, then the report and peak of 3 boundaries under
+    the limit that leaves the split ``room`` bytes above that peak and the margin."""
+    floor = _cuda_run(group, engine_cls, _config(), 3)[1]
+    limit = smallest_limit(floor) + room
+    report, peak = _cuda_run(group, engine_cls, _config(gpu_memory_limit=limit), 3)
+    return floor, limit, report, peak
+
+
+@REQUIRES_SPLIT
+@pytest.mark.gpu
+@REQUIRES_ENGINE
+@IN_RANK_PROCESSES
+def test_R28_engine_limit_holds_on_the_device(impl, accelerator):
+    """R28, observed on the GPU: with a limit that leaves the split 8 MiB above the share-0 peak (and the
+    margin), the engine reports the limit spent on a floor it measured (within the limit), and its peak over 3
+    boundaries -- the split's device side included -- stays within the limit, give or take the 2 % the issue that
+    asked for the limit allows (the margin is meant to keep it under; this is where that is observed)."""
+    if accelerator.device_type != "cuda":
+        pytest.skip("needs the cuda accelerator (NCCL)")
+    api = engine_api(impl)
+    floor, limit, report, peak = api.run_on_ranks(_limit_on_cuda, 1, api.ZeroEngine, 8 << 20, backend="nccl")[0]
+    assert report is not None and report["memory_limit"] is not None, f"no limit in the report: {report}"
+    spent = report["memory_limit"]
+    assert spent["limit_bytes"] == limit and 0 < spent["floor_bytes"] <= limit, spent
+    assert report["device_bytes"] <= spent["budget_bytes"], report
+    assert peak <= limit + limit // 50, (
+        f"peak {peak} bytes over the limit {limit} (share-0 peak {floor}, floor measured {spent['floor_bytes']}, "
+        f"device side {report['device_bytes']} bytes)"
+    )
