@@ -13,9 +13,9 @@ timed on a sample on each side, and as the work that can hide the host side, the
 second step took per rank -- and the cut is :func:`reference.contract.accumulation_split.choose_split`'s.
 
 With ``gpu_memory_limit`` the budget is what the engine's floor leaves
-(:mod:`reference.contract.accumulation_limit`): the meter starts when the split is built (the end of the
-engine's construction) and the floor is read at the choice, before the timing sample is allocated; the reference
-runs every rank in one process, so its floor is that process's device peak, all ranks together.
+(:mod:`reference.contract.accumulation_limit`): the meter starts when the split is built (during the engine's
+construction, once the masters exist) and the floor is read at the choice, before the timing sample is allocated;
+the reference runs every rank in one process, so its floor is that process's device peak, all ranks together.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from reference.contract.accumulation_limit import fit_limit, floor_meter
 from reference.contract.accumulation_split import (
     SplitDecision,
     SplitMeasurement,
+    auto_budget,
     choose_split,
-    default_budget,
     fixed_split,
     sample_within,
     warn_if_auto_without_device,
@@ -88,12 +88,8 @@ class SplitUpdate:
             device_s_per_element=self._time_step(n, self._device) / n,
             hide_s=self._backward_s / self._world, sample_elements=n,
         )
-        if limit is not None:
-            budget = limit.budget_bytes
-        elif cfg.gpu_memory_budget is not None:
-            budget = cfg.gpu_memory_budget
-        else:
-            budget = default_budget(torch.cuda.mem_get_info(self._device)[0] if self._device.type == "cuda" else None)
+        free = torch.cuda.mem_get_info(self._device)[0] if self._device.type == "cuda" else None
+        budget = auto_budget(cfg, limit, free)
         self.decision = choose_split(self._P, cfg, budget, measurement, limit)
         _log.info("R28 gpu_share=auto chose %s", self.decision.as_dict())
 

@@ -34,7 +34,8 @@ from reference.contract.accumulation_partition import FLAT_ALIGNMENT
 from reference.contract.accumulation_step import state_buffer_names
 
 __all__ = [
-    "GPU_SHARE_AUTO", "DevicelessSplitWarning", "SplitDecision", "SplitMeasurement", "choose_split", "default_budget",
+    "GPU_SHARE_AUTO", "DevicelessSplitWarning", "SplitDecision", "SplitMeasurement", "auto_budget", "choose_split",
+    "default_budget",
     "device_bytes_per_element", "fixed_split", "sample_within", "split_point", "warn_if_auto_without_device",
 ]
 
@@ -88,6 +89,18 @@ def sample_within(sample_elements: int, room_bytes: int | None, config: Accumula
         return sample_elements
     per = 8 + config.moment_precision.bytes_per_moment * len(state_buffer_names(config.optimizer))
     return max(1, min(sample_elements, room_bytes // per))
+
+
+def auto_budget(config: AccumulationConfig, memory_limit: MemoryLimit | None,
+                free_device_bytes: int | None) -> int | None:
+    """The budget "auto" chooses within: the limit's (``gpu_memory_limit``, fitted by
+    :func:`reference.contract.accumulation_limit.fit_limit`), else ``gpu_memory_budget``, else
+    :func:`default_budget` of the device memory free now."""
+    if memory_limit is not None:
+        return memory_limit.budget_bytes
+    if config.gpu_memory_budget is not None:
+        return config.gpu_memory_budget
+    return default_budget(free_device_bytes)
 
 
 def default_budget(free_device_bytes: int | None) -> int | None:

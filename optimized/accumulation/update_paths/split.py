@@ -61,8 +61,8 @@ from reference.contract.accumulation_limit import fit_limit, floor_meter, limit_
 from reference.contract.accumulation_split import (
     SplitDecision,
     SplitMeasurement,
+    auto_budget,
     choose_split,
-    default_budget,
     fixed_split,
     sample_within,
     warn_if_auto_without_device,
@@ -256,12 +256,8 @@ class AutoShare:
             host_s_per_element=max(m[0] for m in every), device_s_per_element=max(m[1] for m in every),
             hide_s=min(m[2] for m in every), sample_elements=min(m[4] for m in every),
         )
-        if limit is not None:
-            budget = limit.budget_bytes
-        elif cfg.gpu_memory_budget is not None:
-            budget = cfg.gpu_memory_budget
-        else:
-            budget = default_budget(torch.cuda.mem_get_info(ctx.device)[0] if ctx.device.type == "cuda" else None)
+        free = torch.cuda.mem_get_info(ctx.device)[0] if ctx.device.type == "cuda" else None
+        budget = auto_budget(cfg, limit, free)
         decision = choose_split(P, cfg, budget, measurement, limit)
         _log.info("R28 gpu_share=auto (rank %d) chose %s", ctx.rank, decision.as_dict())
         return decision
