@@ -51,7 +51,7 @@ def _budget(limit: int, floor: int) -> int:
 def test_R28_R19_limit_key_flat_and_nested_implies_auto(area_api):
     """R28/R19: ``gpu_memory_limit`` defaults to None (and ``gpu_share`` then to 0.0); given, flat or inside
     ``zero_optimization.offload_optimizer``, it makes a share left out "auto" (an explicit "auto" in any case is
-    fine too), and survives ``replace``."""
+    fine too), and survives ``replace``, which adding a limit to a share-0 config also makes "auto"."""
     cfg_cls = area_api.AccumulationConfig
     default = cfg_cls.from_dict({})
     assert (default.gpu_memory_limit, default.gpu_share) == (None, 0.0)
@@ -59,6 +59,8 @@ def test_R28_R19_limit_key_flat_and_nested_implies_auto(area_api):
     assert (flat.gpu_memory_limit, flat.gpu_share, flat.gpu_memory_budget) == (LIMIT, "auto", None)
     assert cfg_cls.from_dict({**VALID, "gpu_share": "AUTO"}).gpu_share == "auto"
     assert flat.replace(gradient_clipping=0.5).gpu_memory_limit == LIMIT
+    at_zero = cfg_cls.from_dict({k: v for k, v in VALID.items() if k != "gpu_memory_limit"})
+    assert at_zero.replace(gpu_memory_limit=LIMIT).gpu_share == "auto"  # the share 0 it had was the default
     nested = cfg_cls.from_dict({
         "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "gpu_memory_limit": 10 << 30}},
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},

@@ -483,9 +483,13 @@ class AccumulationConfig:
         return out
 
     def replace(self, **changes: Any) -> AccumulationConfig:
-        """A copy with some keys changed, validated again as a whole."""
+        """A copy with some keys changed, validated again as a whole. Adding a ``gpu_memory_limit`` to a config at
+        share 0 (the resolved default) without naming ``gpu_share`` leaves the share out, so the limit's "auto"
+        applies."""
         values = self.to_dict()
         _reject_unknown_keys("config", changes, CONFIG_KEYS)
+        if changes.get("gpu_memory_limit") is not None and "gpu_share" not in changes and values["gpu_share"] == 0.0:
+            del values["gpu_share"]
         values.update(changes)
         return AccumulationConfig.from_dict(values)
 
