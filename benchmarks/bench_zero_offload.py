@@ -229,6 +229,8 @@ def _ours_zero(arm: str, opts) -> tuple[dict, int]:
             off["gpu_share"] = _gpu_share(opts.gpu_share)
             if opts.gpu_memory_budget_gib is not None:
                 off["gpu_memory_budget"] = int(opts.gpu_memory_budget_gib * 2**30)
+            if opts.gpu_memory_limit_gib is not None:  # R28: the engine fits the split under this whole peak
+                off["gpu_memory_limit"] = int(opts.gpu_memory_limit_gib * 2**30)
         if arm.endswith(MATCHED):  # the budget the parent derived from the peaks (_memory_match)
             off["gpu_share"] = "auto"
             off["gpu_memory_budget"] = int(opts.match_budget_gib * 2**30)
@@ -879,6 +881,10 @@ def _parser() -> argparse.ArgumentParser:
                     help="the -split arms' offload_optimizer.gpu_share: 'auto' or a share in [0, 1] (R28)")
     ap.add_argument("--gpu-memory-budget-gib", type=float, default=None,
                     help="the -split arms' offload_optimizer.gpu_memory_budget, GiB (default: the engine's)")
+    ap.add_argument("--gpu-memory-limit-gib", type=float, default=None,
+                    help="the -split arms' offload_optimizer.gpu_memory_limit, GiB: a limit on the engine's whole "
+                         "peak GPU memory, fitted by gpu_share 'auto' from the floor it measures (R28; not with "
+                         "--gpu-memory-budget-gib or a numeric --gpu-share)")
     ap.add_argument("--match-memory-gib", type=float, default=None,
                     help=f"the peak GPU memory the {MATCHED} arms are matched to, GiB (default: the smallest peak of "
                          f"{', '.join(DEFAULT_NUMERICS)} (DeepSpeed's default numerics) measured in this run at the "

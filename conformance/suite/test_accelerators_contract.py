@@ -82,6 +82,25 @@ def test_streams_events_and_synchronize(accelerator):
     assert all(isinstance(v, int) for v in stats.values())
 
 
+def test_peak_memory_counter(accelerator):
+    """The peak counter ``gpu_memory_limit`` measures the floor with: None (and a reset that does nothing) where
+    the device keeps none; where it does, an int that a reset restarts and that an allocation raises by at least
+    its size, still after it is freed."""
+    peak = accelerator.peak_memory_allocated()
+    if peak is None:
+        accelerator.reset_peak_memory()
+        assert accelerator.peak_memory_allocated() is None, "a counter appeared after a reset"
+        return
+    assert type(peak) is int and peak >= 0, f"peak_memory_allocated() returned {peak!r}"
+    accelerator.synchronize()
+    accelerator.reset_peak_memory()
+    base = accelerator.peak_memory_allocated()
+    x = torch.empty(1 << 22, dtype=torch.uint8, device=accelerator.device())
+    accelerator.synchronize()
+    del x
+    assert accelerator.peak_memory_allocated() >= base + (1 << 22), "a 4 MiB allocation did not raise the peak"
+
+
 def test_host_registration_round_trip(accelerator):
     """register_host_memory on page-aligned memory returns True where supported, False (never raises) elsewhere."""
     size = 4 * mmap.PAGESIZE

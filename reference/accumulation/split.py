@@ -11,6 +11,11 @@ of the rule; on a device accelerator the device side is the device's arithmetic,
 start-up costs; until then everything is on the host): the measurement is the reference's own -- the R16 step
 timed on a sample on each side, and as the work that can hide the host side, the time its backward calls of the
 second step took per rank -- and the cut is :func:`reference.contract.accumulation_split.choose_split`'s.
+
+With ``gpu_memory_limit`` the budget is what the engine's floor leaves
+(:mod:`reference.contract.accumulation_limit`): the meter starts when the split is built (during the engine's
+construction, once the masters exist) and the floor is read at the choice, before the timing sample is allocated;
+the reference runs every rank in one process, so its floor is that process's device peak, all ranks together.
 """
 
 from __future__ import annotations
@@ -22,12 +27,14 @@ import torch
 
 from reference.accumulation.optimizers import init_state, optimizer_step
 from reference.contract.accumulation_config import GPU_SHARE_AUTO, AccumulationConfig
+from reference.contract.accumulation_limit import fit_limit, floor_meter
 from reference.contract.accumulation_split import (
     SplitDecision,
     SplitMeasurement,
+    auto_budget,
     choose_split,
-    default_budget,
     fixed_split,
+    sample_within,
     warn_if_auto_without_device,
 )
 from reference.contract.accumulation_step import OptimizerState
@@ -50,6 +57,8 @@ class SplitUpdate:
         self._backward_s = 0.0
         self._boundaries = 0
         auto = config.gpu_share == GPU_SHARE_AUTO
+        #: gpu_memory_limit: the engine's peak device memory from here to the choice (None without a limit)
+        self._meter = floor_meter(config, device)
         warn_if_auto_without_device(config, device.type)
         #: None until "auto" has decided (at the second boundary)
         self.decision: SplitDecision | None = (
@@ -69,17 +78,19 @@ class SplitUpdate:
             self._decide()
 
     def _decide(self) -> None:
-        """The "auto" choice from this engine's own measurement (module docstring)."""
-        n = min(self._P, SAMPLE_ELEMENTS)
+        """The "auto" choice from this engine's own measurement (module docstring); under ``gpu_memory_limit``
+        the refusal where the floor leaves nothing (before anything of this boundary's update)."""
+        cfg = self._config
+        limit = None if self._meter is None else fit_limit(cfg.gpu_memory_limit, self._meter.floor())
+        n = max(1, sample_within(min(self._P, SAMPLE_ELEMENTS), None if limit is None else limit.budget_bytes, cfg))
         measurement = SplitMeasurement(
             host_s_per_element=self._time_step(n, self._host) / n,
             device_s_per_element=self._time_step(n, self._device) / n,
             hide_s=self._backward_s / self._world, sample_elements=n,
         )
         free = torch.cuda.mem_get_info(self._device)[0] if self._device.type == "cuda" else None
-        budget = self._config.gpu_memory_budget
-        budget = default_budget(free) if budget is None else budget
-        self.decision = choose_split(self._P, self._config, budget, measurement)
+        budget = auto_budget(cfg, limit, free)
+        self.decision = choose_split(self._P, cfg, budget, measurement, limit)
         _log.info("R28 gpu_share=auto chose %s", self.decision.as_dict())
 
     def _time_step(self, n: int, where: torch.device) -> float:

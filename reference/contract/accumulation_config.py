@@ -39,6 +39,17 @@ OFFLOAD_OPTIMIZER_DEVICES: tuple[str, ...] = ("none", "cpu", "nvme")
 ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
 #: The ``gpu_share`` (R28) that asks the engine to choose the share from a measurement.
 GPU_SHARE_AUTO = "auto"
+
+
+class _Unset:
+    """The default of ``gpu_share`` before it is resolved: 0.0, or "auto" where ``gpu_memory_limit`` is set (a
+    share the user wrote beside a limit is refused, one left out is not)."""
+
+    def __repr__(self) -> str:
+        return "<unset>"
+
+
+_SHARE_UNSET: Any = _Unset()
 #: R27: undelayed boundaries before the one-step delay starts, by default (docs/accumulation.md says why 100).
 DEFAULT_DELAYED_UPDATE_WARMUP = 100
 #: R30: when the host optimizer step of a boundary starts: in ``step()`` once the global norm is known (the
@@ -153,9 +164,12 @@ class AccumulationConfig:
     delayed_parameter_update: bool = False
     #: R28: the share of each rank's partition whose fp32 master and optimizer state stay on the device and are
     #: updated there (the rest on the host), a number in [0, 1] or "auto" (chosen from a measurement).
-    gpu_share: float | str = 0.0
+    gpu_share: float | str = _SHARE_UNSET
     #: R28: the device bytes "auto" may give the split (None: half the device memory free when it chooses).
     gpu_memory_budget: int | None = None
+    #: R28: a limit (bytes) on the engine's whole peak device memory; "auto" gives the split what the measured
+    #: floor leaves (docs/accumulation.md R28, ``reference.contract.accumulation_limit``). Implies "auto".
+    gpu_memory_limit: int | None = None
     #: R27: the first this many boundaries are not delayed (ignored without ``delayed_parameter_update``).
     delayed_update_warmup: int = DEFAULT_DELAYED_UPDATE_WARMUP
     #: R29: the precision the Adam moments are stored in, "fp32" (default) or "bf16" (case-insensitive).
@@ -280,7 +294,9 @@ class AccumulationConfig:
         """R19/R28: ``gpu_share`` is "auto" (any case) or a number in [0, 1] (ints 0 and 1 taken as floats);
         anything but 0 needs the streamed host update it splits (``offload_optimizer: cpu``, stage 2 or 3,
         Adam/AdamW, as R27);
-        ``gpu_memory_budget`` is None or bytes (an int >= 0) and is read by "auto" only."""
+        ``gpu_memory_budget`` is None or bytes (an int >= 0) and is read by "auto" only; ``gpu_memory_limit``
+        (:meth:`_check_limit`) resolves a share left out to "auto"."""
+        self._check_limit()
         share = self.gpu_share
         if isinstance(share, str) and share.lower() == GPU_SHARE_AUTO:
             share = GPU_SHARE_AUTO  # "Auto", "AUTO": spelled like the optimizer type, case-insensitively
@@ -312,6 +328,41 @@ class AccumulationConfig:
                     f"offload_optimizer='cpu', zero_stage 2 or 3 and an Adam optimizer; got {', '.join(wrong)}; "
                     f"allowed: change those, or gpu_share=0.0"
                 )
+
+    def _check_limit(self) -> None:
+        """R19/R28: ``gpu_memory_limit`` is None or bytes (an int > 0), a limit on the engine's whole peak device
+        memory that "auto" fits the split into: it implies ``gpu_share: "auto"`` (a share left out becomes "auto",
+        a numeric one is refused), replaces ``gpu_memory_budget`` (refused together) and needs the streamed host
+        update the split divides."""
+        limit, share = self.gpu_memory_limit, self.gpu_share
+        if limit is None:
+            if share is _SHARE_UNSET:
+                object.__setattr__(self, "gpu_share", 0.0)
+            return
+        if type(limit) is not int or limit <= 0:
+            raise ConfigurationError(
+                f"gpu_memory_limit={limit!r} must be None or an int > 0 (bytes: the engine's whole peak device "
+                f"memory); allowed values: None (no limit), 1, 2, ..."
+            )
+        if self.gpu_memory_budget is not None:
+            raise ConfigurationError(
+                f"gpu_memory_limit={limit} and gpu_memory_budget={self.gpu_memory_budget} were both given: the limit "
+                f"sets the split's budget itself (what its measured floor leaves); allowed: one or the other"
+            )
+        if share is _SHARE_UNSET:
+            object.__setattr__(self, "gpu_share", GPU_SHARE_AUTO)
+        elif not (isinstance(share, str) and share.lower() == GPU_SHARE_AUTO):
+            raise ConfigurationError(
+                f"gpu_memory_limit={limit} is fitted by gpu_share={GPU_SHARE_AUTO!r}, not by gpu_share={share!r}; "
+                f"allowed: leave gpu_share out (or {GPU_SHARE_AUTO!r}) with gpu_memory_limit, or drop the limit"
+            )
+        wrong = self._outside_host_update("gpu_memory_limit")
+        if wrong:
+            raise ConfigurationError(
+                f"gpu_memory_limit={limit} fits the split of the streamed host update, which needs "
+                f"offload_optimizer='cpu', zero_stage 2 or 3 and an Adam optimizer; got {', '.join(wrong)}; "
+                f"allowed: change those, or leave gpu_memory_limit out"
+            )
 
     def _check_state_precision(self) -> None:
         """R19/R29: ``state_precision`` names a precision (any case); a compressed one stores Adam's moments, so it
@@ -432,9 +483,13 @@ class AccumulationConfig:
         return out
 
     def replace(self, **changes: Any) -> AccumulationConfig:
-        """A copy with some keys changed, validated again as a whole."""
+        """A copy with some keys changed, validated again as a whole. Adding a ``gpu_memory_limit`` to a config at
+        share 0 (the resolved default) without naming ``gpu_share`` leaves the share out, so the limit's "auto"
+        applies."""
         values = self.to_dict()
         _reject_unknown_keys("config", changes, CONFIG_KEYS)
+        if changes.get("gpu_memory_limit") is not None and "gpu_share" not in changes and values["gpu_share"] == 0.0:
+            del values["gpu_share"]
         values.update(changes)
         return AccumulationConfig.from_dict(values)
 
@@ -463,10 +518,11 @@ DEEPSPEED_ZERO_KEYS: tuple[str, ...] = (
 DEEPSPEED_OFFLOAD_KEYS: tuple[str, ...] = ("device", "nvme_path", "pin_memory")
 #: ``offload_optimizer`` also takes this project's ``delayed_parameter_update`` and ``delayed_update_warmup`` (R27;
 #: DeepSpeed has no key for them) and the split update's ``gpu_share`` and ``gpu_memory_budget`` (R28; DeepSpeed's
-#: nearest is a hand-set ratio), the moments' ``state_precision`` (R29) and ``host_update_start`` (R30).
+#: nearest is a hand-set ratio) and ``gpu_memory_limit``, the moments' ``state_precision`` (R29) and
+#: ``host_update_start`` (R30).
 DEEPSPEED_OFFLOAD_OPTIMIZER_KEYS: tuple[str, ...] = (
     *DEEPSPEED_OFFLOAD_KEYS, "delayed_parameter_update", "delayed_update_warmup", "gpu_share", "gpu_memory_budget",
-    "state_precision", "host_update_start",
+    "gpu_memory_limit", "state_precision", "host_update_start",
 )
 DEEPSPEED_OPTIMIZER_PARAMS: tuple[str, ...] = ("lr", "betas", "eps", "weight_decay", "momentum", "adam_w_mode")
 
@@ -520,7 +576,7 @@ def _zero_keys(section: Any, out: dict[str, Any]) -> None:
                 )
         out[key] = off.get("device", "none")
         for own in ("delayed_parameter_update", "delayed_update_warmup", "gpu_share", "gpu_memory_budget",
-                    "state_precision", "host_update_start"):
+                    "gpu_memory_limit", "state_precision", "host_update_start"):
             if own in off:
                 out[own] = off[own]
         if "nvme_path" in off:

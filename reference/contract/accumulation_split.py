@@ -29,12 +29,14 @@ from dataclasses import asdict, dataclass
 from fractions import Fraction
 
 from reference.contract.accumulation_config import GPU_SHARE_AUTO, AccumulationConfig
+from reference.contract.accumulation_limit import MemoryLimit
 from reference.contract.accumulation_partition import FLAT_ALIGNMENT
 from reference.contract.accumulation_step import state_buffer_names
 
 __all__ = [
-    "GPU_SHARE_AUTO", "DevicelessSplitWarning", "SplitDecision", "SplitMeasurement", "choose_split", "default_budget",
-    "device_bytes_per_element", "fixed_split", "split_point", "warn_if_auto_without_device",
+    "GPU_SHARE_AUTO", "DevicelessSplitWarning", "SplitDecision", "SplitMeasurement", "auto_budget", "choose_split",
+    "default_budget",
+    "device_bytes_per_element", "fixed_split", "sample_within", "split_point", "warn_if_auto_without_device",
 ]
 
 
@@ -53,7 +55,7 @@ def warn_if_auto_without_device(config: AccumulationConfig, device_type: str) ->
     warnings.warn(
         "gpu_share='auto' on the cpu device: both sides of the split are the host, so the share 'auto' picks is "
         "timing noise (the update is the same either way); gpu_share means something only with an accelerator "
-        "device -- set gpu_share=0.0 to silence this",
+        "device -- set gpu_share=0.0 (without gpu_memory_limit) to silence this",
         DevicelessSplitWarning, stacklevel=3,
     )
     return True
@@ -77,6 +79,28 @@ def device_bytes_per_element(config: AccumulationConfig) -> int:
     accumulation, 12 with bf16 moments."""
     moment = config.moment_precision.bytes_per_moment
     return 4 + moment * len(state_buffer_names(config.optimizer)) + config.accum_dtype.itemsize
+
+
+def sample_within(sample_elements: int, room_bytes: int | None, config: AccumulationConfig) -> int:
+    """The elements "auto" times the device step on: ``sample_elements``, and under ``gpu_memory_limit`` no more
+    than ``room_bytes`` (what the limit leaves beside the floor and the margin) hold, an fp32 master and gradient
+    and the moments each (at least 1), so the measurement too stays within the limit. None: no limit."""
+    if room_bytes is None:
+        return sample_elements
+    per = 8 + config.moment_precision.bytes_per_moment * len(state_buffer_names(config.optimizer))
+    return max(1, min(sample_elements, room_bytes // per))
+
+
+def auto_budget(config: AccumulationConfig, memory_limit: MemoryLimit | None,
+                free_device_bytes: int | None) -> int | None:
+    """The budget "auto" chooses within: the limit's (``gpu_memory_limit``, fitted by
+    :func:`reference.contract.accumulation_limit.fit_limit`), else ``gpu_memory_budget``, else
+    :func:`default_budget` of the device memory free now."""
+    if memory_limit is not None:
+        return memory_limit.budget_bytes
+    if config.gpu_memory_budget is not None:
+        return config.gpu_memory_budget
+    return default_budget(free_device_bytes)
 
 
 def default_budget(free_device_bytes: int | None) -> int | None:
@@ -108,7 +132,9 @@ class SplitMeasurement:
 class SplitDecision:
     """A rank's cut: ``device_elements`` leading elements of its ``partition_elements`` on the device
     (``gpu_share`` = their fraction), costing ``device_bytes``; for "auto" also the ``budget_bytes`` it respected
-    (None: unbounded), the ``measurement`` it came from and the host and device times that measurement predicts."""
+    (None: unbounded), the ``measurement`` it came from and the host and device times that measurement predicts;
+    under ``gpu_memory_limit`` also ``memory_limit``, how the limit was spent (its ``budget_bytes`` is this
+    decision's)."""
 
     gpu_share: float
     device_elements: int
@@ -119,11 +145,13 @@ class SplitDecision:
     measurement: SplitMeasurement | None = None
     predicted_host_s: float | None = None
     predicted_device_s: float | None = None
+    memory_limit: MemoryLimit | None = None
 
     def as_dict(self) -> dict:
         """A plain mapping (what ``split_report()`` returns and the log line prints)."""
         out = asdict(self)
         out["measurement"] = None if self.measurement is None else asdict(self.measurement)
+        out["memory_limit"] = None if self.memory_limit is None else asdict(self.memory_limit)
         return out
 
 
@@ -137,9 +165,12 @@ def fixed_split(share: float, partition_elements: int, config: AccumulationConfi
 
 
 def choose_split(partition_elements: int, config: AccumulationConfig, budget_bytes: int | None,
-                 measurement: SplitMeasurement) -> SplitDecision:
+                 measurement: SplitMeasurement, memory_limit: MemoryLimit | None = None) -> SplitDecision:
     """The cut "auto" makes (module docstring): the smallest aligned cut that hides the host part, within the
-    budget and the partition."""
+    budget and the partition. Under ``gpu_memory_limit`` the budget is the ``memory_limit``'s
+    (:func:`reference.contract.accumulation_limit.fit_limit`), which the decision carries."""
+    if memory_limit is not None and budget_bytes != memory_limit.budget_bytes:
+        raise ValueError(f"budget_bytes={budget_bytes} is not the limit's budget {memory_limit.budget_bytes}")
     P = partition_elements
     per = device_bytes_per_element(config)
     h, g = measurement.host_s_per_element, measurement.device_s_per_element
@@ -150,4 +181,5 @@ def choose_split(partition_elements: int, config: AccumulationConfig, budget_byt
     return SplitDecision(
         gpu_share=d / P if P else 0.0, device_elements=d, partition_elements=P, device_bytes=d * per, auto=True,
         budget_bytes=budget_bytes, measurement=measurement, predicted_host_s=h * (P - d), predicted_device_s=g * d,
+        memory_limit=memory_limit,
     )

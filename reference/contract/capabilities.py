@@ -51,8 +51,8 @@ class Capabilities:
       parameter update (docs/accumulation.md R27, config key ``delayed_parameter_update``); the suite runs its
       scenarios against the reference. Without it those scenarios are skipped.
     - ``accumulation_split_update``: the accumulation area implements R28's split update (config keys
-      ``gpu_share`` and ``gpu_memory_budget``; a distributed engine's ``split_report()``); without it the R28 tests
-      are skipped.
+      ``gpu_share``, ``gpu_memory_budget`` and ``gpu_memory_limit``; a distributed engine's ``split_report()``);
+      without it the R28 tests are skipped.
     - ``accumulation_state_precision``: the accumulation area implements R29's compressed optimizer state (config
       key ``state_precision``: Adam's moments stored in bf16, rounded to nearest even); without it the R29
       tests are skipped.

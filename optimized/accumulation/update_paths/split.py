@@ -28,6 +28,13 @@ backward -- and the ranks agree on the slowest host and device and the least hid
 :func:`reference.contract.accumulation_split.choose_split`'s, within ``gpu_memory_budget`` (or half the free
 device memory). ``split_report()`` returns the decision and it is logged.
 
+With ``gpu_memory_limit`` (:mod:`reference.contract.accumulation_limit`) the budget is what the engine's floor
+leaves: the engine's device must keep a peak counter (checked in :meth:`DeviceSplit.prepare`, before the path
+allocates anything), the counter restarts when the device side is built (the path's buffers exist by then) and is
+read at the choice before the device sample is allocated; the ranks gather their floors with the measurement and
+the largest decides, so every rank refuses (from ``step()``, before the device side or the host worker starts) or
+none does; the sample is capped to the budget.
+
 This module is the part the streamed path (:mod:`.streamed`) composes when it splits: :class:`DeviceSplit` (the
 cut, the device side and when the host buffers are older than it) and :class:`AutoShare` ("auto"'s measurements
 and choice). The order of the device side's update and publish is the release policy's (:mod:`.release`: with
@@ -50,12 +57,14 @@ from optimized.accumulation.update_paths.host_worker import HostUpdateWorker
 from optimized.accumulation.update_paths.release import Release
 from optimized.accumulation.update_paths.timings import UpdateTimings
 from reference.contract.accumulation_config import GPU_SHARE_AUTO, OptimizerConfig
+from reference.contract.accumulation_limit import fit_limit, floor_meter, limit_margin
 from reference.contract.accumulation_split import (
     SplitDecision,
     SplitMeasurement,
+    auto_budget,
     choose_split,
-    default_budget,
     fixed_split,
+    sample_within,
     warn_if_auto_without_device,
 )
 from reference.contract.accumulation_step import OptimizerState
@@ -138,7 +147,9 @@ class DeviceSplit:
     @staticmethod
     def prepare(ctx: UpdateContext) -> None:
         """Before the path allocates anything: the device side's kernel checked and launched now ("auto" first
-        uses it at the cut; :func:`device_adam.prepare`)."""
+        uses it at the cut; :func:`device_adam.prepare`), and ``gpu_memory_limit``'s counter (refused where the
+        device has none)."""
+        floor_meter(ctx.config, ctx.device)
         device_adam.prepare(ctx.config.optimizer, ctx.device, ctx.config.moment_precision)
 
     def backward_starts(self) -> None:
@@ -211,6 +222,8 @@ class AutoShare:
         self._hides_whole_step = hides_whole_step
         self._hides_last_backward = hides_last_backward
         self._first_backward_at: float | None = None
+        #: gpu_memory_limit: the peak device memory from here to the choice (None without a limit)
+        self._meter = floor_meter(ctx.config, ctx.device)
 
     def backward_starts(self) -> None:
         """The second step's first backward starts: its device work is timed from here to the boundary."""
@@ -219,9 +232,11 @@ class AutoShare:
             self._first_backward_at = time.perf_counter()
 
     def choose(self) -> SplitDecision:
-        """The "auto" decision (module docstring), the same on every rank."""
+        """The "auto" decision (module docstring), the same on every rank; under ``gpu_memory_limit`` the
+        refusal where the largest floor leaves nothing, on every rank alike."""
         ctx, cfg = self.ctx, self.ctx.config
         self._sync_device()
+        floor = None if self._meter is None else self._meter.floor()  # before the sample below allocates
         started = self._first_backward_at
         step_s = 0.0 if started is None else time.perf_counter() - started
         # A micro-batch's forward taken as a third of its forward and backward, its backward as the other two.
@@ -232,16 +247,18 @@ class AutoShare:
         host = self._worker.last_host_seconds_per_element
         if host is None:
             host = self._time_host(n) / n
-        mine = (host, self._time_device(n) / n, hide)
+        if floor is not None:  # this rank's own room bounds its sample (a refusal comes after the gather)
+            n = sample_within(n, max(0, cfg.gpu_memory_limit - limit_margin(cfg.gpu_memory_limit) - floor), cfg)
+        mine = (host, self._time_device(n) / n, hide, floor, n)
         every = ctx.comm.all_gather_objects(mine, "gpu_share auto measurement")
+        limit = None if floor is None else fit_limit(cfg.gpu_memory_limit, max(m[3] for m in every))
         measurement = SplitMeasurement(
             host_s_per_element=max(m[0] for m in every), device_s_per_element=max(m[1] for m in every),
-            hide_s=min(m[2] for m in every), sample_elements=n,
+            hide_s=min(m[2] for m in every), sample_elements=min(m[4] for m in every),
         )
-        budget = cfg.gpu_memory_budget
-        if budget is None:
-            budget = default_budget(torch.cuda.mem_get_info(ctx.device)[0] if ctx.device.type == "cuda" else None)
-        decision = choose_split(P, cfg, budget, measurement)
+        free = torch.cuda.mem_get_info(ctx.device)[0] if ctx.device.type == "cuda" else None
+        budget = auto_budget(cfg, limit, free)
+        decision = choose_split(P, cfg, budget, measurement, limit)
         _log.info("R28 gpu_share=auto (rank %d) chose %s", ctx.rank, decision.as_dict())
         return decision
 

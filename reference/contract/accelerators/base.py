@@ -110,6 +110,18 @@ class Accelerator(abc.ABC):
     def memory_stats(self) -> dict[str, int]:
         """Device and host-allocator counters the device exposes (may be empty); values are ints."""
 
+    def peak_memory_allocated(self, index: int | None = None) -> int | None:
+        """The most device bytes allocated at once (by this process, on device ``index``; default the current
+        one) since the last :meth:`reset_peak_memory`, or None (the default) where the device keeps no such
+        counter. ``gpu_memory_limit`` (docs/accumulation.md R28) measures the engine's floor with it and is refused
+        where it is None."""
+        return None
+
+    def reset_peak_memory(self, index: int | None = None) -> None:
+        """Start a new peak: :meth:`peak_memory_allocated` then reports the bytes allocated now and any later
+        high-water mark. A no-op where there is no counter."""
+        return None
+
     # -- helpers shared by every accelerator ------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
         """A JSON-ready summary for reports."""

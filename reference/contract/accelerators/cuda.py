@@ -87,6 +87,15 @@ class CudaAccelerator(Accelerator):
         if int(rc) != _CUDA_SUCCESS:
             raise RuntimeError(f"cudaHostUnregister({ptr:#x}) failed with CUDA error {int(rc)}")
 
+    def peak_memory_allocated(self, index: int | None = None) -> int | None:
+        if not self.is_available():
+            return None
+        return int(torch.cuda.max_memory_allocated(index))
+
+    def reset_peak_memory(self, index: int | None = None) -> None:
+        if self.is_available():
+            torch.cuda.reset_peak_memory_stats(index)
+
     def memory_stats(self) -> dict[str, int]:
         if not self.is_available():
             return {}
