@@ -256,3 +256,25 @@ def test_R19_keys_with_no_effect_here_are_accepted_and_change_nothing(area_api):
         with pytest.raises(ConfigurationError) as info:
             build(cfg)
         assert_names_argument(info.value, name, qualified=True)
+
+
+def test_R19_docs_mapping_table_says_what_every_deepspeed_key_does():
+    """docs/zero.md's mapping table has a row for every key of the contract's rule tables, with the same effect
+    (honoured / mapped / no effect / refused), and no row for a key the tables do not know."""
+    import re
+
+    from conformance.doc_rules import ROOT
+    from reference.contract.deepspeed_keys import SECTIONS
+
+    text = (ROOT / "docs" / "zero.md").read_text()
+    table = text[text.index("| DeepSpeed key | here | how / why |"):]
+    table = table[: table.index("\n\n")]
+    documented = {}
+    for row in table.splitlines()[2:]:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        for key in re.findall(r"`([^`]+)`", cells[0]):
+            documented[key] = cells[1]
+    wanted = {(f"{where}.{key}" if where else key): rule.effect
+              for where, rules in SECTIONS.items() for key, rule in rules.items()}
+    assert documented == wanted, {k: (documented.get(k), wanted.get(k)) for k in set(documented) | set(wanted)
+                                  if documented.get(k) != wanted.get(k)}
