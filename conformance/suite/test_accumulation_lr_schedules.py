@@ -227,3 +227,35 @@ def test_R2_checkpoint_resumes_the_configured_schedule(impl, tmp_path):
     assert out["resumed"] == want, f"resumed lrs {out['resumed']} != {want}"
     assert out["fresh_lr"] == expected_lr(SECTIONS["WarmupDecayLR"], 0.04, 0) != want[0]
     assert out["same"], "resumed parameters differ from the uninterrupted run's"
+
+
+# ---- DeepSpeed's own classes, where DeepSpeed is installed (the GPU box) -------------------------------------
+
+def _deepspeed_values(lr_schedules, section: dict, boundaries: int) -> list:
+    """(lr, betas) before each boundary from DeepSpeed's class on a torch AdamW, stepped as its engine does."""
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=0.02, betas=(0.85, 0.95))
+    scheduler = getattr(lr_schedules, section["type"])(optimizer, **section["params"])
+    out = []
+    for _ in range(boundaries):
+        out.append((float(optimizer.param_groups[0]["lr"]), tuple(optimizer.param_groups[0]["betas"])))
+        optimizer.step()
+        scheduler.step()
+    return out
+
+
+@REQUIRES_ENGINE
+@pytest.mark.runs_in_subprocesses
+@settings(max_examples=4)  # as above: five sections per trip to a rank process
+@given(drawn=st.lists(sections(), min_size=5, max_size=5))
+def test_R2_engine_lr_equals_deepspeeds_own_scheduler_classes(impl, drawn):
+    """Where DeepSpeed is importable: the engine's lr and betas before every micro-step equal those of DeepSpeed's
+    own ``deepspeed.runtime.lr_schedules`` class built from the same section (skipped elsewhere, e.g. CI; the
+    oracle comparison above runs everywhere; ``benchmarks/compare_deepspeed_schedules.py`` prints the same per
+    section)."""
+    lr_schedules = pytest.importorskip("deepspeed.runtime.lr_schedules", reason="DeepSpeed is not installed")
+    api = engine_api(impl)
+    gas, boundaries = 2, 8
+    runs = api.run_on_ranks(_engine_schedule, 1, api.ZeroEngine, drawn, gas, gas * boundaries)[0]
+    for section, seen in zip(drawn, runs, strict=True):
+        theirs = _deepspeed_values(lr_schedules, section, boundaries)
+        assert seen == [theirs[i // gas] for i in range(gas * boundaries)], f"{section}: engine != DeepSpeed"
