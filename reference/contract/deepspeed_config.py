@@ -282,7 +282,7 @@ def _batch(values: Mapping[str, Any], world_size: int | None, out: dict[str, Any
     given = {k: values[k] for k in _BATCH if k in values}
     autos = [k for k, v in given.items() if is_auto(v)]
     numbers = {k: v for k, v in given.items() if not is_auto(v)}
-    if autos and (len(autos) > 1 or any(k not in numbers for k in _BATCH if k != autos[0])):
+    if autos and any(k not in numbers for k in _BATCH if k != autos[0]):  # a second "auto" is not a number
         for k in autos:
             problems.add(k, "'auto' is derived only when the other two batch keys are numbers; put numbers in at "
                             "least two of train_batch_size, train_micro_batch_size_per_gpu, "
