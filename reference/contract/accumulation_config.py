@@ -25,6 +25,7 @@ from reference.contract.accumulation_state_precision import (
     StatePrecision,
     resolve_state_precision,
 )
+from reference.contract.deepspeed_config import deepspeed_to_flat, is_deepspeed_shaped
 from reference.contract.errors import ConfigurationError, allowed_values_error
 from reference.contract.io_config import SwapConfig
 from reference.contract.lr_schedule_config import SchedulerConfig
@@ -431,8 +432,8 @@ class AccumulationConfig:
             raise ConfigurationError(
                 f"config={values!r} must be an AccumulationConfig or a mapping with keys: {', '.join(CONFIG_KEYS)}"
             )
-        elif _deepspeed().is_deepspeed_shaped(values):
-            cfg = _deepspeed().from_deepspeed(values, world_size)
+        elif is_deepspeed_shaped(values):
+            cfg = from_deepspeed(values, world_size)
         else:
             _reject_unknown_keys("config", values, CONFIG_KEYS)
             cfg = cls(**dict(values))
@@ -454,11 +455,10 @@ class AccumulationConfig:
         return AccumulationConfig.from_dict(values)
 
 
-def _deepspeed() -> Any:
-    """:mod:`reference.contract.deepspeed_config` (it builds this module's config, so it is imported on use)."""
-    from reference.contract import deepspeed_config
-
-    return deepspeed_config
+def from_deepspeed(values: Mapping[str, Any], world_size: int | None = None) -> AccumulationConfig:
+    """DeepSpeed's nested config (:func:`reference.contract.deepspeed_config.deepspeed_to_flat`: every problem of
+    its keys refused at once, HF's "auto" resolved where derivable), validated as this config."""
+    return AccumulationConfig(**deepspeed_to_flat(values, world_size))
 
 
 #: Every key :meth:`AccumulationConfig.from_dict` accepts.
@@ -474,4 +474,6 @@ __all__ = [
     "ZERO_STAGES",
     "AccumulationConfig",
     "OptimizerConfig",
+    "from_deepspeed",
+    "is_deepspeed_shaped",
 ]

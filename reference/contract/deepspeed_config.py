@@ -13,7 +13,8 @@ the optimizer's ``lr`` (HF fills both from one ``learning_rate``), ``warmup_min_
 the performance-only sizes (``reduce_bucket_size``, ``stage3_*``) as this engine's defaults. Every other ``"auto"``
 (clipping, betas, step counts, precision flags) depends on arguments the config does not carry: refused by name.
 
-Contract: both implementations translate through this module, so a DeepSpeed config means the same on each.
+Contract: both implementations translate through this module, so a DeepSpeed config means the same on each. It
+imports nothing of the config class: it returns the flat keys, and ``AccumulationConfig.from_dict`` validates them.
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ import difflib
 from collections.abc import Mapping
 from typing import Any
 
-from reference.contract.accumulation_config import OPTIMIZERS, AccumulationConfig, _require_int
 from reference.contract.config_problems import ConfigProblems
 from reference.contract.deepspeed_keys import SECTIONS, KeyRule, is_auto, size_value
 from reference.contract.errors import ConfigurationError
 from reference.contract.lr_schedule_config import SCHEDULER_TYPES, SchedulerConfig, param_names, required_params
 
-__all__ = ["DEEPSPEED_ONLY_KEYS", "from_deepspeed", "is_deepspeed_shaped"]
+__all__ = ["DEEPSPEED_ONLY_KEYS", "DEEPSPEED_OPTIMIZER_TYPES", "deepspeed_to_flat", "is_deepspeed_shaped"]
+
+#: The optimizer types DeepSpeed's config names that this engine runs (any case).
+DEEPSPEED_OPTIMIZER_TYPES: tuple[str, ...] = ("Adam", "AdamW", "SGD")
 
 #: Top-level keys only DeepSpeed's shape has: one of them selects this translation.
 DEEPSPEED_ONLY_KEYS: tuple[str, ...] = tuple(
@@ -46,8 +49,10 @@ def is_deepspeed_shaped(values: Mapping[str, Any]) -> bool:
     return any(k in values for k in DEEPSPEED_ONLY_KEYS) or (isinstance(opt, Mapping) and "params" in opt)
 
 
-def from_deepspeed(values: Mapping[str, Any], world_size: int | None = None) -> AccumulationConfig:
-    """Translate DeepSpeed's nested config (docs/zero.md, "DeepSpeed-style config" and its mapping table).
+def deepspeed_to_flat(values: Mapping[str, Any], world_size: int | None = None) -> dict[str, Any]:
+    """DeepSpeed's nested config as the flat keys of
+    :class:`~reference.contract.accumulation_config.AccumulationConfig` (docs/zero.md, "DeepSpeed-style config"
+    and its mapping table), which validates the values; this module knows the keys, that one the values.
 
     Defaults are DeepSpeed's where they differ from the flat config's: ``gradient_clipping`` 0 (off), optimizer
     ``Adam`` with ``adam_w_mode`` true (``adamw``). With ``world_size`` one batch key may be left out (or
@@ -76,7 +81,7 @@ def from_deepspeed(values: Mapping[str, Any], world_size: int | None = None) -> 
             out["optimizer"]["lr"] = peak
     _batch(values, world_size, out, problems)
     problems.raise_if_any("DeepSpeed config")
-    return AccumulationConfig(**out)
+    return out
 
 
 # ---- per-key rules -------------------------------------------------------------------------------------------
@@ -215,7 +220,7 @@ def _optimizer(value: Any, out: dict[str, Any], problems: ConfigProblems) -> Any
     params = _mapping("optimizer.params", opt.get("params", {}), problems) or {}
     _section_rules("optimizer.params", params, problems)
     kind = opt.get("type", "adamw")
-    if not isinstance(kind, str) or kind.lower() not in OPTIMIZERS:
+    if not isinstance(kind, str) or kind.lower() not in {t.lower() for t in DEEPSPEED_OPTIMIZER_TYPES}:
         problems.add("optimizer.type", f"{kind!r} is not supported; allowed values: Adam, AdamW, SGD (any case)")
         kind = "adamw"
     kind = kind.lower()
@@ -300,7 +305,8 @@ def _batch(values: Mapping[str, Any], world_size: int | None, out: dict[str, Any
 
 
 def _positive(name: str, value: Any) -> int:
-    _require_int(name, value, 1)
+    if type(value) is not int or value < 1:
+        raise ConfigurationError(f"{name}={value!r} must be an int >= 1")
     return value
 
 
