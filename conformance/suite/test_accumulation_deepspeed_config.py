@@ -278,3 +278,22 @@ def test_R19_docs_mapping_table_says_what_every_deepspeed_key_does():
               for where, rules in SECTIONS.items() for key, rule in rules.items()}
     assert documented == wanted, {k: (documented.get(k), wanted.get(k)) for k in set(documented) | set(wanted)
                                   if documented.get(k) != wanted.get(k)}
+
+
+def test_R19_aio_maps_onto_nvme_swap_and_scheduler_round_trips(area_api):
+    """DeepSpeed's ``aio`` knobs are the swap handle's (``block_size``, ``queue_depth``, ``thread_count`` ->
+    ``num_threads``), refused next to this project's own ``nvme_swap``; a config with a scheduler and a bucket size
+    survives ``to_dict`` / ``from_dict`` and pickling unchanged (engines ship it to rank processes)."""
+    import pickle
+
+    build = area_api.AccumulationConfig.from_dict
+    cfg = build({"zero_optimization": {"stage": 2, "reduce_bucket_size": 4096},
+                 "aio": {"block_size": 2097152, "queue_depth": 16, "thread_count": 2, "single_submit": False},
+                 "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 1e-4, "cycle_max_lr": 1e-3}}})
+    swap = cfg.nvme_swap
+    assert (swap.block_size, swap.queue_depth, swap.num_threads) == (2097152, 16, 2)
+    assert build(cfg.to_dict()) == cfg and pickle.loads(pickle.dumps(cfg)) == cfg
+    assert cfg.bucket_elements == 4096 and cfg.scheduler.params.cycle_max_lr == 1e-3
+    with pytest.raises(ConfigurationError) as info:
+        build({"zero_optimization": {"stage": 2}, "aio": {"queue_depth": 16}, "nvme_swap": {"queue_depth": 8}})
+    assert_names_argument(info.value, "aio")
