@@ -202,11 +202,18 @@ class DeepSpeedSchedule(LRScheduler):
         return {"type": self.schedule.type, "last_batch_iteration": self.last_batch_iteration}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        i = state_dict.get("last_batch_iteration") if isinstance(state_dict, Mapping) else None
+        """DeepSpeed's state (``last_batch_iteration``), or a torch scheduler's (``last_epoch``, one ahead): a run
+        that attached its own scheduler resumes this one at the same boundary."""
+        i = None
+        if isinstance(state_dict, Mapping):
+            i = state_dict.get("last_batch_iteration")
+            if i is None and type(state_dict.get("last_epoch")) is int:
+                i = state_dict["last_epoch"] - 1
         if type(i) is not int or i < -1:
             raise ConfigurationError(
                 f"lr_scheduler state {state_dict!r} is not a DeepSpeed schedule's state; allowed: a mapping with "
-                f"last_batch_iteration (an int >= -1), as DeepSpeedSchedule.state_dict() returns"
+                f"last_batch_iteration (an int >= -1), as DeepSpeedSchedule.state_dict() returns, or a torch "
+                f"scheduler's last_epoch"
             )
         self.last_epoch = i + 1
         self._last_lr = self.get_lr()
