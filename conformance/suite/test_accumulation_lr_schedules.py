@@ -210,7 +210,20 @@ def _resume(group, engine_cls, directory: str) -> dict:
     resumed = run(engine, 3)
     resumed_params = engine.state_dict()
     engine.destroy()
-    return {"straight": straight, "resumed": resumed, "fresh_lr": fresh_lr,
+    # A run that attached its own torch scheduler, resumed with the config's: the schedule continues at boundary 3.
+    from torch.optim.lr_scheduler import LambdaLR
+
+    plain = {k: v for k, v in config.items() if k != "scheduler"}
+    engine = engine_cls(ModelSpec().build(2), plain, process_group=group)
+    engine.lr_scheduler = LambdaLR(engine.optimizer, lambda step: 0.5)
+    run(engine, 0)
+    engine.save_checkpoint(directory, tag="lambda")
+    engine.destroy()
+    engine = engine_cls(ModelSpec().build(9), config, process_group=group)
+    engine.load_checkpoint(directory, tag="lambda")
+    crossed = run(engine, 3)[1:]  # the first of them trains with the saved group's lr (the LambdaLR's)
+    engine.destroy()
+    return {"straight": straight, "resumed": resumed, "fresh_lr": fresh_lr, "crossed": crossed,
             "same": all(torch.equal(straight_params[n], p) for n, p in resumed_params.items())}
 
 
@@ -219,7 +232,8 @@ def _resume(group, engine_cls, directory: str) -> dict:
 def test_R2_checkpoint_resumes_the_configured_schedule(impl, tmp_path):
     """A run saved after three boundaries and resumed by a new engine built from the same config continues the
     schedule where it stopped (the lr of boundaries 3-5 are the oracle's, not a restart's) and ends with the
-    parameters, bitwise, of the run that never stopped."""
+    parameters, bitwise, of the run that never stopped; a checkpoint of a run that attached its own torch scheduler
+    resumes the configured schedule at the same boundary."""
     api = engine_api(impl)
     out = api.run_on_ranks(_resume, 2, api.ZeroEngine, str(tmp_path))[0]
     want = [expected_lr(SECTIONS["WarmupDecayLR"], 0.04, b) for b in (3, 4, 5)]
@@ -227,6 +241,7 @@ def test_R2_checkpoint_resumes_the_configured_schedule(impl, tmp_path):
     assert out["resumed"] == want, f"resumed lrs {out['resumed']} != {want}"
     assert out["fresh_lr"] == expected_lr(SECTIONS["WarmupDecayLR"], 0.04, 0) != want[0]
     assert out["same"], "resumed parameters differ from the uninterrupted run's"
+    assert out["crossed"] == want[1:], f"a torch scheduler's state did not resume the schedule: {out['crossed']}"
 
 
 # ---- DeepSpeed's own classes, where DeepSpeed is installed (the GPU box) -------------------------------------
