@@ -78,7 +78,7 @@ from reference.contract.errors import ConfigurationError, UnsupportedOperationEr
 
 __all__ = ["DEFAULT_BUCKET_ELEMENTS", "StepOutcome", "ZeroEngine"]
 
-#: Elements per gradient bucket at stages 2/3 (25M, as DeepSpeed's default reduce_bucket_size).
+#: Elements per gradient bucket at stages 2/3 (25M; DeepSpeed 0.19's reduce_bucket_size defaults to 5e8: docs/zero.md).
 DEFAULT_BUCKET_ELEMENTS = 25_000_000
 
 
