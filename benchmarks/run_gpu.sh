@@ -106,6 +106,13 @@ wanted host-bandwidth && cat "$out/host-bandwidth.log"
 # wheels carried in .whl/ and installed first: `python3 -m pip install -q --no-index --no-deps --no-compile
 # --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site DS_ACCELERATOR=cuda`
 # (docs/benchmarks.md, 2026-12-03); without them they print "not installed".
+# Issue 52: a config's scheduler section against DeepSpeed's own scheduler classes (lr and betas of every boundary,
+# compared exactly; prints one line per section) and the suite's test of the same, which runs wherever DeepSpeed
+# imports. Both need DeepSpeed's wheel installed as said above; without it the script prints SKIPPED.
+part ds-schedules "${T_DSS:-120}" python3 benchmarks/compare_deepspeed_schedules.py --boundaries 60 --random 40
+wanted ds-schedules && tail -3 "$out/ds-schedules.log"
+suite ds-schedules "${T_DSST:-120}" conformance.suite.test_accumulation_lr_schedules \
+  conformance.suite.test_accumulation_deepspeed_configs_train
 zo=(python3 benchmarks/bench_zero_offload.py --device cuda --steps 5 --warmup 2 --timeout 150)
 # Stage 2 first (no offload, offload, offload + delayed update R27, DeepSpeed), then stage 3 in a part of its own:
 # seven arms at ~70 s do not fit one 600 s call.

@@ -12,11 +12,12 @@ the first gradient as is, is an implementation choice that changes only the sign
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
+from conformance.lr_schedule_oracle import expected_betas, expected_lr
 from reference.accumulation import (
     AccumulationConfig,
     ApplyDelayedUpdate,
@@ -287,6 +288,18 @@ def _norm_and_clip(
     return norm, coef, grads
 
 
+def scheduled_hyperparameters(cfg: AccumulationConfig, boundary: int) -> Any:
+    """The optimizer config boundary ``boundary`` (0-based) trains with: the config's, with the ``scheduler``
+    section's lr (and OneCycle's betas, for the Adam types) as the suite's own oracle computes them."""
+    if cfg.scheduler is None:
+        return cfg.optimizer
+    section = cfg.scheduler.to_dict()
+    changes: dict[str, Any] = {"lr": expected_lr(section, cfg.optimizer.lr, boundary)}
+    if cfg.optimizer.type != "sgd":
+        changes["betas"] = expected_betas(section, cfg.optimizer.betas, boundary)
+    return replace(cfg.optimizer, **changes)
+
+
 def replay_boundaries(trace: Trace) -> list[tuple[float, float | None, dict[str, torch.Tensor]]]:
     """Recompute norm, clip coefficient and parameters of every boundary from the recorded gradients alone.
 
@@ -306,9 +319,9 @@ def replay_boundaries(trace: Trace) -> list[tuple[float, float | None, dict[str,
     state = init_state(cfg.optimizer, master, cfg.moment_precision)  # R29: moments stored as configured
     params = {n: trace.initial_parameters[n].clone() for n in names}
     out = []
-    for rec in trace.boundaries():
+    for k, rec in enumerate(trace.boundaries()):
         norm, coef, grads = _norm_and_clip(cfg, layout, rec.gradients, sc.world_size)
-        optimizer_step(cfg.optimizer, master, grads, state)
+        optimizer_step(scheduled_hyperparameters(cfg, k), master, grads, state)
         new = master.to(cfg.model_dtype)
         for seg in layout.segments:
             params[seg.name] = new[seg.offset : seg.end].view(seg.shape).clone()
@@ -373,7 +386,7 @@ def assert_delayed_replay_consistent(trace: Trace) -> None:
             norm, coef, grads = _norm_and_clip(cfg, layout, rec.gradients, sc.world_size)
             assert_float_match(rec.grad_norm, norm, f"{label}: grad_norm (R14)", None)
             assert_float_match(rec.clip_coef, coef, f"{label}: clip_coef (R15)", None)
-            optimizer_step(cfg.optimizer, master, grads, state)
+            optimizer_step(scheduled_hyperparameters(cfg, done), master, grads, state)
             if not delayed:
                 install(master.to(cfg.model_dtype))  # a warm-up boundary installs its own update
             done += 1

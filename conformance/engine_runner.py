@@ -134,9 +134,11 @@ def _rank_run(group: Any, engine_class: type, scenario: Scenario, bucket_element
     rank = dist.get_rank(group)
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else None
     model = scenario.model.build(scenario.seed)
+    # A config that sets its own bucket size (DeepSpeed's reduce_bucket_size) is run with it: the engine refuses
+    # an argument that disagrees with the config.
     engine = engine_class(
         model, scenario.config, process_group=group, device=device, record_gradients=True,
-        bucket_elements=bucket_elements,
+        bucket_elements=scenario.config.bucket_elements or bucket_elements,
     )
     dtype = scenario.config.model_dtype
     lead = rank == 0

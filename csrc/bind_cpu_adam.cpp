@@ -43,7 +43,7 @@ void hostoffload::bind_cpu_adam(py::module_& m) {
            double one_minus_beta2, double inv_bias_correction2, double eps, double step_size, double decay,
            double grad_scale, bool decoupled, bool has_weight_decay, bool has_grad_scale, const std::string& isa,
            int threads, const std::string& state_precision, std::uintptr_t backup_param,
-           std::uintptr_t backup_exp_avg, std::uintptr_t backup_exp_avg_sq) {
+           std::uintptr_t backup_exp_avg, std::uintptr_t backup_exp_avg_sq, const std::string& grad_precision) {
             // Casting each fp64 hyper-parameter to fp32 rounds it to nearest once, as torch does when a Python
             // float meets an fp32 tensor.
             const ca::AdamScalars s{static_cast<float>(beta1),      static_cast<float>(one_minus_beta1),
@@ -52,12 +52,13 @@ void hostoffload::bind_cpu_adam(py::module_& m) {
                                     static_cast<float>(step_size),  static_cast<float>(decay),
                                     static_cast<float>(grad_scale), decoupled,
                                     has_weight_decay,               has_grad_scale};
-            const ca::AdamArrays a{reinterpret_cast<float*>(param),         reinterpret_cast<const float*>(grad),
+            const ca::AdamArrays a{reinterpret_cast<float*>(param),         reinterpret_cast<const void*>(grad),
                                    reinterpret_cast<void*>(exp_avg),          reinterpret_cast<void*>(exp_avg_sq),
                                    reinterpret_cast<std::uint16_t*>(bf16_out), n,
                                    ca::parse_state_precision(state_precision),
                                    reinterpret_cast<float*>(backup_param), reinterpret_cast<void*>(backup_exp_avg),
-                                   reinterpret_cast<void*>(backup_exp_avg_sq)};
+                                   reinterpret_cast<void*>(backup_exp_avg_sq),
+                                   ca::parse_state_precision(grad_precision)};
             const ca::Isa which = ca::parse_isa(isa);
             without_gil([&] { ca::adam_step(a, s, which, threads); });
         },
@@ -66,7 +67,7 @@ void hostoffload::bind_cpu_adam(py::module_& m) {
         py::arg("inv_bias_correction2"), py::arg("eps"), py::arg("step_size"), py::arg("decay"),
         py::arg("grad_scale"), py::arg("decoupled"), py::arg("has_weight_decay"), py::arg("has_grad_scale"),
         py::arg("isa"), py::arg("threads"), py::arg("state_precision") = "fp32", py::arg("backup_param") = 0,
-        py::arg("backup_exp_avg") = 0, py::arg("backup_exp_avg_sq") = 0);
+        py::arg("backup_exp_avg") = 0, py::arg("backup_exp_avg_sq") = 0, py::arg("grad_precision") = "fp32");
     m.def(
         "cast_to_bf16",
         [](std::uintptr_t src, std::uintptr_t dst, std::size_t n, const std::string& isa, int threads) {

@@ -77,15 +77,17 @@ struct Moments<StatePrecision::kBf16> {
     static void store(Word* a, std::size_t i, float x) { a[i] = to_bf16(x); }
 };
 
-template <StatePrecision P>
+// P: the moments' stored form; G: the gradient's (read only, widened exactly).
+template <StatePrecision P, StatePrecision G>
 void adam_scalar(const AdamArrays& a, const AdamScalars& s, std::size_t lo, std::size_t hi) {
     using M = Moments<P>;
     auto* ma = static_cast<typename M::Word*>(a.exp_avg);
     auto* va = static_cast<typename M::Word*>(a.exp_avg_sq);
+    const auto* ga = static_cast<const typename Moments<G>::Word*>(a.grad);
     for (std::size_t i = lo; i < hi; ++i) {
         float m = M::load(ma, i);
         float v = M::load(va, i);
-        adam_element(a.param[i], a.grad[i], m, v, s);
+        adam_element(a.param[i], Moments<G>::load(ga, i), m, v, s);
         M::store(ma, i, m);
         M::store(va, i, v);
         if (a.bf16_out != nullptr) a.bf16_out[i] = to_bf16(a.param[i]);
@@ -132,7 +134,7 @@ __attribute__((target("avx2"))) inline void store_moment_avx2(void* a, std::size
     }
 }
 
-template <StatePrecision P>
+template <StatePrecision P, StatePrecision G>
 __attribute__((target("avx2"))) void adam_avx2(const AdamArrays& a, const AdamScalars& s, std::size_t lo,
                                                 std::size_t hi) {
     const __m256 b1 = _mm256_set1_ps(s.beta1), omb1 = _mm256_set1_ps(s.one_minus_beta1);
@@ -143,7 +145,7 @@ __attribute__((target("avx2"))) void adam_avx2(const AdamArrays& a, const AdamSc
     std::size_t i = lo;
     for (; i + 8 <= hi; i += 8) {
         __m256 p = _mm256_loadu_ps(a.param + i);
-        __m256 g = _mm256_loadu_ps(a.grad + i);
+        __m256 g = load_moment_avx2<G>(a.grad, i);
         __m256 m = load_moment_avx2<P>(a.exp_avg, i);
         __m256 v = load_moment_avx2<P>(a.exp_avg_sq, i);
         if (s.has_grad_scale) g = _mm256_mul_ps(g, scale);
@@ -165,7 +167,7 @@ __attribute__((target("avx2"))) void adam_avx2(const AdamArrays& a, const AdamSc
             _mm_storeu_si128(reinterpret_cast<__m128i*>(a.bf16_out + i), bf16_avx2(p));
         }
     }
-    adam_scalar<P>(a, s, i, hi);
+    adam_scalar<P, G>(a, s, i, hi);
 }
 
 __attribute__((target("avx2"))) void cast_avx2(const float* src, std::uint16_t* dst, std::size_t lo,
@@ -210,7 +212,7 @@ __attribute__((target("avx512f"))) inline void store_moment_avx512(void* a, std:
     }
 }
 
-template <StatePrecision P>
+template <StatePrecision P, StatePrecision G>
 __attribute__((target("avx512f"))) void adam_avx512(const AdamArrays& a, const AdamScalars& s, std::size_t lo,
                                                      std::size_t hi) {
     const __m512 b1 = _mm512_set1_ps(s.beta1), omb1 = _mm512_set1_ps(s.one_minus_beta1);
@@ -221,7 +223,7 @@ __attribute__((target("avx512f"))) void adam_avx512(const AdamArrays& a, const A
     std::size_t i = lo;
     for (; i + 16 <= hi; i += 16) {
         __m512 p = _mm512_loadu_ps(a.param + i);
-        __m512 g = _mm512_loadu_ps(a.grad + i);
+        __m512 g = load_moment_avx512<G>(a.grad, i);
         __m512 m = load_moment_avx512<P>(a.exp_avg, i);
         __m512 v = load_moment_avx512<P>(a.exp_avg_sq, i);
         if (s.has_grad_scale) g = _mm512_mul_ps(g, scale);
@@ -243,7 +245,7 @@ __attribute__((target("avx512f"))) void adam_avx512(const AdamArrays& a, const A
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.bf16_out + i), bf16_avx512(p));
         }
     }
-    adam_scalar<P>(a, s, i, hi);
+    adam_scalar<P, G>(a, s, i, hi);
 }
 
 __attribute__((target("avx512f"))) void cast_avx512(const float* src, std::uint16_t* dst, std::size_t lo,
@@ -324,21 +326,21 @@ void back_up(const AdamArrays& a, std::size_t lo, std::size_t hi) {
                 n * sizeof(Word));
 }
 
-template <StatePrecision P>
+template <StatePrecision P, StatePrecision G>
 void adam_dispatch(const AdamArrays& arrays, const AdamScalars& scalars, Isa isa, int threads) {
     parallel_ranges(arrays.n, threads, [&](std::size_t lo, std::size_t hi) {
         if (arrays.backup_param != nullptr) back_up<P>(arrays, lo, hi);
         switch (isa) {
 #if HOSTOFFLOAD_X86
             case Isa::kAvx512:
-                adam_avx512<P>(arrays, scalars, lo, hi);
+                adam_avx512<P, G>(arrays, scalars, lo, hi);
                 return;
             case Isa::kAvx2:
-                adam_avx2<P>(arrays, scalars, lo, hi);
+                adam_avx2<P, G>(arrays, scalars, lo, hi);
                 return;
 #endif
             default:
-                adam_scalar<P>(arrays, scalars, lo, hi);
+                adam_scalar<P, G>(arrays, scalars, lo, hi);
         }
     });
 }
@@ -394,10 +396,18 @@ void adam_step(const AdamArrays& arrays, const AdamScalars& scalars, Isa isa, in
         throw std::invalid_argument("adam_step: backup_param, backup_exp_avg and backup_exp_avg_sq must be all set "
                                     "or all null");
     }
-    if (arrays.precision == StatePrecision::kBf16) {
-        adam_dispatch<StatePrecision::kBf16>(arrays, scalars, isa, threads);
+    using SP = StatePrecision;
+    const bool bf16_moments = arrays.precision == SP::kBf16;
+    if (arrays.grad_precision == SP::kBf16) {
+        if (bf16_moments) {
+            adam_dispatch<SP::kBf16, SP::kBf16>(arrays, scalars, isa, threads);
+        } else {
+            adam_dispatch<SP::kFp32, SP::kBf16>(arrays, scalars, isa, threads);
+        }
+    } else if (bf16_moments) {
+        adam_dispatch<SP::kBf16, SP::kFp32>(arrays, scalars, isa, threads);
     } else {
-        adam_dispatch<StatePrecision::kFp32>(arrays, scalars, isa, threads);
+        adam_dispatch<SP::kFp32, SP::kFp32>(arrays, scalars, isa, threads);
     }
 }
 

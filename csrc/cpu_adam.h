@@ -49,7 +49,9 @@ struct AdamScalars {
 // not a second pass over the state.
 struct AdamArrays {
     float* param;
-    const float* grad;
+    // n floats (grad_precision kFp32), or n bf16 bit patterns (kBf16: a bf16 accumulation's sum, R11), widened to
+    // fp32 on load -- exactly, so the step is the one the widened copy would give, without writing that copy.
+    const void* grad;
     void* exp_avg;
     void* exp_avg_sq;
     std::uint16_t* bf16_out;
@@ -58,6 +60,7 @@ struct AdamArrays {
     float* backup_param = nullptr;
     void* backup_exp_avg = nullptr;
     void* backup_exp_avg_sq = nullptr;
+    StatePrecision grad_precision = StatePrecision::kFp32;
 };
 
 std::vector<std::string> available_isas();

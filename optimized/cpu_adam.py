@@ -120,7 +120,9 @@ def adam_step(
 ) -> None:
     """One Adam/AdamW step (``config.type``) on flat CPU tensors, in place; ``step`` is the 1-based ``t``.
 
-    ``param`` and ``grad`` are fp32; ``exp_avg`` and ``exp_avg_sq`` fp32 or (R29) both bf16. ``state_precision``
+    ``param`` is fp32; ``grad`` fp32 or bf16 (a bf16 accumulation's sum, R11: widened exactly as it is read, so
+    the step equals the one on ``grad.float()`` without writing that copy); ``exp_avg`` and ``exp_avg_sq`` fp32 or
+    (R29) both bf16. ``state_precision``
     ("fp32" / "bf16"; None: the moments' dtype) must agree with the moments' dtype when given. ``grad_scale``: the
     clipping coefficient of R15 (the gradient is multiplied by it rounded to fp32 before use, as
     ``torch.mul(grad, coef)`` would; ``grad`` itself is not modified). ``bf16_out``: a bf16 tensor of the same
@@ -130,7 +132,8 @@ def adam_step(
     """
     check_adam_kernel_call(config, step, "is not handled natively")
     n = _check_flat("param", param, torch.float32, None).numel()
-    _check_flat("grad", grad, torch.float32, n)
+    grad_dtype = grad.dtype if isinstance(grad, torch.Tensor) and grad.dtype == torch.bfloat16 else torch.float32
+    _check_flat("grad", grad, grad_dtype, n)
     precision = _moment_precision(exp_avg, state_precision)
     _check_flat("exp_avg", exp_avg, precision.dtype, n)
     _check_flat("exp_avg_sq", exp_avg_sq, precision.dtype, n)
@@ -176,6 +179,7 @@ def adam_step(
         threads,
         precision.name,
         *backup_ptrs,
+        "bf16" if grad_dtype == torch.bfloat16 else "fp32",
     )
 
 

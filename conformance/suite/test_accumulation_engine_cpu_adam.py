@@ -93,6 +93,37 @@ def test_R29_native_adam_bf16_moments_equal_reference_bitwise(area_api, referenc
             assert_bits_equal(v, state.buffers["exp_avg_sq"], f"{what}: exp_avg_sq")
 
 
+@given(
+    cfg=optimizer_configs(types=("adam", "adamw")),
+    n=st.sampled_from((1, 7, 8, 15, 16, 17, 63, 1000, 4099)),
+    moments=st.sampled_from(sorted(STATE_PRECISIONS)),
+    clip=st.sampled_from((None, 0.37)),
+    seed=st.integers(0, 2**16),
+)
+def test_R11_native_adam_reads_a_bf16_gradient_as_its_exact_widening(area_api, reference_api, cfg, n, moments,
+                                                                     clip, seed):
+    """R11/R16: a bf16 accumulation hands the kernel a bf16 gradient; the kernel widens it as it reads it (exact),
+    so every ISA and thread count gives bitwise the step on ``grad.float()`` -- special values (NaN, infinities,
+    subnormals, signed zeros) included -- and the gradient is not modified."""
+    kernel = _kernel(area_api)
+    gen = torch.Generator().manual_seed(seed)
+    p0 = optimizer_values(n, gen, 1.0)
+    special = torch.tensor(BF16_ROUNDING_CASES, dtype=torch.float32)
+    g = (optimizer_values(n, gen, 1.0) + special.repeat(n // len(special) + 1)[:n].roll(seed % n)).bfloat16()
+    dtype = STATE_PRECISIONS[moments].dtype
+    expected = [p0.clone(), torch.zeros(n, dtype=dtype), torch.zeros(n, dtype=dtype)]
+    kernel.adam_step(cfg, expected[0], g.float(), expected[1], expected[2], 1, grad_scale=clip, threads=1)
+    for isa in kernel.available_isas():
+        for threads in (1, 3):
+            got = [p0.clone(), torch.zeros(n, dtype=dtype), torch.zeros(n, dtype=dtype)]
+            g_before = g.clone()
+            kernel.adam_step(cfg, got[0], g, got[1], got[2], 1, grad_scale=clip, isa=isa, threads=threads)
+            what = f"bf16 gradient, {moments} moments, isa={isa} threads={threads} n={n} clip={clip}"
+            assert_bits_equal(g, g_before, f"{what}: gradient must stay unmodified")
+            for name, a, b in zip(("master", "exp_avg", "exp_avg_sq"), got, expected, strict=True):
+                assert_bits_equal(a, b, f"{what}: {name}")
+
+
 @pytest.mark.parametrize("n", [len(BF16_ROUNDING_CASES), 16 * len(BF16_ROUNDING_CASES) + 5])
 def test_R29_native_adam_bf16_rounding_of_special_values(area_api, reference_api, n):
     """R29: with betas (0, 0) a step stores ``m = g`` and ``v = g*g`` exactly before rounding, so the kernel's

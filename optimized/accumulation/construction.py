@@ -34,6 +34,20 @@ __all__ = [
 ]
 
 
+def bucket_size(argument: object, config: AccumulationConfig, default: int) -> object:
+    """The stage-2/3 bucket size: the engine's ``bucket_elements`` argument or the config's (DeepSpeed's
+    ``reduce_bucket_size``), which must agree when both are given, else ``default``. Checked by
+    :func:`check_engine_arguments`."""
+    if argument is None:
+        return default if config.bucket_elements is None else config.bucket_elements
+    if config.bucket_elements is not None and argument != config.bucket_elements:
+        raise ConfigurationError(
+            f"bucket_elements={argument!r} disagrees with the config's bucket_elements={config.bucket_elements} "
+            f"(zero_optimization.reduce_bucket_size); allowed: give one of them, or the same value"
+        )
+    return argument
+
+
 def check_engine_arguments(
     config: AccumulationConfig, initialized: bool, bucket_elements: object, record_gradients: object, prefetch: object
 ) -> None:

@@ -59,6 +59,7 @@ from optimized.accumulation import device_adam
 from optimized.accumulation.checkpoint_view import CheckpointView
 from optimized.accumulation.collectives import Collectives
 from optimized.accumulation.construction import (
+    bucket_size,
     build_module,
     check_engine_arguments,
     model_parameters,
@@ -66,7 +67,7 @@ from optimized.accumulation.construction import (
 )
 from optimized.accumulation.engine_surface import EngineReports, LrSurface, ModuleSurface
 from optimized.accumulation.host_memory import estimate_host_memory
-from optimized.accumulation.lr import EngineOptimizer, LrSchedule
+from optimized.accumulation.lr import EngineOptimizer, LrSchedule, config_scheduler
 from optimized.accumulation.origin import LossOrigin
 from optimized.accumulation.ownership import check_not_owned
 from optimized.accumulation.parts import EngineParts, build_parts
@@ -78,7 +79,7 @@ from reference.contract.errors import ConfigurationError, UnsupportedOperationEr
 
 __all__ = ["DEFAULT_BUCKET_ELEMENTS", "StepOutcome", "ZeroEngine"]
 
-#: Elements per gradient bucket at stages 2/3 (25M, as DeepSpeed's default reduce_bucket_size).
+#: Elements per gradient bucket at stages 2/3 (25M; DeepSpeed 0.19's reduce_bucket_size defaults to 5e8: docs/zero.md).
 DEFAULT_BUCKET_ELEMENTS = 25_000_000
 
 
@@ -88,7 +89,8 @@ class ZeroEngine(ModuleSurface, LrSurface, EngineReports, ScheduledEngine):
     ``model``: an ``nn.Module`` (used in place, cast to the model dtype and moved to ``device``) or a factory.
     ``process_group``: default the world group. ``device``: default ``cuda:<current>`` with NCCL, else cpu.
     ``record_gradients``: return the full reduced gradient from boundary steps (an extra all-gather; the
-    conformance runner uses it). ``bucket_elements``: stage-2/3 bucket size. ``prefetch``: stage-3 prefetch
+    conformance runner uses it). ``bucket_elements``: stage-2/3 bucket size (None: the config's ``bucket_elements``,
+    DeepSpeed's ``reduce_bucket_size``, else 25M; both given must agree). ``prefetch``: stage-3 prefetch
     of the next module's parameters (one module ahead in forward, one behind in backward).
 
     Attributes besides the config and the rank's identity: ``module`` (the wrapped model: call it, or the engine,
@@ -105,7 +107,7 @@ class ZeroEngine(ModuleSurface, LrSurface, EngineReports, ScheduledEngine):
         process_group: dist.ProcessGroup | None = None,
         device: torch.device | str | None = None,
         record_gradients: bool = False,
-        bucket_elements: int = DEFAULT_BUCKET_ELEMENTS,
+        bucket_elements: int | None = None,
         prefetch: bool = True,
     ) -> None:
         initialized = dist.is_available() and dist.is_initialized()
@@ -113,6 +115,7 @@ class ZeroEngine(ModuleSurface, LrSurface, EngineReports, ScheduledEngine):
         # DeepSpeed's nested shape is accepted too; train_batch_size is checked against (or completes the batch
         # keys from) this group's world size.
         self.config = cfg = AccumulationConfig.from_dict(config, world_size=world)
+        bucket_elements = bucket_size(bucket_elements, cfg, DEFAULT_BUCKET_ELEMENTS)
         check_engine_arguments(cfg, initialized, bucket_elements, record_gradients, prefetch)
         self._comm = Collectives(process_group)
         self.world_size, self.rank, self.stage = self._comm.world, self._comm.rank, cfg.zero_stage
@@ -138,6 +141,8 @@ class ZeroEngine(ModuleSurface, LrSurface, EngineReports, ScheduledEngine):
         #: The torch.optim.Optimizer facade LR schedules are built on (docs/zero.md, "LR schedules").
         self.optimizer = EngineOptimizer(params.trainable, cfg.optimizer)
         self._lr = LrSchedule(self.optimizer)
+        if cfg.scheduler is not None:  # DeepSpeed builds its configured scheduler at construction too
+            self._lr.attach(config_scheduler(self.optimizer, cfg))
         #: Everything destroy() releases, built (and on a failure released) by build_parts.
         self._parts = parts = build_parts(
             config=cfg, path_class=path_class, module=self.module, params=params, comm=self._comm,

@@ -74,7 +74,8 @@ class LrSurface:
 
     @property
     def lr_scheduler(self) -> Any:
-        """The scheduler ``step()`` advances at each boundary (None: none). Assign one built on ``engine.optimizer``;
+        """The scheduler ``step()`` advances at each boundary (None: none): the config's ``scheduler`` section
+        (DeepSpeed's schedules, built at construction), or one assigned here, built on ``engine.optimizer``;
         a scheduler state ``load_checkpoint()`` loaded before one was attached is applied to it on assignment."""
         return self._lr.scheduler
 

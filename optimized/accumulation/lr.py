@@ -23,10 +23,17 @@ from typing import Any
 
 import torch
 
-from reference.contract.accumulation_config import OptimizerConfig
+from reference.contract.accumulation_config import AccumulationConfig, OptimizerConfig
 from reference.contract.errors import ConfigurationError, UnsupportedOperationError
+from reference.contract.lr_schedules import DeepSpeedSchedule
 
-__all__ = ["EngineOptimizer", "LrSchedule"]
+__all__ = ["EngineOptimizer", "LrSchedule", "config_scheduler"]
+
+
+def config_scheduler(optimizer: EngineOptimizer, config: AccumulationConfig) -> DeepSpeedSchedule:
+    """The config's ``scheduler`` section as a scheduler on ``optimizer``. OneCycle cycles ``betas`` for the Adam
+    types only: DeepSpeed cycles momentum only where the optimizer has ``betas``, which torch's SGD has not."""
+    return DeepSpeedSchedule(optimizer, config.scheduler, cycle_betas=config.optimizer.type != "sgd")
 
 
 class EngineOptimizer(torch.optim.Optimizer):

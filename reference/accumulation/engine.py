@@ -34,6 +34,7 @@ from reference.contract.accumulation_norm import clip_coefficient, fold_left, no
 from reference.contract.accumulation_schedule import AccumulationSchedule, ScheduledEngine
 from reference.contract.accumulation_step import StepOutcome
 from reference.contract.errors import ConfigurationError, UnsupportedOperationError
+from reference.contract.lr_schedules import scheduled_optimizer
 from reference.io import SwapStats
 
 _HOST = torch.device("cpu")
@@ -341,12 +342,15 @@ class AccumulationEngine(ScheduledEngine):
         # R3's global_steps, which still counts the boundaries before this one) are not delayed.
         delayed = cfg.delayed_parameter_update and self.global_steps >= cfg.delayed_update_warmup
         installed = [m.to(cfg.model_dtype, copy=True) for m in self._masters] if delayed else None
-        # 4. Optimizer on the fp32 master of each rank (R16), its leading share on the device (R28).
+        # 4. Optimizer on the fp32 master of each rank (R16), its leading share on the device (R28), with this
+        # boundary's hyper-parameters: the config's, or the scheduler section's value after global_steps earlier
+        # boundaries (DeepSpeed steps its scheduler once per boundary, after the update).
+        hyper = scheduled_optimizer(cfg.optimizer, cfg.scheduler, self.global_steps)
         self._split.boundary()
         for r in range(world):
             if self._swap is not None:
                 self._swap.swap_in(r, self._opt_states[r])
-            self._split.step(self._masters[r], grads32[r], self._opt_states[r])
+            self._split.step(self._masters[r], grads32[r], self._opt_states[r], hyper)
             if self._swap is not None:
                 self._swap.swap_out(r, self._opt_states[r])
         # 5. Cast back to the model dtype and all-gather (R12).

@@ -26,7 +26,7 @@ import time
 import torch
 
 from reference.accumulation.optimizers import init_state, optimizer_step
-from reference.contract.accumulation_config import GPU_SHARE_AUTO, AccumulationConfig
+from reference.contract.accumulation_config import GPU_SHARE_AUTO, AccumulationConfig, OptimizerConfig
 from reference.contract.accumulation_limit import fit_limit, floor_meter
 from reference.contract.accumulation_split import (
     SplitDecision,
@@ -104,12 +104,15 @@ class SplitUpdate:
         sync()
         return time.perf_counter() - t0
 
-    def step(self, master: torch.Tensor, grad: torch.Tensor, state: OptimizerState) -> None:
+    def step(self, master: torch.Tensor, grad: torch.Tensor, state: OptimizerState,
+             optimizer: OptimizerConfig | None = None) -> None:
         """R16 on ``master`` (one rank's partition) with its leading ``device_elements`` stepped on the device
-        and the rest on the host, both with the step count ``state.step + 1``; advances ``state`` once."""
+        and the rest on the host, both with the step count ``state.step + 1``; advances ``state`` once.
+        ``optimizer``: this boundary's hyper-parameters (a scheduled lr), default the config's."""
+        optimizer = self._config.optimizer if optimizer is None else optimizer
         d = 0 if self.decision is None else self.decision.device_elements
         if d == 0:
-            optimizer_step(self._config.optimizer, master, grad, state)
+            optimizer_step(optimizer, master, grad, state)
             return
         t = state.step
         for lo, hi, where in ((0, d, self._device), (d, self._P, self._host)):
@@ -117,7 +120,7 @@ class SplitUpdate:
                 continue
             side = OptimizerState(t, {k: v[lo:hi].to(where, copy=True) for k, v in state.buffers.items()})
             m = master[lo:hi].to(where, copy=True)
-            optimizer_step(self._config.optimizer, m, grad[lo:hi].to(where, copy=True), side)
+            optimizer_step(optimizer, m, grad[lo:hi].to(where, copy=True), side)
             master[lo:hi].copy_(m)
             for k, v in side.buffers.items():
                 state.buffers[k][lo:hi].copy_(v)

@@ -25,8 +25,10 @@ from reference.contract.accumulation_state_precision import (
     StatePrecision,
     resolve_state_precision,
 )
+from reference.contract.deepspeed_config import deepspeed_to_flat, is_deepspeed_shaped
 from reference.contract.errors import ConfigurationError, allowed_values_error
 from reference.contract.io_config import SwapConfig
+from reference.contract.lr_schedule_config import SchedulerConfig
 
 #: Model / communication / accumulation dtypes the model describes (fp16 needs loss scaling: out of scope).
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -177,6 +179,12 @@ class AccumulationConfig:
     #: R30: "step" (default) or "last_backward" (the streamed host update starts under the boundary's last
     #: backward, speculatively assuming no clipping; same arithmetic as "step").
     host_update_start: str = "step"
+    #: DeepSpeed's ``scheduler`` section (:class:`SchedulerConfig`, or its ``{"type", "params"}`` mapping): the
+    #: engine builds it on ``engine.optimizer`` and steps it at each boundary. None: no schedule.
+    scheduler: SchedulerConfig | None = None
+    #: Elements per gradient bucket at stages 2/3 (DeepSpeed's ``reduce_bucket_size``); None: the engine's
+    #: ``bucket_elements`` argument, or its default.
+    bucket_elements: int | None = None
 
     def __post_init__(self) -> None:
         if type(self.zero_stage) is not int or self.zero_stage not in ZERO_STAGES:
@@ -212,6 +220,14 @@ class AccumulationConfig:
         self._check_split()
         self._check_state_precision()
         self._check_host_update_start()
+        if isinstance(self.scheduler, Mapping):
+            object.__setattr__(self, "scheduler", SchedulerConfig.from_dict(self.scheduler))
+        if self.scheduler is not None and not isinstance(self.scheduler, SchedulerConfig):
+            raise ConfigurationError(
+                f"scheduler={self.scheduler!r} must be None, a SchedulerConfig or a mapping with keys: type, params"
+            )
+        if self.bucket_elements is not None:
+            _require_int("bucket_elements", self.bucket_elements, 1)
         self._check_combinations()
 
     def check_world_size(self, world_size: int) -> None:
@@ -494,201 +510,18 @@ class AccumulationConfig:
         return AccumulationConfig.from_dict(values)
 
 
+def from_deepspeed(values: Mapping[str, Any], world_size: int | None = None) -> AccumulationConfig:
+    """DeepSpeed's nested config (:func:`reference.contract.deepspeed_config.deepspeed_to_flat`: every problem of
+    its keys refused at once, HF's "auto" resolved where derivable), validated as this config."""
+    return AccumulationConfig(**deepspeed_to_flat(values, world_size))
+
+
 #: Every key :meth:`AccumulationConfig.from_dict` accepts.
 CONFIG_KEYS: tuple[str, ...] = tuple(f.name for f in fields(AccumulationConfig))
 
 
-# ---- DeepSpeed's nested config ------------------------------------------------------------------------------
-
-#: Keys that only DeepSpeed's nested shape has: one of them at the top level selects the translation.
-DEEPSPEED_ONLY_KEYS: tuple[str, ...] = (
-    "zero_optimization", "bf16", "fp16", "data_types", "steps_per_print", "wall_clock_breakdown",
-)
-#: Top-level keys of the DeepSpeed shape this translation understands (plus this project's own
-#: ``managed_gradient_accumulation`` and ``nvme_swap``, which DeepSpeed has no spelling for).
-DEEPSPEED_KEYS: tuple[str, ...] = (
-    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
-    "optimizer", "zero_optimization", "bf16", "fp16", "communication_data_type", "data_types",
-    "steps_per_print", "wall_clock_breakdown", "managed_gradient_accumulation", "nvme_swap",
-)
-DEEPSPEED_ZERO_KEYS: tuple[str, ...] = (
-    "stage", "offload_optimizer", "offload_param", "overlap_comm", "contiguous_gradients", "reduce_scatter",
-    "allgather_partitions",
-)
-DEEPSPEED_OFFLOAD_KEYS: tuple[str, ...] = ("device", "nvme_path", "pin_memory")
-#: ``offload_optimizer`` also takes this project's ``delayed_parameter_update`` and ``delayed_update_warmup`` (R27;
-#: DeepSpeed has no key for them) and the split update's ``gpu_share`` and ``gpu_memory_budget`` (R28; DeepSpeed's
-#: nearest is a hand-set ratio) and ``gpu_memory_limit``, the moments' ``state_precision`` (R29) and
-#: ``host_update_start`` (R30).
-DEEPSPEED_OFFLOAD_OPTIMIZER_KEYS: tuple[str, ...] = (
-    *DEEPSPEED_OFFLOAD_KEYS, "delayed_parameter_update", "delayed_update_warmup", "gpu_share", "gpu_memory_budget",
-    "gpu_memory_limit", "state_precision", "host_update_start",
-)
-DEEPSPEED_OPTIMIZER_PARAMS: tuple[str, ...] = ("lr", "betas", "eps", "weight_decay", "momentum", "adam_w_mode")
-
-
-def is_deepspeed_shaped(values: Mapping[str, Any]) -> bool:
-    """Whether ``values`` is DeepSpeed's nested shape (a DeepSpeed-only key, or an optimizer with ``params``)."""
-    opt = values.get("optimizer")
-    return any(k in values for k in DEEPSPEED_ONLY_KEYS) or (isinstance(opt, Mapping) and "params" in opt)
-
-
-def _section(where: str, value: Any, allowed: tuple[str, ...]) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise ConfigurationError(f"{where}={value!r} must be a mapping with keys: {', '.join(allowed)}")
-    _reject_unknown_keys(where, value, allowed)
-    return value
-
-
-def _enabled(where: str, value: Any) -> bool:
-    section = _section(where, value, ("enabled",))
-    flag = section.get("enabled", False)
-    _require_bool(f"{where}.enabled", flag)
-    return flag
-
-
-def _zero_keys(section: Any, out: dict[str, Any]) -> None:
-    """``zero_optimization`` (stage, overlap, the offload sub-sections) onto the flat keys in ``out``."""
-    zero = _section("zero_optimization", section, DEEPSPEED_ZERO_KEYS)
-    if "stage" in zero:
-        out["zero_stage"] = zero["stage"]
-    if "overlap_comm" in zero:
-        out["overlap_comm"] = zero["overlap_comm"]
-    for key in ("contiguous_gradients", "reduce_scatter", "allgather_partitions"):
-        # Always so here: gradients go into flat buffers, reduced by (rank-ordered) reduce-scatter and the
-        # parameters all-gathered. Validated, and False rejected rather than ignored.
-        if key in zero and zero[key] is not True:
-            raise ConfigurationError(
-                f"zero_optimization.{key}={zero[key]!r} is not supported; allowed values: True (this engine "
-                f"always works that way)"
-            )
-    for key in ("offload_optimizer", "offload_param"):
-        if key not in zero:
-            continue
-        allowed = DEEPSPEED_OFFLOAD_OPTIMIZER_KEYS if key == "offload_optimizer" else DEEPSPEED_OFFLOAD_KEYS
-        off = _section(f"zero_optimization.{key}", zero[key], allowed)
-        if "pin_memory" in off:
-            _require_bool(f"zero_optimization.{key}.pin_memory", off["pin_memory"])
-            if not off["pin_memory"]:
-                raise ConfigurationError(
-                    f"zero_optimization.{key}.pin_memory=False is not supported; allowed values: True "
-                    f"(offloaded buffers are always pinned here)"
-                )
-        out[key] = off.get("device", "none")
-        for own in ("delayed_parameter_update", "delayed_update_warmup", "gpu_share", "gpu_memory_budget",
-                    "gpu_memory_limit", "state_precision", "host_update_start"):
-            if own in off:
-                out[own] = off[own]
-        if "nvme_path" in off:
-            if key == "offload_param":
-                raise ConfigurationError(
-                    "zero_optimization.offload_param.nvme_path is not supported (parameters are not swapped "
-                    "to NVMe); allowed keys of offload_param: device, pin_memory"
-                )
-            out["nvme_path"] = off["nvme_path"]
-
-
-def _optimizer_keys(section: Any, out: dict[str, Any]) -> None:
-    """``optimizer`` (type and params, DeepSpeed's Adam/``adam_w_mode`` convention) onto ``out["optimizer"]``."""
-    opt = _section("optimizer", section, ("type", "params"))
-    params = dict(_section("optimizer.params", opt.get("params", {}), DEEPSPEED_OPTIMIZER_PARAMS))
-    kind = opt.get("type", "adamw")
-    if not isinstance(kind, str) or kind.lower() not in OPTIMIZERS:
-        raise allowed_values_error("optimizer.type", kind, ("Adam", "AdamW", "SGD"))
-    kind = kind.lower()
-    adam_w_mode = params.pop("adam_w_mode", True)
-    _require_bool("optimizer.params.adam_w_mode", adam_w_mode)
-    if kind != "adam" and "adam_w_mode" in opt.get("params", {}):
-        raise ConfigurationError(
-            f"optimizer.params.adam_w_mode applies to type 'Adam' only (got type {opt.get('type')!r})"
-        )
-    if kind == "adam" and adam_w_mode:
-        kind = "adamw"  # DeepSpeed's Adam decouples weight decay unless adam_w_mode is false
-    out["optimizer"] = {"type": kind, **params}
-
-
-def _batch_keys(values: Mapping[str, Any], world_size: int | None, out: dict[str, Any]) -> None:
-    """The three batch keys, one of them derived from the other two and the world size where it is left out."""
-    micro = values.get("train_micro_batch_size_per_gpu")
-    gas = values.get("gradient_accumulation_steps")
-    total = values.get("train_batch_size")
-    if total is not None:
-        _require_int("train_batch_size", total, 1)
-        missing = [n for n, v in (("train_micro_batch_size_per_gpu", micro), ("gradient_accumulation_steps", gas))
-                   if v is None]
-        if missing and world_size is None:
-            raise ConfigurationError(
-                f"train_batch_size without {' and '.join(missing)} needs the world size to derive "
-                f"{'them' if len(missing) > 1 else 'it'}; allowed: give all three batch keys, or build the config "
-                f"through an engine (which knows its world size)"
-            )
-        if micro is None and gas is None:
-            gas = 1
-        if micro is None:
-            _require_int("gradient_accumulation_steps", gas, 1)
-            micro, rem = divmod(total, gas * world_size)
-        elif gas is None:
-            _require_int("train_micro_batch_size_per_gpu", micro, 1)
-            gas, rem = divmod(total, micro * world_size)
-        else:
-            rem = 0
-        if (micro == 0 or gas == 0 or rem) if missing else False:
-            raise ConfigurationError(
-                f"train_batch_size={total} is not divisible into {' and '.join(missing)} at world_size="
-                f"{world_size} (with the other batch key given); allowed: a train_batch_size that is a multiple"
-            )
-        out["train_batch_size"] = total
-    if micro is not None:
-        out["train_micro_batch_size_per_gpu"] = micro
-    if gas is not None:
-        out["gradient_accumulation_steps"] = gas
-
-
-def from_deepspeed(values: Mapping[str, Any], world_size: int | None = None) -> AccumulationConfig:
-    """Translate DeepSpeed's nested config onto :class:`AccumulationConfig` (docs/zero.md lists every key).
-
-    Defaults are DeepSpeed's where they differ from the flat config's: ``gradient_clipping`` 0 (off), optimizer
-    ``Adam`` with ``adam_w_mode`` true (decoupled weight decay, i.e. ``adamw``). ``train_batch_size`` follows
-    DeepSpeed's identity with the micro-batch size, ``gradient_accumulation_steps`` and ``world_size``; with a
-    world size one of the three may be left out and is derived. Keys DeepSpeed has but this engine does not
-    model are rejected by name, like unknown ones, rather than silently ignored.
-    """
-    _reject_unknown_keys("config", values, DEEPSPEED_KEYS)
-    out: dict[str, Any] = {"gradient_clipping": 0.0}
-    for key in ("gradient_clipping", "communication_data_type", "managed_gradient_accumulation", "nvme_swap"):
-        if key in values:
-            out[key] = values[key]
-    for key in ("steps_per_print",):
-        if key in values:
-            _require_int(key, values[key], 1)
-    if "wall_clock_breakdown" in values:
-        _require_bool("wall_clock_breakdown", values["wall_clock_breakdown"])
-    if "fp16" in values and _enabled("fp16", values["fp16"]):
-        raise ConfigurationError(
-            "fp16.enabled=True is not supported (fp16 needs dynamic loss scaling, which this engine does not "
-            "model); allowed: bf16.enabled=True, or fp32 (neither enabled)"
-        )
-    if "bf16" in values and _enabled("bf16", values["bf16"]):
-        out["dtype"] = "bf16"
-    if "data_types" in values:
-        dt = _section("data_types", values["data_types"], ("grad_accum_dtype",))
-        if "grad_accum_dtype" in dt:
-            out["grad_accum_dtype"] = dt["grad_accum_dtype"]
-    if "zero_optimization" in values:
-        _zero_keys(values["zero_optimization"], out)
-    if "optimizer" in values:
-        _optimizer_keys(values["optimizer"], out)
-    _batch_keys(values, world_size, out)
-    return AccumulationConfig(**out)
-
 __all__ = [
     "CONFIG_KEYS",
-    "DEEPSPEED_KEYS",
-    "DEEPSPEED_OFFLOAD_KEYS",
-    "DEEPSPEED_OFFLOAD_OPTIMIZER_KEYS",
-    "DEEPSPEED_ONLY_KEYS",
-    "DEEPSPEED_OPTIMIZER_PARAMS",
-    "DEEPSPEED_ZERO_KEYS",
     "DTYPES",
     "OFFLOAD_DEVICES",
     "OFFLOAD_OPTIMIZER_DEVICES",

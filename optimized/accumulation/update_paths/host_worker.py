@@ -204,7 +204,7 @@ class HostUpdateWorker:
         into before updating it, in the same pass."""
         t0 = time.perf_counter()
         g = grad[b.lo : b.hi]
-        if g.dtype != torch.float32:
+        if g.dtype not in (torch.float32, torch.bfloat16):  # the kernel widens a bf16 sum as it reads it
             g = g.to(torch.float32)
         out = None if self.cast_out is None else self.cast_out[b.lo : b.hi]
         cpu_adam.adam_step(
