@@ -35,12 +35,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from optimized.accumulation import DEFAULT_BUCKET_ELEMENTS, AccumulationConfig, ZeroEngine
-from optimized.integrations.lightning import CHECKPOINT_TAG, load_lightning
+from optimized.accumulation.engine import DEFAULT_BUCKET_ELEMENTS, ZeroEngine
 from optimized.integrations.lightning_config import TrainerSettings, optimizer_section, resolve_config
+from optimized.integrations.lightning_package import load_lightning
+from reference.contract.accumulation_config import AccumulationConfig
 from reference.contract.errors import ConfigurationError, UnsupportedOperationError
 
-__all__ = ["ZeroStrategy"]
+__all__ = ["CHECKPOINT_TAG", "ZeroStrategy"]
+
+#: The engine checkpoint tag under each Lightning checkpoint path (a directory, as with DeepSpeed's strategy).
+CHECKPOINT_TAG = "checkpoint"
 
 _PL = load_lightning()
 

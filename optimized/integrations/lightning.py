@@ -15,7 +15,6 @@ is :mod:`.lightning_config`'s, without Lightning.
 from __future__ import annotations
 
 import importlib
-from types import ModuleType
 from typing import Any
 
 from optimized.integrations.lightning_config import (
@@ -24,10 +23,9 @@ from optimized.integrations.lightning_config import (
     optimizer_section,
     resolve_config,
 )
-from reference.contract.errors import MissingDependencyError
+from optimized.integrations.lightning_package import INSTALL_HINT, LIGHTNING_PACKAGES, load_lightning
 
 __all__ = [
-    "CHECKPOINT_TAG",
     "INSTALL_HINT",
     "LIGHTNING_PACKAGES",
     "TRAINER_PRECISIONS",
@@ -37,32 +35,6 @@ __all__ = [
     "optimizer_section",
     "resolve_config",
 ]
-
-#: Import names tried, in order: the ``lightning`` distribution's, then ``pytorch-lightning``'s.
-LIGHTNING_PACKAGES: tuple[str, ...] = ("lightning.pytorch", "pytorch_lightning")
-INSTALL_HINT = "pip install 'hostoffload[lightning]' (or pytorch-lightning>=2.0)"
-#: The engine checkpoint tag under each Lightning checkpoint path (a directory, as with DeepSpeed's strategy).
-CHECKPOINT_TAG = "checkpoint"
-
-
-def load_lightning() -> ModuleType:
-    """Lightning's ``pytorch`` package (``lightning.pytorch`` or ``pytorch_lightning``, 2.x), or
-    :class:`MissingDependencyError` with the install hint."""
-    reasons = []
-    for name in LIGHTNING_PACKAGES:
-        try:
-            module = importlib.import_module(name)
-        except ImportError as exc:
-            reasons.append(f"{name}: {exc}")
-            continue
-        major = str(getattr(module, "__version__", "0")).split(".")[0]
-        if not major.isdigit() or int(major) < 2:
-            reasons.append(f"{name} {getattr(module, '__version__', '?')} is older than 2.0")
-            continue
-        return module
-    raise MissingDependencyError(
-        f"the hostoffload Lightning strategy needs Lightning 2.x ({'; '.join(reasons)}); allowed: {INSTALL_HINT}"
-    )
 
 
 def __getattr__(name: str) -> Any:
