@@ -85,14 +85,16 @@ def _loader(rank: int) -> Any:
     return torch.utils.data.DataLoader(_batches(rank), batch_size=None)
 
 
-def _plain_loop(area: Any, module: nn.Module, config: dict[str, Any], rank: int, epochs: int) -> dict[str, Any]:
-    """What a user writes without Lightning: engine, LambdaLR on engine.optimizer, backward/step per batch."""
+def _plain_loop(area: Any, module: nn.Module, config: dict[str, Any], rank: int, epochs: int,
+                dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+    """What a user writes without Lightning: engine, LambdaLR on engine.optimizer, backward/step per batch (the
+    batch cast to the model's ``dtype``, as a bf16 engine needs)."""
     engine = area.ZeroEngine(module, config)
     engine.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(engine.optimizer, _schedule)
     losses, outcomes = [], []
     for _ in range(epochs):
         for x, y in _batches(rank):
-            loss = nn.functional.mse_loss(engine(x), y)
+            loss = nn.functional.mse_loss(engine(x.to(dtype)), y.to(dtype))
             losses.append(loss.detach().clone())
             engine.backward(loss)
             lr = engine.get_lr()[0]
@@ -126,6 +128,24 @@ def case_equivalence(pl: Any, area: Any, rank: int, world: int) -> dict[str, Any
         "zero_stage": 2, "offload_optimizer": "cpu", "gradient_accumulation_steps": 2, "gradient_clipping": 0.05,
         "optimizer": {"type": "adamw", **opt},
     }, rank, epochs=1)
+    return {"lightning": ours, "plain": plain}
+
+
+def case_bf16(pl: Any, area: Any, rank: int, world: int) -> dict[str, Any]:
+    """``Trainer(precision="bf16-true")`` (Lightning casts the batch) with a config that names no dtype, stage 1,
+    against the plain loop of a ``bf16`` config that casts its batches."""
+    Tiny = _module_class(pl)
+    opt = {"lr": 0.05, "betas": (0.9, 0.999), "weight_decay": 0.0}
+    strategy = area.lightning_strategy.ZeroStrategy({"zero_stage": 1, "gradient_clipping": 1.0})
+    module = Tiny(0, opt)
+    trainer = _trainer(pl, strategy, world, max_epochs=1, accumulate_grad_batches=2, precision="bf16-true")
+    trainer.fit(module, _loader(rank))
+    ours = _lightning_record(module, trainer)
+    strategy.release_engine()
+    plain = _plain_loop(area, Tiny(0, opt), {
+        "zero_stage": 1, "dtype": "bf16", "gradient_accumulation_steps": 2, "gradient_clipping": 1.0,
+        "optimizer": {"type": "adamw", **opt},
+    }, rank, epochs=1, dtype=torch.bfloat16)
     return {"lightning": ours, "plain": plain}
 
 
@@ -179,6 +199,7 @@ def main(argv: list[str]) -> int:
     os.makedirs(root, exist_ok=True)
     results = {
         "equivalence": case_equivalence(pl, area, rank, world),
+        "bf16": case_bf16(pl, area, rank, world),
         "resume": case_resume(pl, area, rank, world, root),
         "refusal": case_refusal(pl, area, rank, world),
     }

@@ -122,6 +122,16 @@ def test_trainer_with_the_strategy_equals_the_plain_engine_loop_bitwise(impl, wo
 
 
 @pytest.mark.parametrize("world", [1, 2], ids=["world=1", "world=2"])
+def test_bf16_true_trainer_equals_the_plain_bf16_loop_bitwise(impl, world):
+    """``Trainer(precision="bf16-true")`` with a config that names no dtype runs the engine in bf16 (the batch cast
+    by Lightning) and equals the plain loop of a ``dtype: bf16`` config that casts its batches, bitwise."""
+    for rank, rec in enumerate(_records(impl, world)):
+        case = rec["bf16"]
+        assert all(v.dtype == torch.bfloat16 for v in case["lightning"]["params"].values()), "the model is not bf16"
+        _assert_same_run(case["lightning"], case["plain"], f"rank {rank}")
+
+
+@pytest.mark.parametrize("world", [1, 2], ids=["world=1", "world=2"])
 def test_trainer_checkpoint_save_and_resume_equals_the_uninterrupted_loop(impl, world):
     """Stage 3, DeepSpeed-shaped config: one epoch, ``trainer.save_checkpoint(path)``, then a fresh module (other
     seed) and Trainer resumed with ``fit(ckpt_path=path)`` for a second epoch. The checkpoint is the engine's
