@@ -74,11 +74,10 @@ def _module_class(pl: Any) -> type:
 
 
 def _trainer(pl: Any, strategy: Any, world: int, **kwargs: Any) -> Any:
-    return pl.Trainer(
-        accelerator="cpu", devices=world, strategy=strategy, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False,
-        num_sanity_val_steps=0, default_root_dir=tempfile.mkdtemp(prefix="lightning-run-"), **kwargs,
-    )
+    options = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False,
+               "enable_model_summary": False, "use_distributed_sampler": False, "num_sanity_val_steps": 0,
+               "default_root_dir": tempfile.mkdtemp(prefix="lightning-run-"), **kwargs}
+    return pl.Trainer(accelerator="cpu", devices=world, strategy=strategy, **options)
 
 
 def _loader(rank: int) -> Any:
@@ -113,22 +112,32 @@ def _lightning_record(module: Any, trainer: Any) -> dict[str, Any]:
             "global_steps": strategy.engine.global_steps, "trainer_global_step": trainer.global_step}
 
 
-def case_equivalence(pl: Any, area: Any, rank: int, world: int) -> dict[str, Any]:
+def case_equivalence(pl: Any, area: Any, rank: int, world: int, root: str) -> dict[str, Any]:
     """Stage 2 + optimizer offload; accumulation, clipping and the optimizer given to the Trainer and the module
-    only (the strategy's config names none of them) against the plain loop with all of them in its config."""
+    only (the strategy's config names none of them) against the plain loop with all of them in its config. A
+    ``ModelCheckpoint`` saves every 2 updates keeping the last one; a plain engine loads what it wrote."""
     Tiny = _module_class(pl)
     opt = {"lr": 0.05, "betas": (0.9, 0.99), "weight_decay": 0.01}
     strategy = area.lightning_strategy.ZeroStrategy({"zero_stage": 2, "offload_optimizer": "cpu"})
     module = Tiny(0, opt)
-    trainer = _trainer(pl, strategy, world, max_epochs=1, accumulate_grad_batches=2, gradient_clip_val=0.05)
+    saves = os.path.join(root, "model-checkpoint")
+    callback = pl.callbacks.ModelCheckpoint(dirpath=saves, every_n_train_steps=2, save_top_k=1)
+    trainer = _trainer(pl, strategy, world, max_epochs=1, accumulate_grad_batches=2, gradient_clip_val=0.05,
+                       enable_checkpointing=True, callbacks=[callback])
     trainer.fit(module, _loader(rank))
     ours = _lightning_record(module, trainer)
     strategy.release_engine()
-    plain = _plain_loop(area, Tiny(0, opt), {
-        "zero_stage": 2, "offload_optimizer": "cpu", "gradient_accumulation_steps": 2, "gradient_clipping": 0.05,
-        "optimizer": {"type": "adamw", **opt},
-    }, rank, epochs=1)
-    return {"lightning": ours, "plain": plain}
+    config = {"zero_stage": 2, "offload_optimizer": "cpu", "gradient_accumulation_steps": 2,
+              "gradient_clipping": 0.05, "optimizer": {"type": "adamw", **opt}}
+    plain = _plain_loop(area, Tiny(0, opt), config, rank, epochs=1)
+    saved = sorted(os.listdir(saves))
+    reader = area.ZeroEngine(Tiny(7, opt), config)  # other initial weights: what it holds after the load is read
+    _, client = reader.load_checkpoint(os.path.join(saves, saved[-1]))
+    loaded = {"params": reader.state_dict(), "global_steps": reader.global_steps,
+              "client_keys": sorted(client), "client_global_step": client.get("global_step")}
+    reader.destroy()
+    return {"lightning": ours, "plain": plain, "saves": {n: sorted(os.listdir(os.path.join(saves, n))) for n in saved},
+            "loaded": loaded}
 
 
 def case_bf16(pl: Any, area: Any, rank: int, world: int) -> dict[str, Any]:
@@ -198,7 +207,7 @@ def main(argv: list[str]) -> int:
     root = os.path.join(out, "shared")  # the checkpoint directory every rank saves into
     os.makedirs(root, exist_ok=True)
     results = {
-        "equivalence": case_equivalence(pl, area, rank, world),
+        "equivalence": case_equivalence(pl, area, rank, world, root),
         "bf16": case_bf16(pl, area, rank, world),
         "resume": case_resume(pl, area, rank, world, root),
         "refusal": case_refusal(pl, area, rank, world),

@@ -122,6 +122,24 @@ def test_trainer_with_the_strategy_equals_the_plain_engine_loop_bitwise(impl, wo
 
 
 @pytest.mark.parametrize("world", [1, 2], ids=["world=1", "world=2"])
+def test_model_checkpoint_writes_engine_checkpoints_a_plain_engine_loads(impl, world):
+    """The run above had ``ModelCheckpoint(every_n_train_steps=2, save_top_k=1)``: it saved at updates 2 and 4
+    through the strategy and removed the older one, and did not change the run (it is still the plain loop's,
+    above). What is left is an engine checkpoint (``checkpoint/`` and ``latest``) that a plain engine, built without
+    Lightning, loads: the final weights bitwise, 4 boundaries, and the Trainer's state (``global_step``, ``loops``,
+    ``callbacks``) in its client_state."""
+    for rank, rec in enumerate(_records(impl, world)):
+        case = rec["equivalence"]
+        assert case["saves"] == {"epoch=0-step=4.ckpt": ["checkpoint", "latest"]}, f"rank {rank}: {case['saves']}"
+        loaded = case["loaded"]
+        assert loaded["global_steps"] == BOUNDARIES and loaded["client_global_step"] == BOUNDARIES, loaded
+        assert {"loops", "callbacks", "lr_schedulers"} <= set(loaded["client_keys"]), loaded["client_keys"]
+        assert "state_dict" not in loaded["client_keys"], "the weights are the engine's, not a copy in client_state"
+        for name, value in case["lightning"]["params"].items():
+            assert torch.equal(loaded["params"][name], value), f"rank {rank}: {name} differs after the plain load"
+
+
+@pytest.mark.parametrize("world", [1, 2], ids=["world=1", "world=2"])
 def test_bf16_true_trainer_equals_the_plain_bf16_loop_bitwise(impl, world):
     """``Trainer(precision="bf16-true")`` with a config that names no dtype runs the engine in bf16 (the batch cast
     by Lightning) and equals the plain loop of a ``dtype: bf16`` config that casts its batches, bitwise."""
