@@ -288,3 +288,25 @@ def test_missing_lightning_is_reported_with_the_extra_only_when_used(impl, monke
         integration.load_lightning()
     with pytest.raises(MissingDependencyError, match=r"hostoffload\[lightning\]"):
         integration.ZeroStrategy  # noqa: B018 (the attribute access is what is tested)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"checkpoint_io": object()}, ["checkpoint_io", "engine's own format"]),
+        ({"find_unused_parameters": True}, ["find_unused_parameters", "allowed: config"]),
+        ({"config": "ds_config.json"}, ["config='ds_config.json'", "mapping"]),
+    ],
+    ids=["checkpoint-io", "ddp-wrapper-option", "config-path"],
+)
+def test_strategy_arguments_are_checked_at_construction(impl, kwargs, words):
+    """``ZeroStrategy(...)`` refuses, before any Trainer exists, a ``checkpoint_io`` plugin (checkpoints are the
+    engine's format; it would be ignored), an option of torch's DDP wrapper (DDPStrategy would pass it on silently;
+    there is no DDP wrapper here) and a config that is not a mapping, naming each."""
+    integration = _lightning(impl)
+    with pytest.raises(ConfigurationError) as info:
+        integration.ZeroStrategy(**kwargs)
+    for word in words:
+        assert word in str(info.value), f"{word!r} not in: {info.value}"
+    strategy = integration.ZeroStrategy({"zero_stage": 1})
+    assert strategy.handles_gradient_accumulation and strategy.restore_checkpoint_after_setup
