@@ -187,15 +187,21 @@ def case_resume(pl: Any, area: Any, rank: int, world: int, root: str) -> dict[st
 
 
 def case_refusal(pl: Any, area: Any, rank: int, world: int) -> dict[str, Any]:
-    """A config whose accumulation disagrees with the Trainer's is refused at setup, on every rank, by name."""
+    """Refused at setup, on every rank, by name: a config whose accumulation disagrees with the Trainer's, and
+    ``Trainer(sync_batchnorm=True)`` (which the strategy would otherwise ignore)."""
     Tiny = _module_class(pl)
-    strategy = area.lightning_strategy.ZeroStrategy({"zero_stage": 1, "gradient_accumulation_steps": 4})
-    trainer = _trainer(pl, strategy, world, max_epochs=1, accumulate_grad_batches=2)
-    try:
-        trainer.fit(Tiny(0, {"lr": 0.05, "betas": (0.9, 0.999), "weight_decay": 0.0}), _loader(rank))
-    except Exception as exc:  # reported to the test, which classifies it
-        return {"error": (type(exc).__name__, str(exc))}
-    return {"error": None}
+    out: dict[str, Any] = {}
+    for name, config, options in (
+        ("error", {"zero_stage": 1, "gradient_accumulation_steps": 4}, {"accumulate_grad_batches": 2}),
+        ("sync_batchnorm", {"zero_stage": 1}, {"sync_batchnorm": True}),
+    ):
+        trainer = _trainer(pl, area.lightning_strategy.ZeroStrategy(config), world, max_epochs=1, **options)
+        try:
+            trainer.fit(Tiny(0, {"lr": 0.05, "betas": (0.9, 0.999), "weight_decay": 0.0}), _loader(rank))
+            out[name] = None
+        except Exception as exc:  # reported to the test, which classifies it
+            out[name] = (type(exc).__name__, str(exc))
+    return out
 
 
 def main(argv: list[str]) -> int:

@@ -171,12 +171,15 @@ def test_trainer_checkpoint_save_and_resume_equals_the_uninterrupted_loop(impl, 
 @pytest.mark.parametrize("world", [1, 2], ids=["world=1", "world=2"])
 def test_trainer_refuses_a_config_accumulation_that_disagrees_with_the_trainer(impl, world):
     """``gradient_accumulation_steps: 4`` in the config with ``Trainer(accumulate_grad_batches=2)``: refused at
-    setup on every rank, naming both values, instead of a run whose updates and Lightning's steps disagree."""
+    setup on every rank, naming both values, instead of a run whose updates and Lightning's steps disagree; and
+    ``Trainer(sync_batchnorm=True)``, which the strategy does not apply, refused rather than ignored."""
     for rank, rec in enumerate(_records(impl, world)):
         error = rec["refusal"]["error"]
         assert error is not None, f"rank {rank}: the conflicting accumulation was accepted"
         assert error[0] == "ConfigurationError", f"rank {rank}: {error}"
         assert "gradient_accumulation_steps=4" in error[1] and "accumulate_grad_batches" in error[1], error[1]
+        sync = rec["refusal"]["sync_batchnorm"]
+        assert sync is not None and sync[0] == "ConfigurationError" and "sync_batchnorm=True" in sync[1], sync
 
 
 # ---- the merge rules, without a Trainer ---------------------------------------------------------------------

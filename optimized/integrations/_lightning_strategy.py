@@ -160,7 +160,12 @@ class ZeroStrategy(DDPStrategy):
     def setup(self, trainer: Any) -> None:
         assert self.accelerator is not None and self.lightning_module is not None
         self.release_engine()  # a strategy set up again (fit, then validate) builds a new engine
-        self._failed = False
+        self._failed, self._user_optimizer = False, None
+        if self._layer_sync is not None:
+            raise ConfigurationError(
+                "Trainer(sync_batchnorm=True) is not supported by ZeroStrategy (the engine wraps the module as it "
+                "is); allowed: sync_batchnorm=False, or convert the BatchNorm layers in the module yourself"
+            )
         self.accelerator.setup(trainer)
         module = self.lightning_module
         fitting = trainer.state.fn == TrainerFn.FITTING
