@@ -161,7 +161,8 @@ def child(arm: str, args: argparse.Namespace, out: str) -> None:
     vocab = MODELS[args.model][4]
     ids = torch.randint(0, vocab, (updates * gas * batch, seq))
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids), batch_size=batch, shuffle=False)
-    module = _module(pl, args)
+    with torch.device(args.device):  # random init on the GPU: minutes on the host for the larger presets
+        module = _module(pl, args)
     timer = _timer(pl, args.device, gas)
     trainer = pl.Trainer(
         accelerator="gpu" if args.device == "cuda" else "cpu", devices=1, strategy=_strategy(pl, arm, args),
