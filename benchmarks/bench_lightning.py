@@ -128,7 +128,12 @@ def _timer(pl: Any, device: str, gas: int) -> Any:
         """The wall time of each optimizer update (``gas`` batches), synchronized with the device."""
 
         def __init__(self) -> None:
-            self.marks: list[float] = []
+            self.marks: list[float] = []  # the start of training, then the end of each update
+
+        def on_train_start(self, trainer: Any, module: Any) -> None:
+            if device == "cuda":
+                torch.cuda.synchronize()
+            self.marks.append(time.perf_counter())
 
         def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
             if (batch_idx + 1) % gas == 0:
@@ -173,8 +178,8 @@ def child(arm: str, args: argparse.Namespace, out: str) -> None:
     if args.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     trainer.fit(module, loader)
-    marks = timer.marks[args.warmup - 1:] if args.warmup else [timer.marks[0], *timer.marks]
-    step_s = (marks[-1] - marks[0]) / max(1, len(marks) - 1)
+    marks = timer.marks[args.warmup:]  # from the end of the last warm-up update (or the start) to the end
+    step_s = (marks[-1] - marks[0]) / (len(marks) - 1)
     row = {
         "arm": arm, "model": args.model, "status": "ok", "updates": trainer.global_step, "seq": seq, "batch": batch,
         "gas": gas, "step_s": step_s, "tokens_per_s": seq * batch * gas / step_s if step_s > 0 else None,
