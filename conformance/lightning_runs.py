@@ -76,7 +76,7 @@ def _module_class(pl: Any) -> type:
 def _trainer(pl: Any, strategy: Any, world: int, **kwargs: Any) -> Any:
     options = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False,
                "enable_model_summary": False, "use_distributed_sampler": False, "num_sanity_val_steps": 0,
-               "default_root_dir": tempfile.mkdtemp(prefix="lightning-run-"), **kwargs}
+               "default_root_dir": tempfile.mkdtemp(prefix="lightning-run-", dir=os.getcwd()), **kwargs}
     return pl.Trainer(accelerator="cpu", devices=world, strategy=strategy, **options)
 
 
