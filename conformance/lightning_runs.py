@@ -48,6 +48,7 @@ def _module_class(pl: Any) -> type:
             self.opt = optimizer
             self.losses: list[torch.Tensor] = []
             self.outcomes: list[tuple[float, float]] = []
+            self.val_losses: list[torch.Tensor] = []
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.net(x)
@@ -56,6 +57,12 @@ def _module_class(pl: Any) -> type:
             x, y = batch
             loss = nn.functional.mse_loss(self(x), y)
             self.losses.append(loss.detach().clone())
+            return loss
+
+        def validation_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            loss = nn.functional.mse_loss(self(x), y)
+            self.val_losses.append(loss.detach().clone())
             return loss
 
         def configure_optimizers(self) -> Any:
@@ -159,11 +166,13 @@ def case_bf16(pl: Any, area: Any, rank: int, world: int) -> dict[str, Any]:
 
 
 def case_resume(pl: Any, area: Any, rank: int, world: int, root: str) -> dict[str, Any]:
-    """Stage 3, DeepSpeed-shaped config: one epoch, ``trainer.save_checkpoint``, a fresh module (other seed) and
-    Trainer resumed with ``ckpt_path`` for a second epoch, against two uninterrupted epochs of the plain loop."""
+    """Stage 3 with parameter and optimizer offload, DeepSpeed-shaped config: one epoch,
+    ``trainer.save_checkpoint``, a fresh module (other seed) and Trainer resumed with ``ckpt_path`` for a second
+    epoch, against two uninterrupted epochs of the plain loop; then ``validate(ckpt_path=...)`` of a third module."""
     Tiny = _module_class(pl)
     opt = {"lr": 0.05, "betas": (0.9, 0.999), "weight_decay": 0.0}
-    config = {"zero_optimization": {"stage": 3}, "gradient_clipping": 1.0}
+    zero = {"stage": 3, "offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"}}
+    config = {"zero_optimization": zero, "gradient_clipping": 1.0}
     first = Tiny(0, opt)
     t1 = _trainer(pl, area.lightning_strategy.ZeroStrategy(config), world, max_epochs=1, accumulate_grad_batches=2)
     t1.fit(first, _loader(rank))
@@ -180,10 +189,16 @@ def case_resume(pl: Any, area: Any, rank: int, world: int, root: str) -> dict[st
     ours["losses"] = list(first.losses) + ours["losses"]
     ours["outcomes"] = list(first.outcomes) + ours["outcomes"]
     t2.strategy.release_engine()
-    plain = _plain_loop(area, Tiny(0, opt), {"zero_optimization": {"stage": 3}, "gradient_clipping": 1.0,
+    plain = _plain_loop(area, Tiny(0, opt), {"zero_optimization": zero, "gradient_clipping": 1.0,
                                              "gradient_accumulation_steps": 2,
                                              "optimizer": {"type": "AdamW", "params": dict(opt)}}, rank, epochs=2)
-    return {"lightning": ours, "plain": plain, "layout": layout, "saved": saved, "released": released}
+    third = Tiny(2, opt)
+    t3 = _trainer(pl, area.lightning_strategy.ZeroStrategy(config), world)
+    t3.validate(third, _loader(rank), ckpt_path=path, verbose=False)
+    validated = t3.strategy.engine.state_dict()
+    t3.strategy.release_engine()
+    return {"lightning": ours, "plain": plain, "layout": layout, "saved": saved, "released": released,
+            "validated": validated, "validation_losses": len(third.val_losses)}
 
 
 def case_refusal(pl: Any, area: Any, rank: int, world: int) -> dict[str, Any]:

@@ -151,12 +151,14 @@ def test_bf16_true_trainer_equals_the_plain_bf16_loop_bitwise(impl, world):
 
 @pytest.mark.parametrize("world", [1, 2], ids=["world=1", "world=2"])
 def test_trainer_checkpoint_save_and_resume_equals_the_uninterrupted_loop(impl, world):
-    """Stage 3, DeepSpeed-shaped config: one epoch, ``trainer.save_checkpoint(path)``, then a fresh module (other
-    seed) and Trainer resumed with ``fit(ckpt_path=path)`` for a second epoch. The checkpoint is the engine's
-    format (``path/checkpoint`` and ``path/latest``); the two Trainer runs together equal two uninterrupted epochs
-    of the plain loop bitwise -- weights, optimizer state (step counts), the LR warm-up continuing across the
-    resume (Lightning's scheduler state and the engine's lr), and Trainer.global_step. ``release_engine()`` gives
-    the module back with the trained weights (gathered at stage 3)."""
+    """Stage 3 with parameter and optimizer offload, DeepSpeed-shaped config: one epoch,
+    ``trainer.save_checkpoint(path)``, then a fresh module (other seed) and Trainer resumed with
+    ``fit(ckpt_path=path)`` for a second epoch. The checkpoint is the engine's format (``path/checkpoint`` and
+    ``path/latest``); the two Trainer runs together equal two uninterrupted epochs of the plain loop bitwise --
+    weights, optimizer state (step counts), the LR warm-up continuing across the resume (Lightning's scheduler
+    state and the engine's lr), and Trainer.global_step. ``release_engine()`` gives
+    the module back with the trained weights (gathered at stage 3), and ``Trainer.validate(other_module,
+    ckpt_path=path)`` runs on the checkpoint's weights."""
     for rank, rec in enumerate(_records(impl, world)):
         case = rec["resume"]
         assert case["layout"] == ["checkpoint", "latest"], f"rank {rank}: checkpoint directory {case['layout']}"
@@ -166,6 +168,8 @@ def test_trainer_checkpoint_save_and_resume_equals_the_uninterrupted_loop(impl, 
         assert lrs[BOUNDARIES] > lrs[BOUNDARIES - 1], f"the resumed warm-up restarted or stalled: {lrs}"
         for name, value in case["saved"].items():
             assert torch.equal(case["released"][name], value), f"rank {rank}: release_engine lost {name}"
+            assert torch.equal(case["validated"][name], value), f"rank {rank}: validate(ckpt_path) did not load {name}"
+        assert case["validation_losses"] == 8, "validate(ckpt_path=...) did not run the validation loop"
 
 
 @pytest.mark.parametrize("world", [1, 2], ids=["world=1", "world=2"])
