@@ -196,12 +196,16 @@ def _resolve(impl, config, **trainer) -> Any:
 
 def test_trainer_settings_fill_what_the_config_leaves_out(impl):
     """Accumulation, clipping and dtype come from the Trainer where the config does not give them (or says
-    ``"auto"``, as HF's DeepSpeed configs do); ``bf16-true`` is the engine's bf16."""
+    ``"auto"``, as HF's DeepSpeed configs do); ``bf16-true`` is the engine's bf16; an ``"auto"`` micro-batch size is
+    the DataLoader's and an ``"auto"`` train_batch_size is left to be derived."""
     cfg = _resolve(impl, {"zero_stage": 2}, accumulate_grad_batches=3, gradient_clip_val=0.5, precision="bf16-true")
     assert (cfg.gradient_accumulation_steps, cfg.gradient_clipping, cfg.dtype) == (3, 0.5, "bf16")
     auto = {"zero_optimization": {"stage": 2}, "gradient_accumulation_steps": "auto", "gradient_clipping": "auto"}
     cfg = _resolve(impl, auto, accumulate_grad_batches=4, gradient_clip_val=2.0)
     assert (cfg.zero_stage, cfg.gradient_accumulation_steps, cfg.gradient_clipping) == (2, 4, 2.0)
+    hf = {"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto", "gradient_accumulation_steps": "auto"}
+    cfg = _resolve(impl, hf, accumulate_grad_batches=2, micro_batch_size=8)
+    assert (cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps, cfg.train_batch_size) == (8, 2, None)
     same = _resolve(impl, {"gradient_accumulation_steps": 2, "gradient_clipping": 0.5},
                     accumulate_grad_batches=2, gradient_clip_val=0.5)
     assert (same.gradient_accumulation_steps, same.gradient_clipping) == (2, 0.5)

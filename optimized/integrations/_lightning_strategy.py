@@ -22,8 +22,8 @@ differs is what DDP wraps and what an optimizer step is, so this class replaces 
 The optimizer: the engine runs its own update (R16). ``configure_optimizers`` may return torch's SGD, Adam or
 AdamW (one group over the trainable parameters), read for its type and hyper-parameters; LR schedulers on it are
 Lightning's as usual, and the values they set are copied to the engine's optimizer before each update and before
-a save. Without ``configure_optimizers`` the config's optimizer section is used and ``engine.optimizer`` is
-Lightning's optimizer.
+a save. When ``configure_optimizers`` returns None (Lightning requires the method) the config's optimizer section
+is used and ``engine.optimizer`` is Lightning's optimizer.
 """
 
 from __future__ import annotations
@@ -174,6 +174,7 @@ class ZeroStrategy(DDPStrategy):
             gradient_clip_algorithm=_algorithm_name(trainer.gradient_clip_algorithm) if
             trainer.gradient_clip_val is not None else None,
             precision=str(self.precision_plugin.precision), automatic_optimization=module.automatic_optimization,
+            micro_batch_size=_loader_batch_size(trainer) if fitting and self._auto_micro_batch() else None,
         )
         optimizers, schedulers = self._module_optimizers(module) if fitting else ([], [])
         trainable = [p for p in module.parameters() if p.requires_grad]
@@ -189,6 +190,11 @@ class ZeroStrategy(DDPStrategy):
             self.optimizers = [self._user_optimizer or engine.optimizer]
             self.lr_scheduler_configs = schedulers
         self.setup_precision_plugin()
+
+    def _auto_micro_batch(self) -> bool:
+        """Whether the config asks for the DataLoader's batch size (only then is the loader asked for it)."""
+        value = self._config.get("train_micro_batch_size_per_gpu") if isinstance(self._config, Mapping) else None
+        return isinstance(value, str) and value.lower() == "auto"
 
     def _module_optimizers(self, module: Any) -> tuple[list[torch.optim.Optimizer], list[Any]]:
         """``configure_optimizers``'s optimizer and LR scheduler configs (none when it is not overridden)."""
@@ -322,6 +328,18 @@ def _copy_hyper(source: torch.optim.Optimizer, target: torch.optim.Optimizer) ->
             dst[key] = float(value) if isinstance(value, (int, float, torch.Tensor)) else value
     if "initial_lr" in src:
         dst["initial_lr"] = src["initial_lr"]
+
+
+def _loader_batch_size(trainer: Any) -> int | None:
+    """The training DataLoader's batch size, or None where Lightning does not know it yet (the fit loop's data
+    source, as Lightning's DeepSpeed strategy reads it; never an error: "auto" is then left to the defaults)."""
+    try:
+        source = trainer.fit_loop._data_source
+        loader = source.dataloader() if source.is_defined() else None
+        size = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+    except Exception:  # a private attribute of Lightning that another version may lack
+        return None
+    return size if type(size) is int and size >= 1 else None
 
 
 def _algorithm_name(algorithm: Any) -> str | None:

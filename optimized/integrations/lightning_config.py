@@ -8,7 +8,8 @@ must not let the two disagree silently: Lightning counts ``global_step``, steps 
 whose config says one clipping and whose Trainer says another has no right answer. So each setting is taken from
 wherever it is given, and a setting given in both places with different values is refused by name
 (:class:`~reference.contract.errors.ConfigurationError`, both values and what to change). HF-style ``"auto"`` for
-``gradient_accumulation_steps`` and ``gradient_clipping`` means "the Trainer's".
+``gradient_accumulation_steps`` and ``gradient_clipping`` means "the Trainer's", for
+``train_micro_batch_size_per_gpu`` the training DataLoader's batch size, for ``train_batch_size`` "derive it".
 
 Nothing here imports Lightning: the inputs are plain values (:class:`TrainerSettings`) and a torch optimizer, so
 the rules are tested without the framework and read in one place.
@@ -45,6 +46,8 @@ class TrainerSettings:
     gradient_clip_algorithm: str | None = None
     precision: str = "32-true"
     automatic_optimization: bool = True
+    #: The training DataLoader's batch size (None: unknown), what ``train_micro_batch_size_per_gpu: "auto"`` means.
+    micro_batch_size: int | None = None
 
 
 def resolve_config(
@@ -72,6 +75,8 @@ def resolve_config(
             f"config={config!r} must be None, an AccumulationConfig or a mapping (flat keys or DeepSpeed's nested "
             f"shape)"
         )
+    _take_auto(raw, "train_micro_batch_size_per_gpu", trainer.micro_batch_size)
+    _take_auto(raw, "train_batch_size", None)  # derived from the other two (and the world size) when left out
     gas_given = _take_auto(raw, "gradient_accumulation_steps", trainer.accumulate_grad_batches)
     clip_given = _take_auto(raw, "gradient_clipping", _trainer_clip(trainer))
     dtype_given = any(k in raw for k in (("bf16", "fp16") if is_deepspeed_shaped(raw) else ("dtype",)))
@@ -177,8 +182,8 @@ def optimizer_section(optimizer: torch.optim.Optimizer, trainable: list[torch.nn
         raise ConfigurationError(
             f"configure_optimizers returned {type(optimizer).__module__}.{type(optimizer).__qualname__}; the "
             f"hostoffload strategy runs the engine's own update and accepts torch.optim.SGD, Adam or AdamW (read "
-            f"for their hyper-parameters); allowed: one of those, or no configure_optimizers and the config's "
-            f"optimizer section"
+            f"for their hyper-parameters); allowed: one of those, or configure_optimizers returning None and the "
+            f"config's optimizer section"
         )
     groups = optimizer.param_groups
     group_ids = [id(p) for g in groups for p in g["params"]]
