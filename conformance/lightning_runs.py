@@ -67,6 +67,8 @@ def _module_class(pl: Any) -> type:
 
         def configure_optimizers(self) -> Any:
             o = self.opt
+            if o is None:  # the strategy's config holds the optimizer (no schedule)
+                return None
             opt = torch.optim.AdamW(self.parameters(), lr=o["lr"], betas=o["betas"], weight_decay=o["weight_decay"])
             sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule)
             return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
@@ -92,11 +94,12 @@ def _loader(rank: int) -> Any:
 
 
 def _plain_loop(area: Any, module: nn.Module, config: dict[str, Any], rank: int, epochs: int,
-                dtype: torch.dtype = torch.float32) -> dict[str, Any]:
-    """What a user writes without Lightning: engine, LambdaLR on engine.optimizer, backward/step per batch (the
-    batch cast to the model's ``dtype``, as a bf16 engine needs)."""
+                dtype: torch.dtype = torch.float32, scheduled: bool = True) -> dict[str, Any]:
+    """What a user writes without Lightning: engine, LambdaLR on engine.optimizer (unless not ``scheduled``),
+    backward/step per batch (the batch cast to the model's ``dtype``, as a bf16 engine needs)."""
     engine = area.ZeroEngine(module, config)
-    engine.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(engine.optimizer, _schedule)
+    if scheduled:
+        engine.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(engine.optimizer, _schedule)
     losses, outcomes = [], []
     for _ in range(epochs):
         for x, y in _batches(rank):
@@ -149,19 +152,19 @@ def case_equivalence(pl: Any, area: Any, rank: int, world: int, root: str) -> di
 
 def case_bf16(pl: Any, area: Any, rank: int, world: int) -> dict[str, Any]:
     """``Trainer(precision="bf16-true")`` (Lightning casts the batch) with a config that names no dtype, stage 1,
-    against the plain loop of a ``bf16`` config that casts its batches."""
+    and the optimizer in the config (``configure_optimizers`` returns None), against the plain loop of a ``bf16``
+    config that casts its batches."""
     Tiny = _module_class(pl)
-    opt = {"lr": 0.05, "betas": (0.9, 0.999), "weight_decay": 0.0}
-    strategy = area.lightning_strategy.ZeroStrategy({"zero_stage": 1, "gradient_clipping": 1.0})
-    module = Tiny(0, opt)
+    opt = {"type": "adamw", "lr": 0.05, "betas": (0.9, 0.999), "weight_decay": 0.0}
+    strategy = area.lightning_strategy.ZeroStrategy({"zero_stage": 1, "gradient_clipping": 1.0, "optimizer": opt})
+    module = Tiny(0, None)
     trainer = _trainer(pl, strategy, world, max_epochs=1, accumulate_grad_batches=2, precision="bf16-true")
     trainer.fit(module, _loader(rank))
     ours = _lightning_record(module, trainer)
     strategy.release_engine()
-    plain = _plain_loop(area, Tiny(0, opt), {
-        "zero_stage": 1, "dtype": "bf16", "gradient_accumulation_steps": 2, "gradient_clipping": 1.0,
-        "optimizer": {"type": "adamw", **opt},
-    }, rank, epochs=1, dtype=torch.bfloat16)
+    plain = _plain_loop(area, Tiny(0, None), {
+        "zero_stage": 1, "dtype": "bf16", "gradient_accumulation_steps": 2, "gradient_clipping": 1.0, "optimizer": opt,
+    }, rank, epochs=1, dtype=torch.bfloat16, scheduled=False)
     return {"lightning": ours, "plain": plain}
 
 

@@ -142,7 +142,8 @@ def test_model_checkpoint_writes_engine_checkpoints_a_plain_engine_loads(impl, w
 @pytest.mark.parametrize("world", [1, 2], ids=["world=1", "world=2"])
 def test_bf16_true_trainer_equals_the_plain_bf16_loop_bitwise(impl, world):
     """``Trainer(precision="bf16-true")`` with a config that names no dtype runs the engine in bf16 (the batch cast
-    by Lightning) and equals the plain loop of a ``dtype: bf16`` config that casts its batches, bitwise."""
+    by Lightning) and equals the plain loop of a ``dtype: bf16`` config that casts its batches, bitwise; the
+    optimizer is the config's (``configure_optimizers`` returns None, Lightning's optimizer is the engine's)."""
     for rank, rec in enumerate(_records(impl, world)):
         case = rec["bf16"]
         assert all(v.dtype == torch.bfloat16 for v in case["lightning"]["params"].values()), "the model is not bf16"
