@@ -215,6 +215,11 @@ part bench-zero-offload-s3 "${T_BZ3:-270}" "${zo[@]}" --model 886m --out "$out/z
   --arms "${S3_ARMS:-ours-s3-offload,ours-s3-offload-dpu,ds-z3-offload}"
 part bench-zero-offload-more "${T_BZM:-360}" "${zo[@]}" --model 886m --out "$out/zero_offload_more" \
   --arms ours-s3,fsdp2,fsdp2-offload
+# Issue 52: a Lightning Trainer with our ZeroStrategy beside Lightning's DeepSpeedStrategy at the same config (ZeRO-2,
+# optimizer offload, bf16-true, the 886M Llama). Needs lightning (or pytorch-lightning) and, for the DeepSpeed arm,
+# DeepSpeed's wheels installed as above; a missing one prints "not installed".
+part bench-lightning "${T_BL:-360}" python3 benchmarks/bench_lightning.py --device cuda --model 886m --steps 5 \
+  --warmup 2 --timeout 170 --out "$out/lightning"
 # The largest model that trains with offload (host memory bounds it), with default settings: the engine pins its own
 # buffers at their exact size by default (HOSTOFFLOAD_ZERO_HOST_MEMORY=exact; docs/zero.md, "Host memory"), so no
 # --pin-backend is given (under torch's allocator each engine buffer used to be rounded up to a power of two).

@@ -6,7 +6,10 @@ on the line right before its fence, which the rendered page does not show::
 
     <!-- docs-test: needs cuda -->
 
-and is then skipped where CUDA is not available, with that reason. Nothing else exempts a block.
+and is then skipped where CUDA is not available, with that reason. A block that needs an optional package (one of
+the extras, e.g. Lightning) says ``<!-- docs-test: needs lightning -->`` and is skipped where that package does not
+import, with the reason the report attributes to a missing package (conformance.optional_packages). Nothing else
+exempts a block.
 
 A block that says it runs under ``torchrun`` (one process per rank, each reading ``RANK`` / ``WORLD_SIZE`` /
 ``MASTER_ADDR`` / ``MASTER_PORT``) carries ``<!-- docs-test: torchrun -->``: it is run as above (a world of one)
@@ -34,8 +37,8 @@ from pathlib import Path
 
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)```python[ \t]*\n(?P<code>.*?)^(?P=indent)```[ \t]*$", re.M | re.S)
 _MARKER = re.compile(r"<!--\s*docs-test:\s*(?P<what>[^>]*?)\s*-->\s*$")
-#: What a marker may say, and what it means.
-NEEDS = {"needs cuda": "cuda"}
+#: What a marker may say, and what it means: "cuda" (a device), else the name of an optional package to import.
+NEEDS = {"needs cuda": "cuda", "needs lightning": "lightning"}
 #: The marker of a block that runs under torchrun (at two ranks in the test, besides the run at one).
 TORCHRUN = "torchrun"
 #: With several ranks, the ``MASTER_PORT`` of each block run, in order (comma-separated): every block starts and

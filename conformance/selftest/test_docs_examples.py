@@ -6,6 +6,7 @@ would start them."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import socket
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from conformance.docs_examples import PORTS_ENV, Block, all_blocks, blocks_of
+from conformance.optional_packages import MISSING_PREFIX
 from conformance.selftest.runner import child_env, source_root
 
 pytestmark = pytest.mark.conformance_area("harness")
@@ -28,6 +30,18 @@ def _cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def _unmet(block: Block) -> str | None:
+    """Why ``block`` cannot run here (a skip reason), or None: CUDA for 'needs cuda', else its optional package
+    (the reason starts as conformance.optional_packages says, so the report names the package)."""
+    if block.needs is None:
+        return None
+    if block.needs == "cuda":
+        return None if _cuda_available() else f"{block.name} is marked 'needs cuda' and CUDA is not available here"
+    if importlib.util.find_spec(block.needs) is not None:
+        return None
+    return f"{MISSING_PREFIX} '{block.needs}' ({block.name} is marked 'needs {block.needs}')"
 
 
 def _free_port() -> str:
@@ -58,7 +72,7 @@ def _parse(stdout: str) -> dict[str, dict]:
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict[str, dict]:
     """name -> result of every block this machine can run, from one child interpreter."""
-    runnable = [b.name for b in BLOCKS if b.needs is None or (b.needs == "cuda" and _cuda_available())]
+    runnable = [b.name for b in BLOCKS if _unmet(b) is None]
     # Blocks that start a torch.distributed group of one (docs/zero.md) find it as torchrun would give it, on a
     # free port: the fixed port a block falls back to could be taken by another run on this machine.
     env = child_env({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
@@ -112,8 +126,9 @@ def test_the_pages_have_examples():
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.name for b in BLOCKS])
 def test_docs_example_runs_as_written(block: Block, results):
-    if block.needs == "cuda" and not _cuda_available():
-        pytest.skip(f"{block.name} is marked 'needs cuda' and CUDA is not available here")
+    reason = _unmet(block)
+    if reason is not None:
+        pytest.skip(reason)
     result = results[block.name]
     assert result["ok"], f"{block.name} failed:\n{result['error']}"
 
@@ -152,3 +167,17 @@ def test_blocks_are_found_dedented_and_marked(tmp_path: Path):
         blocks_of(page, tmp_path)
     page.write_text("<!-- docs-test: torchrun -->\n```python\nx = 1\n```\n\n```python\ny = 2\n```\n")
     assert [(b.line, b.needs, b.torchrun) for b in blocks_of(page, tmp_path)] == [(3, None, True), (7, None, False)]
+
+
+def test_a_block_marked_with_an_optional_package_is_skipped_only_where_it_is_missing(tmp_path: Path):
+    """``needs lightning`` marks a block that imports an optional package: it runs where the package imports and is
+    skipped elsewhere with the missing-package reason the report attributes (never failed for the environment)."""
+    (tmp_path / "docs").mkdir()
+    page = tmp_path / "docs" / "page.md"
+    page.write_text("<!-- docs-test: needs lightning -->\n```python\nimport lightning\n```\n")
+    (block,) = blocks_of(page, tmp_path)
+    assert block.needs == "lightning"
+    absent = Block(block.page, block.line, block.code, "no_such_package_hostoffload")
+    assert _unmet(absent) == f"{MISSING_PREFIX} 'no_such_package_hostoffload' (docs/page.md:3 is marked 'needs " \
+                             f"no_such_package_hostoffload')"
+    assert _unmet(Block(block.page, block.line, block.code, "json")) is None

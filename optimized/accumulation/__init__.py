@@ -13,7 +13,10 @@ declare them too, or not): ``fused_device_adam`` (a device Adam kernel; test_acc
 ``transport_handoff``, the object through which :class:`Collectives` hands every tensor to torch.distributed --
 ``lend(*tensors)`` returns the aliases to post, ``held()`` counts those a transport may still reference,
 ``drain(timeout)`` waits for them -- so that no tensor is last released by a transport thread
-(test_accumulation_transport_handoff; docs/zero.md, "Exactness and the runner").
+(test_accumulation_transport_handoff; docs/zero.md, "Exactness and the runner"). A third,
+``lightning_strategy``, is the module of this engine's Lightning 2.x ``Strategy`` (``ZeroStrategy``, imported
+with Lightning on first use; ``load_lightning()`` names the missing extra): test_accumulation_lightning trains a
+``LightningModule`` through it and compares with the plain loop of the same engine (docs/zero.md, "Lightning").
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from optimized.accumulation.engine import DEFAULT_BUCKET_ELEMENTS, StepOutcome, 
 from optimized.accumulation.host_memory import HostMemoryEstimate, estimate_host_memory
 from optimized.accumulation.lr import EngineOptimizer
 from optimized.accumulation.optimizers import step_master, torch_step, uses_native
+from optimized.integrations import lightning as lightning_strategy
 from reference.contract.accumulation_config import (
     CONFIG_KEYS,
     DTYPES,
@@ -92,6 +96,7 @@ __all__ = [
     "estimate_host_memory",
     "fold_in_rank_order",
     "fused_device_adam",
+    "lightning_strategy",
     "micro_batch",
     "native_cpu_adam",
     "scenario_calls",
