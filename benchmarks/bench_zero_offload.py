@@ -8,7 +8,10 @@ allocator, so peak memory and host RSS are the arm's own; a crash or OOM of one 
   parameter offload): :class:`optimized.accumulation.ZeroEngine`; ``ours-s2-offload-dpu``,
   ``ours-s3-offload-dpu``: the offloaded arms with ``delayed_parameter_update`` (docs/accumulation.md R27: the
   CPU Adam of a step overlaps the whole next step, whose weights lag by one update);
-- ``ds-z2-offload``, ``ds-z3-offload`` (+ offload_param cpu): DeepSpeed ZeRO with ``offload_optimizer: cpu``;
+- ``ds-z2-offload``, ``ds-z3-offload`` (+ offload_param cpu): DeepSpeed ZeRO with ``offload_optimizer: cpu`` in
+  DeepSpeed's default configuration (bf16 gradient accumulation, buckets 5e8), ``-b5e7`` with buckets of 5e7 and
+  ``-fp32acc`` with fp32 accumulation (``ds_configs.py`` says what each computes; every row names its
+  configuration); our arms accumulate in fp32 unless their name carries ``-bf16acc`` (DeepSpeed's default numerics);
 - ``fsdp2``, ``fsdp2-offload``: ``fully_shard`` per decoder layer and the root, bf16 parameters (the same
   arithmetic as the engines' bf16 model with fp32 optimizer state is not available in FSDP2's mixed precision
   policy, so FSDP2 keeps fp32 parameters and computes in bf16 -- the usual FSDP2 recipe), with and without
@@ -17,7 +20,8 @@ allocator, so peak memory and host RSS are the arm's own; a crash or OOM of one 
   bucket's host Adam started under the last backward, redone where the norm clips; the timeline line prints the
   boundaries and buckets redone); ``ours-s2-offload-bf16state-overlap``: both R29 and R30, the configuration
   for a user short of memory;
-- ``ours-s2-offload-matched`` (issue 40): our engine at DeepSpeed's GPU memory: ``gpu_share: "auto"`` with a
+- ``ours-s2-offload-matched`` (issue 40): our engine at DeepSpeed's GPU memory (the smallest peak of its
+  default-numerics arms, issue 49): ``gpu_share: "auto"`` with a
   ``gpu_memory_budget`` of what DeepSpeed's peak leaves above our all-on-the-host arm's peak (see
   :func:`_memory_match`; the arms it needs run first); ``ours-s2-offload-bf16state-matched`` the same with R29's
   bf16 moments (12 instead of 16 bytes per element on the device side: a larger share in the same budget), and
