@@ -123,7 +123,7 @@ class ScheduledEngine:
 
     _schedule: AccumulationSchedule
 
-    def _check_alive(self) -> None:  # pragma: no cover - every engine overrides it
+    def _check_alive(self) -> object:  # pragma: no cover - every engine overrides it (the result is the engine's)
         raise NotImplementedError
 
     @property
