@@ -55,8 +55,8 @@ class DeferredPrefetch:
         self, allocated_bytes: Callable[[], int | None], issue: Callable[[Any, int], None],
         candidates: list[PlannedCopy], epoch: int, start: int,
     ) -> None:
-        self._allocated_bytes = weakref.WeakMethod(allocated_bytes)  # type: ignore[arg-type]
-        self._issue = weakref.WeakMethod(issue)  # type: ignore[arg-type]
+        self._allocated_bytes = weakref.WeakMethod(allocated_bytes)
+        self._issue = weakref.WeakMethod(issue)
         self._pending = [weakref.ref(c) for c in candidates]
         self._epoch = epoch
         self._high = start

@@ -13,6 +13,7 @@ snapshot, so both implementations fill the same value the same way.
 from __future__ import annotations
 
 import threading
+from typing import Any
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -140,8 +141,9 @@ class StatsRecorder:
         with self._lock:
             values = dict(self._values)
             reasons = dict(self._reasons)
-        ints = {k: int(values[k]) for k in self._COUNTERS}
-        floats = {k: float(values[k]) for k in self._TIMERS}
+        # Any: mypy cannot match keyword unpacking to the dataclass's fields (the keys are its field names)
+        ints: dict[str, Any] = {k: int(values[k]) for k in self._COUNTERS}
+        floats: dict[str, Any] = {k: float(values[k]) for k in self._TIMERS}
         return OffloadStats(skipped_by_reason=reasons, **ints, **floats)
 
 __all__ = [
