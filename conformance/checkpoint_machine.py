@@ -96,7 +96,7 @@ class CheckpointMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.dir = tempfile.mkdtemp(dir=self.workdir)
-        self.engine = None
+        self.engine: Any = None  # the implementation's engine under test, built by a rule
         self.allowed: dict[str, list[Any]] = {t: [RAISES] for t in TAGS}
         self.latest: list[str | None] = [None]
         self.batch = 0

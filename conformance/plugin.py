@@ -460,7 +460,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         terminalreporter.write_line(f"{name}: {value}")
     for warning in config.stash[_EXPECTATIONS_KEY].warnings():
         terminalreporter.write_line(f"warning: {warning}", yellow=True)
-    for package, entry in config.stash[_COLLECTOR_KEY].ledger.summary()["missing_packages"].items():
+    missing: dict[str, dict[str, list[str]]] = config.stash[_COLLECTOR_KEY].ledger.summary()["missing_packages"]  # type: ignore[assignment]  # summary() is a report of mixed values
+    for package, entry in missing.items():
         left = entry["rules_not_judged"] + entry["rules_partly_judged"]
         terminalreporter.write_line(f"not judged: optional package {package} is missing ({entry['tests']} tests; "
                                     f"rules {', '.join(left) or 'none cited'})", yellow=True)

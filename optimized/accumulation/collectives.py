@@ -101,7 +101,7 @@ class TransportHandoff:
             time.sleep(0.001)
 
     def _prune(self) -> None:
-        self._held = [t for t in self._held if t._use_count() > 1]
+        self._held = [t for t in self._held if t._use_count() > 1]  # type: ignore[attr-defined]  # torch-private
 
     def _after_fork_in_child(self) -> None:
         self._lock = threading.Lock()

@@ -86,7 +86,8 @@ class LossOrigin:
         visited = {id(start): start}  # id -> node: holding the node keeps its wrapper, so ids are not recycled
         queue = deque([start])
         while queue:
-            node = queue.popleft()
+            # Any: torch's stub types Node.metadata as a method; at run time it is the node's dict
+            node: Any = queue.popleft()
             if node.metadata.get(MARK_KEY) is self._token:
                 return True
             var = getattr(node, "variable", None)

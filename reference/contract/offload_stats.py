@@ -13,9 +13,9 @@ snapshot, so both implementations fill the same value the same way.
 from __future__ import annotations
 
 import threading
-from typing import Any
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 _GB = 1e9
 
