@@ -33,6 +33,7 @@ __all__ = ["EngineOptimizer", "LrSchedule", "config_scheduler"]
 def config_scheduler(optimizer: EngineOptimizer, config: AccumulationConfig) -> DeepSpeedSchedule:
     """The config's ``scheduler`` section as a scheduler on ``optimizer``. OneCycle cycles ``betas`` for the Adam
     types only: DeepSpeed cycles momentum only where the optimizer has ``betas``, which torch's SGD has not."""
+    assert config.scheduler is not None  # the engine calls this for a config with a scheduler section
     return DeepSpeedSchedule(optimizer, config.scheduler, cycle_betas=config.optimizer.type != "sgd")
 
 

@@ -219,6 +219,7 @@ class NvmeUpdate(HostUpdate):
         names = state_buffer_names(ctx.config.optimizer)
         # R17 (nvme): the state exists only in its files until the first boundary swaps it in; while in memory
         # it is pinned like the engine's other buffers (exactly, by default), so the handle moves it directly.
+        assert ctx.config.nvme_path is not None  # the config refuses nvme offload without an nvme_path
         try:
             self._swap = StateSwapper(ctx.config.nvme_path, ctx.config.nvme_swap, ctx.rank, names,
                                       ctx.master_numel, allocate=ctx.host.pinned_untracked)
@@ -230,6 +231,7 @@ class NvmeUpdate(HostUpdate):
 
     @classmethod
     def check_config(cls, config: AccumulationConfig) -> None:
+        assert config.nvme_path is not None  # the config refuses nvme offload without an nvme_path
         _probe_nvme_path(config.nvme_path)
 
     def _resident_state_names(self) -> tuple[str, ...]:
