@@ -90,6 +90,7 @@ class WholePartitionUpdate(UpdatePath):
 
     # ---- backward ----------------------------------------------------------------------------------------
     def bucket_gradients(self, bucket: Any) -> torch.Tensor:
+        assert self._comm_grads is not None  # buckets exist at stages 2/3 only, which allocate it
         return self._comm_grads[bucket.start : bucket.end]
 
     def finish_backward(self, buckets: Sequence[Any]) -> None:
@@ -132,7 +133,11 @@ class WholePartitionUpdate(UpdatePath):
         clip_coef = clip_coefficient(norm, cfg.gradient_clipping)  # R15; applied with the optimizer
         # R16 on the fp32 master, on the host when offloaded (R17).
         wrote_lp = self._optimizer_step(hyper, self._master_gradient(owned.to(torch.float32)), clip_coef)
-        lp = self._cast if wrote_lp else self.master.to(cfg.model_dtype)
+        if wrote_lp:
+            assert self._cast is not None  # the step writes the model-dtype weights only into a cast buffer
+            lp = self._cast
+        else:
+            lp = self.master.to(cfg.model_dtype)
         ctx.weights.write(lp, "parameter all-gather", staging=self._gather_source, non_blocking=True)  # R12
         self.accumulator.zero_()  # R13 step 6
         return StepOutcome(boundary=True, grad_norm=norm, clip_coef=clip_coef, gradients=gradients)
