@@ -67,14 +67,14 @@ class EngineOptimizer(torch.optim.Optimizer):
         return replace(
             self._base,
             lr=float(g["lr"]),
-            betas=tuple(float(b) for b in g["betas"]),
+            betas=tuple(float(b) for b in g["betas"]),  # type: ignore[arg-type]  # OptimizerConfig checks the pair
             eps=float(g["eps"]),
             weight_decay=float(g["weight_decay"]),
             momentum=float(g["momentum"]),
         )
 
     @torch.no_grad()
-    def step(self, closure: Any = None) -> None:
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]  # torch's overloads; no closure here
         """Called by the engine after each boundary update (so schedulers see optimizer-then-scheduler)."""
         if not self._engine_stepping:
             raise UnsupportedOperationError(

@@ -129,7 +129,7 @@ class ZeroStrategy(DDPStrategy):
             )
         super().__init__(**kwargs)
         self._config = config
-        self._engine_kwargs = {"bucket_elements": bucket_elements, "prefetch": prefetch}
+        self._engine_kwargs: dict[str, Any] = {"bucket_elements": bucket_elements, "prefetch": prefetch}
         self._engine: ZeroEngine | None = None
         #: The optimizer configure_optimizers returned (Lightning's, schedulers act on it), or None.
         self._user_optimizer: torch.optim.Optimizer | None = None

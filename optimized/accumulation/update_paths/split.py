@@ -56,7 +56,7 @@ from optimized.accumulation.update_paths.gradient_stream import GradientStream
 from optimized.accumulation.update_paths.host_worker import HostUpdateWorker
 from optimized.accumulation.update_paths.release import Release
 from optimized.accumulation.update_paths.timings import UpdateTimings
-from reference.contract.accumulation_config import GPU_SHARE_AUTO, OptimizerConfig
+from reference.contract.accumulation_config import OptimizerConfig
 from reference.contract.accumulation_limit import fit_limit, floor_meter, limit_margin
 from reference.contract.accumulation_split import (
     SplitDecision,
@@ -138,7 +138,7 @@ class DeviceSplit:
         cfg = ctx.config
         P = ctx.layout.partition_size
         self._decision: SplitDecision | None = (
-            None if cfg.gpu_share == GPU_SHARE_AUTO else fixed_split(cfg.gpu_share, P, cfg)
+            None if isinstance(cfg.gpu_share, str) else fixed_split(cfg.gpu_share, P, cfg)  # the str: GPU_SHARE_AUTO
         )
         self._auto = AutoShare(ctx, worker, hides_whole_step=release.lags_parameters,
                                hides_last_backward=host_starts_in_backward)
