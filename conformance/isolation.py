@@ -188,7 +188,8 @@ def _child_redirect(config: pytest.Config, fd: int) -> None:
     os.close(fd)
     import faulthandler
 
-    if faulthandler.is_enabled():  # the Python stack of a crash belongs in the child's output, which is quoted
+    # the Python stack of a crash belongs in the child's output, which is quoted
+    if faulthandler.is_enabled() and sys.__stderr__ is not None:
         faulthandler.enable(file=sys.__stderr__, all_threads=True)
     if capman is not None:
         from _pytest.capture import _get_multicapture
