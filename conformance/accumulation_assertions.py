@@ -181,12 +181,15 @@ def assert_traces_match(actual: Trace, expected: Trace, tolerance: TraceToleranc
         if a.boundary != e.boundary:
             raise AssertionError(f"{label}: boundary={a.boundary} != expected {e.boundary}")
         if isinstance(e, ControlRecord):
+            assert isinstance(a, ControlRecord)  # a's type is e's (checked above): for the type checker
             if a.call != e.call:
                 raise AssertionError(f"{label}: call {a.call!r} != expected {e.call!r}")
             continue
+        assert not isinstance(a, ControlRecord)  # as e
         if a.counters != e.counters:
             raise AssertionError(f"{label}: counters {a.counters} != expected {e.counters}")
         if isinstance(e, BackwardRecord):
+            assert isinstance(a, BackwardRecord)  # as e
             if len(a.losses) != len(e.losses):
                 raise AssertionError(f"{label}: {len(a.losses)} losses != expected {len(e.losses)} (one per rank)")
             for r, (la, le) in enumerate(zip(a.losses, e.losses, strict=True)):
@@ -195,7 +198,7 @@ def assert_traces_match(actual: Trace, expected: Trace, tolerance: TraceToleranc
                 else:
                     assert_tensor_close(la, le, f"{label} loss of rank {r}", rtol=tol.losses[0], atol=tol.losses[1])
             continue
-        assert isinstance(e, StepRecord)
+        assert isinstance(e, StepRecord) and isinstance(a, StepRecord)
         assert_float_match(a.grad_norm, e.grad_norm, f"{label} grad_norm", tol.norm_rtol if tol else None)
         if tol is None:
             assert_float_match(a.clip_coef, e.clip_coef, f"{label} clip_coef", None)
@@ -273,10 +276,12 @@ def arithmetic_tolerance(scenario: Scenario) -> TraceTolerance:
 
 
 def _norm_and_clip(
-    cfg: AccumulationConfig, layout: FlatLayout, gradients: dict[str, torch.Tensor], world_size: int
+    cfg: AccumulationConfig, layout: FlatLayout, gradients: dict[str, torch.Tensor] | None, world_size: int
 ) -> tuple[float, float | None, torch.Tensor]:
     """R14-R15 on one boundary's gradients: the global norm over the ranks' shards, the clip coefficient (None when
     clipping is off or does not bite) and the flat fp32 gradient the optimizer then sees."""
+    if gradients is None:
+        raise AssertionError("a boundary record without gradients: the replay needs a trace with its gradients")
     grads = flatten(layout, gradients, torch.float32)
     norm = global_grad_norm(layout, [shard(layout, grads, r) for r in range(world_size)])
     coef = None

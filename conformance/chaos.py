@@ -70,8 +70,10 @@ class ChaosSchedule:
     stall: int | None = None
 
 
-def _extent(t: torch.Tensor) -> tuple[int, int] | None:
-    """Byte range ``[lo, hi)`` a strided tensor can touch, or None for empty/non-strided tensors."""
+def _extent(t: torch.Tensor | None) -> tuple[int, int] | None:
+    """Byte range ``[lo, hi)`` a strided tensor can touch, or None for empty/non-strided tensors (or none)."""
+    if t is None:
+        return None
     if t.layout != torch.strided or t.numel() == 0 or t.device.type != "cpu":
         return None
     lo = t.data_ptr()
@@ -263,7 +265,7 @@ class ChaosAccelerator(CpuAccelerator):
         finally:
             stack.pop()
 
-    def new_event(self) -> ChaosEvent:
+    def new_event(self) -> ChaosEvent:  # type: ignore[override]  # the Accelerator contract's event, duck-typed
         return ChaosEvent(self)
 
     def new_timing_event(self) -> ChaosEvent:
@@ -299,7 +301,7 @@ class ChaosAccelerator(CpuAccelerator):
                 return None
             return original(t, stream)
 
-        torch.Tensor.record_stream = record_stream  # type: ignore[method-assign]
+        torch.Tensor.record_stream = record_stream  # type: ignore[method-assign,assignment]  # patched while active
         mode = _Mode(self)
         try:
             with mode:

@@ -42,7 +42,7 @@ from reference.contract.errors import CheckpointError
 
 SEED = 5
 #: (zero_stage, extra config) the machine picks from: every stage, offload, a second dtype.
-CONFIGS = (
+CONFIGS: tuple[tuple[int, dict[str, Any]], ...] = (
     (0, {}),
     (1, {"dtype": "bf16", "grad_accum_dtype": "fp32"}),
     (2, {"offload_optimizer": "cpu"}),
@@ -96,7 +96,7 @@ class CheckpointMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.dir = tempfile.mkdtemp(dir=self.workdir)
-        self.engine = None
+        self.engine: Any = None  # the implementation's engine under test, built by a rule
         self.allowed: dict[str, list[Any]] = {t: [RAISES] for t in TAGS}
         self.latest: list[str | None] = [None]
         self.batch = 0
@@ -130,6 +130,7 @@ class CheckpointMachine(RuleBasedStateMachine):
                     path = self.engine.save_checkpoint(self.dir, tag, save_latest=save_latest)
         except Killed:
             outcome = "killed"
+            assert injected is not None  # only an injected fault kills a save
             injected.restore_killed_state()
         except CheckpointError as exc:
             outcome = "raised"
@@ -181,7 +182,7 @@ class CheckpointMachine(RuleBasedStateMachine):
     @rule(tag=st.sampled_from((*TAGS, None)))
     def load(self, tag: str | None) -> None:
         before = engine_state(self.engine)
-        allowed = (
+        allowed: list[Any] = (
             self.allowed[tag] if tag is not None
             else [s for t in self.latest for s in (self.allowed[t] if t is not None else [RAISES])]
         )

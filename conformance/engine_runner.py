@@ -18,6 +18,7 @@ stuck in a collective is killed after a grace period, so a failing run never han
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from typing import Any
 
@@ -95,10 +96,19 @@ def _raise_failure(failures: list[RankFailure], world: int) -> None:
     exc = primary.exception
     if exc is None:
         exc = RuntimeError(f"{primary.type_name}: {primary.message}")
-    exc.add_note(note)
+    _add_note(exc, note)
     if primary.traceback:
-        exc.add_note("rank traceback:\n" + primary.traceback)
+        _add_note(exc, "rank traceback:\n" + primary.traceback)
     raise exc
+
+
+def _add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)``: Python 3.11's; on 3.10 (which the package supports) the note goes where 3.11 keeps
+    it, ``__notes__``, instead of failing with an AttributeError that hides the rank's error."""
+    if sys.version_info >= (3, 11):
+        exc.add_note(note)
+    else:
+        vars(exc).setdefault("__notes__", []).append(note)
 
 
 def run_on_ranks(fn: Any, world: int, *args: Any, backend: str | None = None, grace_s: float = 10.0) -> list[Any]:

@@ -96,7 +96,7 @@ class FilesystemTrace:
 
     def __init__(self, directory: str) -> None:
         self.root = os.path.abspath(directory)
-        self.events: list[tuple[str, ...]] = []
+        self.events: list[tuple[Any, ...]] = []
         self._patches = AttributePatches()
 
     def _under(self, path: str | None) -> bool:
@@ -111,6 +111,7 @@ class FilesystemTrace:
             path = _abs(file)
             if not any(c in mode for c in "wax+") or not self._under(path):
                 return real_open(file, mode, buffering, encoding, errors, newline, closefd, opener)
+            assert path is not None  # _under() holds for paths only
             self.events.append(("open", path))
             raw_mode = mode.replace("b", "").replace("t", "")
             raw = _RecordingRaw(io.FileIO(file, raw_mode, closefd=closefd, opener=opener), self, path)
@@ -178,12 +179,12 @@ class FilesystemTrace:
         return call
 
 
-def _synced(events: list[tuple[str, ...]], path: str, after: int, before: int) -> bool:
+def _synced(events: list[tuple[Any, ...]], path: str, after: int, before: int) -> bool:
     """Whether ``path`` was fsynced (or everything synced) at an index in (after, before)."""
     return any(e[0] in ("fsync", "sync") and (e[0] == "sync" or e[1] == path) for e in events[after + 1 : before])
 
 
-def durability_violations(events: list[tuple[str, ...]], final: str, files: list[str]) -> list[str]:
+def durability_violations(events: list[tuple[Any, ...]], final: str, files: list[str]) -> list[str]:
     """What breaks the durability order in ``events`` (one save that returned) for the checkpoint directory
     ``final`` holding ``files`` (paths relative to it) when the save returned. The order, docs/zero.md
     ("Checkpoints: what is guaranteed", durability order): each file's data is fsynced after its last write;

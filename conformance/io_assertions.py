@@ -134,5 +134,6 @@ def assert_stats_consistent(stats: object, what: str) -> None:
             f"{what}: counters disagree: written+read={moved}, direct+bounced={split}, o_direct+buffered={path} "
             f"({stats})"
         )
-    if not stats.o_direct_requested and stats.o_direct_bytes:  # type: ignore[attr-defined]
-        raise AssertionError(f"{what}: {stats.o_direct_bytes} O_DIRECT bytes with use_o_direct=False")
+    o_direct_bytes = stats.o_direct_bytes  # type: ignore[attr-defined]
+    if not stats.o_direct_requested and o_direct_bytes:  # type: ignore[attr-defined]
+        raise AssertionError(f"{what}: {o_direct_bytes} O_DIRECT bytes with use_o_direct=False")

@@ -188,7 +188,8 @@ def _child_redirect(config: pytest.Config, fd: int) -> None:
     os.close(fd)
     import faulthandler
 
-    if faulthandler.is_enabled():  # the Python stack of a crash belongs in the child's output, which is quoted
+    # the Python stack of a crash belongs in the child's output, which is quoted
+    if faulthandler.is_enabled() and sys.__stderr__ is not None:
         faulthandler.enable(file=sys.__stderr__, all_threads=True)
     if capman is not None:
         from _pytest.capture import _get_multicapture
@@ -297,10 +298,10 @@ def _parent_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> pytest.
 
     def teardown() -> None:
         if capman is None:
-            item.session._setupstate.teardown_exact(nextitem)  # type: ignore[attr-defined]
+            item.session._setupstate.teardown_exact(nextitem)
             return
         with capman.item_capture("teardown", item):
-            item.session._setupstate.teardown_exact(nextitem)  # type: ignore[attr-defined]
+            item.session._setupstate.teardown_exact(nextitem)
 
     reraise: tuple[type[BaseException], ...] = (Exit,)
     if not item.config.getoption("usepdb", False):
@@ -313,7 +314,7 @@ def _own_setup_state(item: pytest.Item) -> None:
     them as an in-process test would) but none of their finalizers. The child tears down everything when its
     test ends; what it set up itself is finalized there, what the parent set up is the parent's to finalize
     (a module fixture's cleanup of a shared directory must not run once per isolated test)."""
-    stack = item.session._setupstate.stack  # type: ignore[attr-defined]
+    stack = item.session._setupstate.stack
     for node, (_finalizers, exc) in list(stack.items()):
         stack[node] = ([], exc)
 

@@ -25,7 +25,7 @@ import importlib
 import json
 import signal
 import warnings
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -144,7 +144,9 @@ def child_reports(
         out = reports
     else:
         how = f"timed out after {timeout_s:g}s" if returncode is None else describe_exit(returncode)
-        phase = "setup" if not whens else ("call" if "call" not in whens else "teardown")
+        phase: Literal["setup", "call", "teardown"] = (
+            "setup" if not whens else ("call" if "call" not in whens else "teardown")
+        )
         message = (
             f"the isolated child ({child}) running {item.path.name}::{item.name} {how} during {phase}; "
             f"its last output lines:\n" + ("\n".join(tail) if tail else "(none)")

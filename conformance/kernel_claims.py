@@ -42,6 +42,7 @@ def assert_claim(kernel: AdamKernel, actual: torch.Tensor, expected: torch.Tenso
         assert_tensor_equal(actual, expected, what)
         return
     tol = kernel.arithmetic
+    assert isinstance(tol, Tolerance)  # not bitwise: the kernel declared a tolerance
     a, e = actual.detach().cpu(), expected.detach().cpu()
     assert a.shape == e.shape and a.dtype == e.dtype, f"{what}: {a.shape}/{a.dtype} != {e.shape}/{e.dtype}"
     nan = torch.isnan(e)
@@ -68,6 +69,7 @@ def assert_stored_moment_claim(kernel: AdamKernel, stored: torch.Tensor, expecte
         assert_bits_equal(stored, expected_stored, what)
         return
     tol = kernel.arithmetic
+    assert isinstance(tol, Tolerance)  # not bitwise: the kernel declared a tolerance
     s, u = stored.detach().cpu().float(), unrounded.detach().cpu().float()
     nan, inf = torch.isnan(u), torch.isinf(u)
     _fail(what, torch.isnan(s) != nan, s.numel(), "are NaN where the reference's moment is not, or the reverse")

@@ -47,7 +47,8 @@ def _module_class(pl: Any) -> type:
             self.net = nn.Sequential(nn.Linear(FEATURES, 16), nn.GELU(), nn.Linear(16, OUTPUTS))
             self.opt = optimizer
             self.losses: list[torch.Tensor] = []
-            self.outcomes: list[tuple[float, float]] = []
+            #: per boundary: (grad_norm, clip_coef, the lr it used, the optimizer's step)
+            self.outcomes: list[tuple[float, float | None, float, int]] = []
             self.val_losses: list[torch.Tensor] = []
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -90,7 +91,7 @@ def _trainer(pl: Any, strategy: Any, world: int, **kwargs: Any) -> Any:
 
 
 def _loader(rank: int) -> Any:
-    return torch.utils.data.DataLoader(_batches(rank), batch_size=None)
+    return torch.utils.data.DataLoader(_batches(rank), batch_size=None)  # type: ignore[arg-type]  # a list is a map-style dataset
 
 
 def _plain_loop(area: Any, module: nn.Module, config: dict[str, Any], rank: int, epochs: int,

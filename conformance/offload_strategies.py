@@ -162,7 +162,7 @@ def run_step(
         loss.backward()
     results: dict[str, torch.Tensor | None] = {
         "output": out.detach().clone(),
-        "input.grad": leaf.grad.clone(),
+        "input.grad": leaf.grad.clone(),  # type: ignore[attr-defined]  # reset to None above, filled by backward()
     }
     for name, p in model.named_parameters():
         results[f"{name}.grad"] = None if p.grad is None else p.grad.detach().clone()

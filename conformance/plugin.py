@@ -22,7 +22,7 @@ import os
 import random
 import shlex
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from types import ModuleType
 from typing import Any
 
@@ -148,6 +148,7 @@ def _configure_seed(config: pytest.Config, profile: str) -> int | str | None:
     given = config.getoption("hypothesis_seed", default=None)
     if given is not None:
         return int(given) if str(given).isdigit() else given
+    assert settings.default is not None  # hypothesis always has a loaded profile
     if settings.default.derandomize:
         return None
     seed = random.SystemRandom().randrange(2**32)
@@ -374,7 +375,9 @@ def reproduce_command(item: pytest.Item, config: pytest.Config) -> str:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     rep = yield
     record_report(item, rep)
     return rep
@@ -384,7 +387,7 @@ def record_report(item: pytest.Item, rep: pytest.TestReport) -> None:
     """Count ``rep`` in the report matrix (also called for reports replayed from an isolated child)."""
     key = item.stash.get(_CELL_KEY, None)
     outcome = _outcome(rep) if key is not None else None
-    if outcome is not None:
+    if key is not None and outcome is not None:
         reason = _skip_reason(rep) if outcome in ("skipped", "skipped_by_file") else None
         failing = outcome in ("failed", "errors", "xpassed_strict")
         item.config.stash[_COLLECTOR_KEY].record(
@@ -460,7 +463,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         terminalreporter.write_line(f"{name}: {value}")
     for warning in config.stash[_EXPECTATIONS_KEY].warnings():
         terminalreporter.write_line(f"warning: {warning}", yellow=True)
-    for package, entry in config.stash[_COLLECTOR_KEY].ledger.summary()["missing_packages"].items():
+    missing: dict[str, dict[str, list[str]]] = config.stash[_COLLECTOR_KEY].ledger.summary()["missing_packages"]  # type: ignore[assignment]  # summary() is a report of mixed values
+    for package, entry in missing.items():
         left = entry["rules_not_judged"] + entry["rules_partly_judged"]
         terminalreporter.write_line(f"not judged: optional package {package} is missing ({entry['tests']} tests; "
                                     f"rules {', '.join(left) or 'none cited'})", yellow=True)

@@ -106,5 +106,6 @@ def state_machine_settings() -> Any:
     from hypothesis import settings
 
     current = settings.default
+    assert current is not None  # hypothesis always has a loaded profile
     profile = current_profile()
     return settings(current, max_examples=STATE_MACHINE_EXAMPLES.get(profile or "", current.max_examples))

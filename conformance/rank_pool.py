@@ -171,7 +171,8 @@ class WorkerPool:
                     f"ranks {stuck} did not finish within {timeout_s:.0f}s; the worker pool was killed "
                     f"(timeout_s / HOSTOFFLOAD_ACCUMULATION_TIMEOUT sets the limit)"
                 )
-            for conn in wait(list(pending), timeout=left):
+            ready: list[Any] = wait(list(pending), timeout=left)  # our Connections (typed for sockets, fds too)
+            for conn in ready:
                 r = pending.pop(conn)
                 try:
                     kind, value = conn.recv()

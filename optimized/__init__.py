@@ -72,7 +72,7 @@ IMPLEMENTATION = Implementation(
         accumulation_host_memory_estimate=True,
         # Tuning environments the native pinning path must be correct under: the CUDA pinning tests repeat their
         # registration and DMA checks with each (registration overlapped with population, and sequential).
-        pin_env_variants=(
+        pin_env_variants=(  # type: ignore[arg-type]  # mappings: Capabilities freezes them into tuples
             {PIN_REGISTER_OVERLAP_ENV: "1"},
             {PIN_REGISTER_OVERLAP_ENV: "0"},
         ),

@@ -140,7 +140,7 @@ def adam_step(
     out_ptr = 0
     if bf16_out is not None:
         out_ptr = _check_flat("bf16_out", bf16_out, torch.bfloat16, n).data_ptr()
-    backup_ptrs = (0, 0, 0)
+    backup_ptrs: tuple[int, ...] = (0, 0, 0)
     if backup is not None:
         if not isinstance(backup, tuple) or len(backup) != 3:
             raise ConfigurationError("backup must be None or a tuple (param, exp_avg, exp_avg_sq) of tensors")

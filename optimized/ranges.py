@@ -22,6 +22,8 @@ build turns on).
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 
 from optimized import _native
@@ -74,6 +76,7 @@ def extent_is_registered(t: torch.Tensor, registry: RangeRegistry | None = None)
     return (registry or _GLOBAL_REGISTRY).contains(ptr, nbytes)
 
 
+_native_testing: ModuleType | None
 try:  # test builds only (CMake option HOSTOFFLOAD_TEST_EXTENSIONS; tox turns it on): never in the production module
     from optimized import _native_testing
 except ImportError:
@@ -89,6 +92,7 @@ def stress_registry(readers: int = 4, writers: int = 4, ops_per_writer: int = 20
     and ``violations`` (0 when correct) with the first one described. A reclamation bug typically crashes the
     process instead, so run it in a subprocess when a crash must be reported rather than suffered.
     """
+    assert _native_testing is not None  # a production build deletes this function (below)
     return _native_testing.stress_registry(readers, writers, ops_per_writer)
 
 

@@ -29,6 +29,7 @@ import signal
 import sys
 import threading
 import time
+from typing import Any
 
 BUFFER = 256 * 1024
 SMALL = 64 * 1024
@@ -189,7 +190,9 @@ def main() -> None:
             errors.append(f"worker {index}: {type(exc).__name__}: {exc}")
 
     def threaded_child() -> dict:
-        start = {"stats": list(api.pinned_stats()), "vmlck_kib": vm_locked_kib(), "ranges": len(registry)}
+        start: dict[str, Any] = {
+            "stats": list(api.pinned_stats()), "vmlck_kib": vm_locked_kib(), "ranges": len(registry)
+        }
         own = api.pin_empty(SMALL, dtype=torch.uint8)
         pinned = bool(api.is_pinned(own))
         grew = vm_locked_kib() - start["vmlck_kib"]

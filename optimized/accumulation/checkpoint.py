@@ -51,7 +51,12 @@ from optimized.accumulation.checkpoint_files import (
 )
 from optimized.accumulation.checkpoint_view import CheckpointView
 from reference.contract.accumulation_step import state_buffer_names
-from reference.contract.errors import CheckpointError, ConfigurationError, UnsupportedOperationError
+from reference.contract.errors import (
+    CheckpointError,
+    ConfigurationError,
+    HostOffloadError,
+    UnsupportedOperationError,
+)
 
 __all__ = [
     "agree",
@@ -207,7 +212,7 @@ def save(
         raise ConfigurationError(f"save_latest={save_latest!r} must be a bool; allowed values: True, False")
     directory = os.fspath(save_dir)
     tag = f"global_step{engine.global_steps}" if tag is None else tag
-    error = None
+    error: HostOffloadError | None = None
     try:
         check_tag(tag)
         client = check_client_state(client_state)
@@ -337,6 +342,7 @@ def load(
         error = CheckpointError(f"checkpoint in {os.fspath(load_dir)!r} (tag {tag!r}) cannot be read: {exc!r}")
         error.__cause__ = exc
     agree(engine.comm, error, "load_checkpoint")
+    assert loaded is not None  # agree() raised on every rank if any failed to read
     path, manifest, master, state, frozen, own, applied = loaded
     install_state(engine, master, state, frozen, own["buffers"], applied)
     if not load_module_only:

@@ -241,7 +241,7 @@ def _write_checked(staging: str, name: str, payload: dict[str, Any], directory: 
     try:
         with ThreadPoolExecutor(_THREADS, thread_name_prefix="checkpoint-crc") as pool, open(path, "wb") as f:
             out = _ChecksummedFile(f, pool)
-            torch.save(payload, out)
+            torch.save(payload, out)  # type: ignore[arg-type]  # a duck-typed binary file: write() is what save uses
             f.flush()
             os.fsync(f.fileno())
     except Exception as exc:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import functools
 import os
 import pickle
 import threading
@@ -101,7 +102,7 @@ class TransportHandoff:
             time.sleep(0.001)
 
     def _prune(self) -> None:
-        self._held = [t for t in self._held if t._use_count() > 1]
+        self._held = [t for t in self._held if t._use_count() > 1]  # type: ignore[attr-defined]  # torch-private
 
     def _after_fork_in_child(self) -> None:
         self._lock = threading.Lock()
@@ -156,7 +157,9 @@ class Collectives:
     """The collectives of one engine over one process group."""
 
     def __init__(self, group: dist.ProcessGroup | None) -> None:
-        self.group = group if group is not None else dist.group.WORLD
+        world_group = group if group is not None else dist.group.WORLD
+        assert world_group is not None  # the engine refuses to build before init_process_group
+        self.group: dist.ProcessGroup = world_group
         self.world = dist.get_world_size(self.group)
         self.rank = dist.get_rank(self.group)
         self._global = [dist.get_global_rank(self.group, r) for r in range(self.world)]
@@ -221,7 +224,7 @@ class Collectives:
             src = self._global[owner]
             (t,) = HANDOFF.lend(t)
             works.append(
-                self._call(what, lambda t=t, src=src: dist.broadcast(t, src, group=self.group, async_op=True))
+                self._call(what, functools.partial(dist.broadcast, t, src, group=self.group, async_op=True))
             )
         return works
 

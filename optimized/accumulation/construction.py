@@ -50,9 +50,9 @@ def bucket_size(argument: object, config: AccumulationConfig, default: int) -> o
 
 def check_engine_arguments(
     config: AccumulationConfig, initialized: bool, bucket_elements: object, record_gradients: object, prefetch: object
-) -> None:
+) -> int:
     """The engine's own arguments and what it needs before anything is built: data parallelism only, an
-    initialized process group, a valid ``HOSTOFFLOAD_DEVICE_ADAM``."""
+    initialized process group, a valid ``HOSTOFFLOAD_DEVICE_ADAM``. Returns the checked ``bucket_elements``."""
     if config.pipeline_parallel_size != 1:
         raise UnsupportedOperationError(
             f"pipeline_parallel_size={config.pipeline_parallel_size} is not modeled by this engine "
@@ -71,6 +71,7 @@ def check_engine_arguments(
     # Every engine refuses a bad HOSTOFFLOAD_DEVICE_ADAM, not only those whose update path steps a master on the
     # device (which decide at construction, device_adam.prepare): a typo must not wait for a config change.
     envvars.device_adam()
+    return bucket_elements
 
 
 def build_module(model: Any) -> nn.Module:

@@ -70,7 +70,7 @@ from optimized.accumulation.host_memory import estimate_host_memory
 from optimized.accumulation.lr import EngineOptimizer, LrSchedule, config_scheduler
 from optimized.accumulation.origin import LossOrigin
 from optimized.accumulation.ownership import check_not_owned
-from optimized.accumulation.parts import EngineParts, build_parts
+from optimized.accumulation.parts import LiveParts, build_parts
 from optimized.accumulation.update_paths import update_path_class
 from reference.contract.accumulation_config import AccumulationConfig
 from reference.contract.accumulation_schedule import AccumulationSchedule, ScheduledEngine
@@ -115,8 +115,9 @@ class ZeroEngine(ModuleSurface, LrSurface, EngineReports, ScheduledEngine):
         # DeepSpeed's nested shape is accepted too; train_batch_size is checked against (or completes the batch
         # keys from) this group's world size.
         self.config = cfg = AccumulationConfig.from_dict(config, world_size=world)
-        bucket_elements = bucket_size(bucket_elements, cfg, DEFAULT_BUCKET_ELEMENTS)
-        check_engine_arguments(cfg, initialized, bucket_elements, record_gradients, prefetch)
+        bucket_elements = check_engine_arguments(
+            cfg, initialized, bucket_size(bucket_elements, cfg, DEFAULT_BUCKET_ELEMENTS), record_gradients, prefetch
+        )
         self._comm = Collectives(process_group)
         self.world_size, self.rank, self.stage = self._comm.world, self._comm.rank, cfg.zero_stage
         self.device = resolve_device(device, process_group)
@@ -149,7 +150,8 @@ class ZeroEngine(ModuleSurface, LrSurface, EngineReports, ScheduledEngine):
             device=self.device, bucket_elements=bucket_elements, prefetch=prefetch, schedule=self._schedule,
             origin=self._origin, in_backward=lambda: self._in_backward, hyper_now=self.optimizer.current,
         )
-        self.master_device, self.param_device = parts.path.master.device, parts.weights.param_device
+        live = parts.live()
+        self.master_device, self.param_device = live.path.master.device, live.weights.param_device
 
     def backward(self, loss: torch.Tensor, scale_wrt_gas: bool = True) -> None:
         """Back-propagate this rank's ``loss`` and accumulate (R5, R7, R9, R10)."""
@@ -295,14 +297,13 @@ class ZeroEngine(ModuleSurface, LrSurface, EngineReports, ScheduledEngine):
             raise UnsupportedOperationError(
                 "apply_delayed_update() was called during backward(); allowed: call it between calls"
             )
-        parts.synchronize()
+        parts.path.synchronize()
         parts.path.apply_delayed()
 
-    def _check_alive(self, synchronize: bool = False) -> EngineParts:
+    def _check_alive(self, synchronize: bool = False) -> LiveParts:
         """Refuse a destroyed engine (the hook :class:`ScheduledEngine`'s calls use too); else the engine's parts,
         with ``synchronize`` once the update in flight is complete."""
-        if self._parts.closed:
-            raise UnsupportedOperationError("the engine was destroyed; allowed: build a new ZeroEngine")
+        parts = self._parts.live()  # raises once destroyed
         if synchronize:
-            self._parts.synchronize()
-        return self._parts
+            parts.path.synchronize()
+        return parts

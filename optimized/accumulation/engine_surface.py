@@ -7,16 +7,21 @@ of backward() and step(), checkpoints and the update's lifetime are -- but every
 scripts, the benchmarks and the conformance harness call them there. So each group is a small base class here, one
 concept each, and the engine class keeps only what it decides.
 
-Each base reads a few of the engine's attributes, named in its docstring; nothing else depends on the engine.
+Each base reads a few of the engine's attributes, named in its docstring and declared on the base as class-level
+annotations (no value: the engine assigns them), so the type checker holds the engine to them and a base that reads
+anything else is an error; nothing else depends on the engine.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
+
+from optimized.accumulation.lr import LrSchedule
+from optimized.accumulation.parts import EngineParts
 
 __all__ = ["EngineReports", "LrSurface", "ModuleSurface"]
 
@@ -30,6 +35,8 @@ class ModuleSurface:
     """
 
     module: nn.Module
+    _check_alive: Callable[[], object]
+    synchronize: Callable[[], None]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self._check_alive()
@@ -64,6 +71,8 @@ class LrSurface:
     """The learning rate as DeepSpeed's engine exposes it, passed to ``self._lr``
     (:class:`~optimized.accumulation.lr.LrSchedule`, which owns the attached scheduler and its checks)."""
 
+    _lr: LrSchedule
+
     def get_lr(self) -> list[float]:
         """The learning rate of each parameter group of ``optimizer`` (one group)."""
         return self._lr.get_lr()
@@ -88,6 +97,8 @@ class EngineReports:
     """What the engine reports besides training, for benchmarks and inspection: read from ``self._parts``
     (the update path's :class:`~optimized.accumulation.update_paths.base.PathReports` and stage 3's counters).
     None of these changes the engine; those that read the update's timings wait for it first."""
+
+    _parts: EngineParts
 
     @property
     def prefetch_hits(self) -> int:

@@ -62,7 +62,7 @@ def plan_buckets(layout: FlatLayout, bucket_elements: int) -> list[Bucket]:
     groups.sort(key=lambda g: min(offset[n] for n in g))
     starts = [0] + [min(offset[n] for n in g) for g in groups[1:]]
     ends = [*starts[1:], layout.total]
-    buckets = []
+    buckets: list[Bucket] = []
     for g, a, b in zip(groups, starts, ends, strict=True):
         splits = [o.length for o in owners(layout, a, b)]
         buckets.append(Bucket(a, b, tuple(g), splits, index=len(buckets)))
@@ -89,6 +89,12 @@ class GradientHooks:
         self._got_grad: set[str] = set()
         self._in_backward = in_backward
         self._path: UpdatePath | None = None
+
+    @property
+    def _attached(self) -> UpdatePath:
+        """The update path :meth:`attach` connected (the hooks it installs are the only callers before it)."""
+        assert self._path is not None, "GradientHooks used before attach()"
+        return self._path
 
     def attach(self, path: UpdatePath, params: dict[str, nn.Parameter], add_hook: Callable[[Any], None]) -> None:
         """Hook every trainable parameter; gradients go to ``path``."""
@@ -132,11 +138,11 @@ class GradientHooks:
             g = p.grad.reshape(-1)
             if self.stage <= 1:
                 # R9: acc = acc + g.to(accum_dtype), per backward, locally.
-                self._path.accumulator[seg.offset : seg.end].add_(g.to(self._accum_dtype))
+                self._attached.accumulator[seg.offset : seg.end].add_(g.to(self._accum_dtype))
             else:
                 # R10: this backward's gradient in the communication dtype, reduced per bucket.
                 bucket = self._bucket_of[name]
-                self._path.bucket_gradients(bucket)[seg.offset - bucket.start : seg.end - bucket.start].copy_(g)
+                self._attached.bucket_gradients(bucket)[seg.offset - bucket.start : seg.end - bucket.start].copy_(g)
                 self._got_grad.add(name)
                 bucket.pending -= 1
                 if bucket.pending == 0:
@@ -146,14 +152,14 @@ class GradientHooks:
         return hook
 
     def _launch(self, bucket: Bucket) -> None:
-        grads = self._path.bucket_gradients(bucket)
+        grads = self._attached.bucket_gradients(bucket)
         # R10's divided term; x / 1 is x exactly, so one rank sends the bucket itself (no bucket-sized copy live
         # while the reduction runs: 0.12 GiB for the vocabulary buckets of the 886M shape, issue 49 item 2)
         contribution = grads if self._comm.world == 1 else torch.div(grads, self._comm.world)
         bucket.keep_alive = contribution
         bucket.grads = None
         bucket.reduce = self._comm.start_reduce_scatter(contribution, bucket.splits, "bucket reduce-scatter")
-        self._path.bucket_launched(bucket)
+        self._attached.bucket_launched(bucket)
 
     def finish(self) -> None:
         """End of a stage-2/3 backward: launch the buckets whose parameters got no gradient (R7: zeros), then the
@@ -163,9 +169,9 @@ class GradientHooks:
                 for n in b.names:
                     if n not in self._got_grad:
                         s = self._segments[n]
-                        self._path.bucket_gradients(b)[s.offset - b.start : s.end - b.start].zero_()
+                        self._attached.bucket_gradients(b)[s.offset - b.start : s.end - b.start].zero_()
                 self._launch(b)
-        self._path.finish_backward(self.buckets)
+        self._attached.finish_backward(self.buckets)
 
     def abandon(self) -> None:
         """A backward failed: drop the buckets' state (the failing rank does not wait on its peers)."""

@@ -33,6 +33,7 @@ __all__ = ["EngineOptimizer", "LrSchedule", "config_scheduler"]
 def config_scheduler(optimizer: EngineOptimizer, config: AccumulationConfig) -> DeepSpeedSchedule:
     """The config's ``scheduler`` section as a scheduler on ``optimizer``. OneCycle cycles ``betas`` for the Adam
     types only: DeepSpeed cycles momentum only where the optimizer has ``betas``, which torch's SGD has not."""
+    assert config.scheduler is not None  # the engine calls this for a config with a scheduler section
     return DeepSpeedSchedule(optimizer, config.scheduler, cycle_betas=config.optimizer.type != "sgd")
 
 
@@ -66,14 +67,14 @@ class EngineOptimizer(torch.optim.Optimizer):
         return replace(
             self._base,
             lr=float(g["lr"]),
-            betas=tuple(float(b) for b in g["betas"]),
+            betas=tuple(float(b) for b in g["betas"]),  # type: ignore[arg-type]  # OptimizerConfig checks the pair
             eps=float(g["eps"]),
             weight_decay=float(g["weight_decay"]),
             momentum=float(g["momentum"]),
         )
 
     @torch.no_grad()
-    def step(self, closure: Any = None) -> None:
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]  # torch's overloads; no closure here
         """Called by the engine after each boundary update (so schedulers see optimizer-then-scheduler)."""
         if not self._engine_stepping:
             raise UnsupportedOperationError(

@@ -60,7 +60,7 @@ class LossOrigin:
     def mark_outputs(self, output: Any) -> None:
         """Mark the autograd node of every tensor in a forward's ``output`` (a forward hook calls this)."""
         for t in tensors_in(output):
-            node = t.grad_fn
+            node: Any = t.grad_fn  # Any: torch's stub types Node.metadata as a method; it is the node's dict
             if node is not None:
                 node.metadata[MARK_KEY] = self._token
 
@@ -86,7 +86,8 @@ class LossOrigin:
         visited = {id(start): start}  # id -> node: holding the node keeps its wrapper, so ids are not recycled
         queue = deque([start])
         while queue:
-            node = queue.popleft()
+            # Any: torch's stub types Node.metadata as a method; at run time it is the node's dict
+            node: Any = queue.popleft()
             if node.metadata.get(MARK_KEY) is self._token:
                 return True
             var = getattr(node, "variable", None)

@@ -28,8 +28,20 @@ from optimized.accumulation.update_paths import PathReports, UpdateContext, Upda
 from optimized.accumulation.weights import LiveWeights
 from reference.contract.accumulation_config import AccumulationConfig, OptimizerConfig
 from reference.contract.accumulation_schedule import AccumulationSchedule
+from reference.contract.errors import UnsupportedOperationError
 
-__all__ = ["EngineParts", "build_parts"]
+__all__ = ["EngineParts", "LiveParts", "build_parts"]
+
+
+@dataclass(frozen=True)
+class LiveParts:
+    """The parts of an engine that is not destroyed, every one built (``stage3`` at stage 3 only): what the engine's
+    calls work on, so none of them handles a part that :meth:`EngineParts.close` already dropped."""
+
+    weights: LiveWeights
+    path: UpdatePath
+    grads: GradientHooks
+    stage3: Stage3Parameters | None
 
 
 @dataclass
@@ -54,6 +66,12 @@ class EngineParts:
     def pinned_buffers(self) -> tuple[torch.Tensor, ...]:
         """The pinned host buffers held now: the engine's own and those the path keeps apart (``nvme`` state)."""
         return self.host.pinned + self.reports.resident_buffers()
+
+    def live(self) -> LiveParts:
+        """The built parts; refused once :meth:`close` dropped them (a destroyed engine)."""
+        if self.closed or self.weights is None or self.path is None or self.grads is None:
+            raise UnsupportedOperationError("the engine was destroyed; allowed: build a new ZeroEngine")
+        return LiveParts(weights=self.weights, path=self.path, grads=self.grads, stage3=self.stage3)
 
     def synchronize(self) -> None:
         """Wait for the update in flight, if any (a no-op once closed)."""

@@ -84,20 +84,23 @@ class StateSwapper:
         if self._reads:
             return  # already in flight (e.g. optimizer_state() between begin and finish): nothing to add
         if self._buffers is None:
-            self._allocate()
+            buffers = self._allocate()
         else:
+            buffers = self._buffers
             self._wait(self._writes)  # the buffers are about to be overwritten: their writes must be done
-        self._reads = [self.handle.read(self._buffers[n], self.paths[n]) for n in self.names]
+        self._reads = [self.handle.read(buffers[n], self.paths[n]) for n in self.names]
 
     def finish_swap_in(self) -> dict[str, torch.Tensor]:
         """Wait for the reads (raising the first failure) and return the buffers by name."""
         if self._buffers is None:
             self.begin_swap_in()
         self._wait(self._reads)
+        assert self._buffers is not None  # begin_swap_in allocated them
         return dict(self._buffers)
 
     def begin_swap_out(self) -> None:
         """Submit the writes of every buffer; the handle owns the buffers until :meth:`release`."""
+        assert self._buffers is not None  # swapped in (or allocated) before anything writes them out
         self._writes = [self.handle.write(self._buffers[n], self.paths[n]) for n in self.names]
 
     def release(self) -> None:

@@ -38,9 +38,11 @@ class LiveWeights:
         model_dtype: torch.dtype,
     ) -> None:
         self.stage, self.rank, self.layout, self.device, self._comm = stage, rank, layout, device, comm
-        self.flat: torch.Tensor | None = None
-        self.part: torch.Tensor | None = None
-        self.frozen_part: torch.Tensor | None = None
+        # Which buffers exist depends on the stage: the properties below hand them out, and refuse where absent.
+        self._flat: torch.Tensor | None = None
+        self._part: torch.Tensor | None = None
+        self._frozen_part: torch.Tensor | None = None
+        self._initial: torch.Tensor | None = None
         #: where stage-3 partitions live: pinned host memory with offload_param, else the device
         self.param_device = torch.device("cpu") if offload_param else device
         segments = {s.name: s for s in layout.segments}
@@ -53,9 +55,9 @@ class LiveWeights:
         for n, s in frozen_segments.items():
             fflat[s.offset : s.end].copy_(params[n].detach().reshape(-1))
         comm.broadcast_pieces([(0, flat), (0, fflat)], "initial parameter broadcast")
-        self.initial = flat
+        self._initial = flat
         if stage < 3:
-            self.flat = flat
+            self._flat = flat
             for n, s in segments.items():
                 params[n].data = flat[s.offset : s.end].view(s.shape)
             for n, s in frozen_segments.items():
@@ -68,14 +70,34 @@ class LiveWeights:
                 return host.empty(numel, model_dtype, pinned=offload_param)
             return torch.empty(numel, dtype=model_dtype, device=self.param_device)
 
-        self.part = partition(P)
-        self.part.copy_(flat[rank * P : (rank + 1) * P])
-        self.frozen_part = partition(FP)
-        self.frozen_part.copy_(fflat[rank * FP : (rank + 1) * FP])
+        self._part = partition(P)
+        self._part.copy_(flat[rank * P : (rank + 1) * P])
+        self._frozen_part = partition(FP)
+        self._frozen_part.copy_(fflat[rank * FP : (rank + 1) * FP])
+
+    @property
+    def flat(self) -> torch.Tensor:
+        """The full trainable parameters, flat (stages 0-2)."""
+        return _present(self._flat, "flat", "stages 0-2")
+
+    @property
+    def part(self) -> torch.Tensor:
+        """This rank's partition of the trainable parameters (stage 3)."""
+        return _present(self._part, "part", "stage 3")
+
+    @property
+    def frozen_part(self) -> torch.Tensor:
+        """This rank's partition of the frozen parameters (stage 3)."""
+        return _present(self._frozen_part, "frozen_part", "stage 3")
+
+    @property
+    def initial(self) -> torch.Tensor:
+        """Rank 0's trainable parameters, flat, until :meth:`drop_initial`."""
+        return _present(self._initial, "initial", "construction, until drop_initial()")
 
     def drop_initial(self) -> None:
         """The update path has taken its master from :attr:`initial`; stage 3 no longer needs the full copy."""
-        self.initial = None
+        self._initial = None
 
     def close(self) -> None:
         """Drop every buffer (the engine's destroy: hooks a caller's autograd graph still holds keep nothing)."""
@@ -102,3 +124,10 @@ class LiveWeights:
             self._comm.all_gather_into(self.flat, source, what)
         elif lp is not self.part:
             self.part.copy_(lp, non_blocking=non_blocking)
+
+
+def _present(buffer: torch.Tensor | None, name: str, where: str) -> torch.Tensor:
+    """``buffer``, which exists only at some stages; asking for it elsewhere is a programming error, named."""
+    if buffer is None:
+        raise RuntimeError(f"LiveWeights.{name} exists at {where} only")
+    return buffer

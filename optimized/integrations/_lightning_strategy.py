@@ -53,7 +53,7 @@ def _sub(path: str) -> Any:
     return importlib.import_module(f"{_PL.__name__}.{path}")
 
 
-DDPStrategy = _sub("strategies").DDPStrategy
+DDPStrategy: Any = _sub("strategies").DDPStrategy  # lightning is untyped here (pyproject.toml)
 TrainerFn = _sub("trainer.states").TrainerFn
 _call = _sub("trainer.call")
 _is_overridden = _sub("utilities.model_helpers").is_overridden
@@ -70,6 +70,8 @@ _HYPER = ("lr", "betas", "eps", "weight_decay", "momentum")
 class _EngineModule(nn.Module):
     """What Lightning sees as ``strategy.model``: the LightningModule as a child (``train()`` / ``eval()`` reach
     it) and a forward that is the engine's (R20's output mark, stage 3's hooks)."""
+
+    engine: ZeroEngine
 
     def __init__(self, engine: ZeroEngine) -> None:
         super().__init__()
@@ -127,7 +129,7 @@ class ZeroStrategy(DDPStrategy):
             )
         super().__init__(**kwargs)
         self._config = config
-        self._engine_kwargs = {"bucket_elements": bucket_elements, "prefetch": prefetch}
+        self._engine_kwargs: dict[str, Any] = {"bucket_elements": bucket_elements, "prefetch": prefetch}
         self._engine: ZeroEngine | None = None
         #: The optimizer configure_optimizers returned (Lightning's, schedulers act on it), or None.
         self._user_optimizer: torch.optim.Optimizer | None = None
@@ -243,7 +245,7 @@ class ZeroStrategy(DDPStrategy):
         if outcome.boundary and self._user_optimizer is not None:
             # What torch's scheduler wrapper of optimizer.step() records, so that Lightning's scheduler step after
             # this update does not warn that the optimizer never stepped (the engine updated in its place).
-            self._user_optimizer._opt_called = True
+            self._user_optimizer._opt_called = True  # type: ignore[attr-defined]  # torch's private flag
         return outcome
 
     def _hyper_to_engine(self) -> None:

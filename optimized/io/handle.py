@@ -99,7 +99,7 @@ class SwapRequest:
     def done(self) -> bool:
         return self._event.is_set()
 
-    def exception(self, timeout: float | None = None) -> SwapError | None:
+    def exception(self, timeout: float | None = None) -> HostOffloadError | None:
         self._event.wait(timeout)
         return self._error
 
@@ -384,18 +384,21 @@ class SwapEngine:
         # Aligned head through O_DIRECT, any sub-4 KiB tail through the page cache.
         head = n - n % DIRECT_ALIGNMENT if req.o_direct else 0
         if req.direct:
+            assert req._view is not None  # _prepare gives a direct request its view
             view = req._view[a:b]
             self._io(req, view, pos, head)
             return
+        flat = req._flat
+        assert flat is not None  # _prepare gives a request with blocks its bytes
         slot, bounce = self._pool.acquire()
         try:
             bview = byte_view(bounce)[:n]
             if req.op == "write":
-                bounce[:n].copy_(req._flat[a:b])
+                bounce[:n].copy_(flat[a:b])
                 self._io(req, bview, pos, head)
             else:
                 self._io(req, bview, pos, head)
-                req._flat[a:b].copy_(bounce[:n])
+                flat[a:b].copy_(bounce[:n])
         finally:
             self._pool.release(slot)
 
@@ -415,16 +418,18 @@ class SwapEngine:
                 req._o_direct_bytes += head
 
     def _finish(self, req: SwapRequest) -> None:
+        staging = req._staging
         if req._error is None:
+            assert staging is not None  # every request that did not fail was prepared
             if req.op == "write":
-                header = record.pack_header(req._staging.source.dtype, req.nbytes, record.STATE_COMPLETE)
+                header = record.pack_header(staging.source.dtype, req.nbytes, record.STATE_COMPLETE)
                 _pwrite_all(req._fd, memoryview(header), req.offset)
             self._close_fds(req)
             if req.op == "write" and req._created:
                 os.replace(req._target, req.path)
                 req._created = False
             elif req.op == "read":
-                req._staging.finish_read()
+                staging.finish_read()
         else:
             self._cleanup(req)
 
@@ -506,6 +511,7 @@ class SwapEngine:
             self._unreported = []
         if failed:
             first = failed[0]._error
+            assert first is not None  # only failed requests are unreported
             first.other_failures = [r._error for r in failed[1:]]
             raise first
 

@@ -53,4 +53,4 @@ def flat_bytes(t: torch.Tensor) -> torch.Tensor:
 def byte_view(t: torch.Tensor) -> memoryview:
     """A writable memoryview of contiguous CPU ``t``'s bytes, sharing its memory (numpy's view of the uint8 bytes
     keeps the storage alive as long as the memoryview lives; uint8 works for every dtype, bfloat16 included)."""
-    return memoryview(flat_bytes(t.detach()).numpy())
+    return flat_bytes(t.detach()).numpy().data  # ndarray.data: the memoryview of its buffer

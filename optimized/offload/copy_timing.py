@@ -64,13 +64,14 @@ class CopyTimer:
             event = self._accelerator.new_event()
             event.record(stream)
             return event
-        event = self._accelerator.new_timing_event()
-        event.record(stream)
+        timed = self._accelerator.new_timing_event()
+        assert timed is not None  # start is one: the accelerator times its work
+        timed.record(stream)
         with self._lock:
-            self._pending.append((kind, start, event, nbytes))
+            self._pending.append((kind, start, timed, nbytes))
             if len(self._pending) > _BACKLOG:
                 self._resolve_locked(block=False)
-        return event
+        return timed
 
     def resolve(self, block: bool) -> None:
         """Fold finished pairs into the stats; with ``block``, wait for every pending one first."""

@@ -8,7 +8,7 @@ copies issued. Where the device reports no allocation counter the engine issues 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -23,7 +23,8 @@ _PREFETCH_DEADLINE_NODES = 6
 class PlannedCopy(Protocol):
     """What this module reads of a planned prefetch: its size (the engine's saved activation)."""
 
-    nbytes: int
+    @property
+    def nbytes(self) -> int: ...
 
 
 class DeferredPrefetch:
@@ -53,10 +54,10 @@ class DeferredPrefetch:
 
     def __init__(
         self, allocated_bytes: Callable[[], int | None], issue: Callable[[Any, int], None],
-        candidates: list[PlannedCopy], epoch: int, start: int,
+        candidates: Sequence[PlannedCopy], epoch: int, start: int,
     ) -> None:
-        self._allocated_bytes = weakref.WeakMethod(allocated_bytes)  # type: ignore[arg-type]
-        self._issue = weakref.WeakMethod(issue)  # type: ignore[arg-type]
+        self._allocated_bytes = weakref.WeakMethod(allocated_bytes)
+        self._issue = weakref.WeakMethod(issue)
         self._pending = [weakref.ref(c) for c in candidates]
         self._epoch = epoch
         self._high = start

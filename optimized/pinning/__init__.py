@@ -14,6 +14,7 @@ pinning or ranges modules, which are the oracle the suite compares this module a
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 
@@ -119,7 +120,7 @@ def pin_memory(t: torch.Tensor, *, make_copy: bool = True, match_shape: bool = T
 is_pinned = _native.is_pinned
 
 
-def _is_pinned_general(t: object, hit: bool | None) -> bool:
+def _is_pinned_general(t: Any, hit: bool | None) -> bool:  # whatever is_pinned() got: check_tensor checks it
     """Steps 3 (``hit`` False: a miss the native side could not answer yet) and 4 (``hit`` None) of
     :data:`is_pinned`; installed as the native function's fallback."""
     if hit is None:

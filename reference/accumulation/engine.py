@@ -109,6 +109,7 @@ class AccumulationEngine(ScheduledEngine):
         # R17 (nvme): between steps each rank's optimizer state lives in files, not in memory.
         self._swap: OptimizerStateSwap | None = None
         if cfg.offload_optimizer == "nvme":
+            assert cfg.nvme_path is not None  # the config refuses nvme offload without an nvme_path
             self._swap = OptimizerStateSwap(cfg.nvme_path, cfg.nvme_swap)
             try:
                 for r in range(world_size):

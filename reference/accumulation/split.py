@@ -26,7 +26,7 @@ import time
 import torch
 
 from reference.accumulation.optimizers import init_state, optimizer_step
-from reference.contract.accumulation_config import GPU_SHARE_AUTO, AccumulationConfig, OptimizerConfig
+from reference.contract.accumulation_config import AccumulationConfig, OptimizerConfig
 from reference.contract.accumulation_limit import fit_limit, floor_meter
 from reference.contract.accumulation_split import (
     SplitDecision,
@@ -56,13 +56,13 @@ class SplitUpdate:
         self._world = world_size
         self._backward_s = 0.0
         self._boundaries = 0
-        auto = config.gpu_share == GPU_SHARE_AUTO
         #: gpu_memory_limit: the engine's peak device memory from here to the choice (None without a limit)
         self._meter = floor_meter(config, device)
         warn_if_auto_without_device(config, device.type)
         #: None until "auto" has decided (at the second boundary)
         self.decision: SplitDecision | None = (
-            None if auto else fixed_split(config.gpu_share, partition_elements, config)
+            # the one str gpu_share takes is GPU_SHARE_AUTO
+            None if isinstance(config.gpu_share, str) else fixed_split(config.gpu_share, partition_elements, config)
         )
 
     def observe_backward(self, seconds: float) -> None:
@@ -81,7 +81,9 @@ class SplitUpdate:
         """The "auto" choice from this engine's own measurement (module docstring); under ``gpu_memory_limit``
         the refusal where the floor leaves nothing (before anything of this boundary's update)."""
         cfg = self._config
-        limit = None if self._meter is None else fit_limit(cfg.gpu_memory_limit, self._meter.floor())
+        assert self._meter is None or cfg.gpu_memory_limit is not None  # metered under gpu_memory_limit only
+        limit = (None if self._meter is None or cfg.gpu_memory_limit is None
+                 else fit_limit(cfg.gpu_memory_limit, self._meter.floor()))
         n = max(1, sample_within(min(self._P, SAMPLE_ELEMENTS), None if limit is None else limit.budget_bytes, cfg))
         measurement = SplitMeasurement(
             host_s_per_element=self._time_step(n, self._host) / n,

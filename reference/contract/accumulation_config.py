@@ -71,9 +71,10 @@ def _require_int(name: str, value: object, minimum: int) -> None:
 
 
 def _require_float(name: str, value: object, low: float, high: float, *, low_open: bool, high_open: bool) -> None:
-    ok = isinstance(value, (int, float)) and type(value) is not bool and math.isfinite(value)
-    if ok:
-        ok = (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
+    ok = (
+        isinstance(value, (int, float)) and type(value) is not bool and math.isfinite(value)
+        and (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
+    )
     if not ok:
         lo = "(" if low_open else "["
         hi = ")" if high_open else "]"
@@ -473,10 +474,13 @@ class AccumulationConfig:
 
     # ---- mapping round trip --------------------------------------------------------------------------------
     @classmethod
-    def from_dict(cls, values: Mapping[str, Any], world_size: int | None = None) -> AccumulationConfig:
+    def from_dict(
+        cls, values: AccumulationConfig | Mapping[str, Any], world_size: int | None = None
+    ) -> AccumulationConfig:
         """Build from a flat mapping, or from DeepSpeed's nested shape (see :func:`from_deepspeed`); unknown keys
         are rejected (R19) so a misspelt option never goes unnoticed. With ``world_size`` the batch identity is
         checked (and DeepSpeed-shaped configs may leave one batch key out to have it derived)."""
+        cfg: AccumulationConfig
         if isinstance(values, AccumulationConfig):
             cfg = values
         elif not isinstance(values, Mapping):

@@ -338,18 +338,19 @@ def merge_rank_traces(scenario: Scenario, per_rank: Sequence[Trace]) -> Trace:
         head = recs[0]
         for r, rec in enumerate(recs):
             same = type(rec) is type(head) and rec.call_index == head.call_index and rec.boundary == head.boundary
-            if same and not isinstance(head, ControlRecord):
-                same = rec.counters == head.counters
+            if same and not isinstance(head, ControlRecord) and not isinstance(rec, ControlRecord):
+                same = rec.counters == head.counters  # (rec's type is head's: checked just above)
             if not same:
                 raise ConfigurationError(
                     f"ranks disagree at call {i}: rank 0 recorded {head!r:.200}, rank {r} recorded {rec!r:.200}"
                 )
         if isinstance(head, BackwardRecord):
-            for r, rec in enumerate(recs):
+            backwards = [rec for rec in recs if isinstance(rec, BackwardRecord)]  # all of them: same type as head
+            for r, rec in enumerate(backwards):
                 if len(rec.losses) != 1:
                     raise ConfigurationError(f"rank {r}'s record {i} holds {len(rec.losses)} losses; allowed: 1")
             merged.append(
-                BackwardRecord(head.call_index, head.boundary, tuple(rec.losses[0] for rec in recs), head.counters)
+                BackwardRecord(head.call_index, head.boundary, tuple(rec.losses[0] for rec in backwards), head.counters)
             )
         else:
             merged.append(head)
@@ -360,7 +361,7 @@ def scenario_calls(pattern: Sequence[str | Call]) -> tuple[Call, ...]:
     """Shorthand for tests and docs: ``"B"`` backward, ``"S"`` step, ``"T"``/``"F"`` set boundary,
     ``"["``/``"]"`` enter/leave no_sync, ``"A"`` apply the delayed update (R27); :class:`Call` objects pass
     through."""
-    table = {
+    table: dict[str, Call] = {
         "A": ApplyDelayedUpdate(),
         "B": Backward(),
         "S": Step(),

@@ -12,10 +12,19 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import TypedDict
 
 from reference.contract.accumulation_config import AccumulationConfig
 from reference.contract.errors import ConfigurationError, UnsupportedOperationError
 
+
+class ScheduleCounters(TypedDict):
+    """What :meth:`AccumulationSchedule.counters` records in a checkpoint (R2's override included)."""
+
+    micro_steps: int
+    global_steps: int
+    global_samples: int
+    boundary_override: bool | None
 
 class AccumulationSchedule:
     """Counters and boundary rules of one engine over ``world_size`` data-parallel ranks at ``stage``."""
@@ -68,7 +77,7 @@ class AccumulationSchedule:
         finally:
             self._in_no_sync = False
 
-    def counters(self) -> dict[str, int | bool | None]:
+    def counters(self) -> ScheduleCounters:
         """The counters a checkpoint records: ``micro_steps``, ``global_steps``, ``global_samples`` and the
         boundary override (R2)."""
         return {
@@ -78,7 +87,7 @@ class AccumulationSchedule:
             "boundary_override": self._boundary_override,
         }
 
-    def restore_counters(self, counters: dict[str, int | bool | None]) -> None:
+    def restore_counters(self, counters: ScheduleCounters) -> None:
         """Resume from :meth:`counters` (a checkpoint load): a new accumulation starts, no backward counted."""
         self.micro_steps, self.global_steps = counters["micro_steps"], counters["global_steps"]
         self.global_samples, self._boundary_override = counters["global_samples"], counters["boundary_override"]
@@ -123,7 +132,7 @@ class ScheduledEngine:
 
     _schedule: AccumulationSchedule
 
-    def _check_alive(self) -> None:  # pragma: no cover - every engine overrides it
+    def _check_alive(self) -> object:  # pragma: no cover - every engine overrides it (the result is the engine's)
         raise NotImplementedError
 
     @property

@@ -272,7 +272,7 @@ def _scheduler(value: Any, lr: Any, out: dict[str, Any], problems: ConfigProblem
             problems.add(f"scheduler.params.{name}", f"required by type {kind!r} (no default in DeepSpeed either)")
     known = {k: v for k, v in params.items() if k in param_names(kind)}
     if set(required_params(kind)) <= set(known):
-        built = problems.check("scheduler", lambda: SchedulerConfig(kind, known))
+        built = problems.check("scheduler", lambda: SchedulerConfig.from_dict({"type": kind, "params": known}))
         if built is not None:
             out["scheduler"] = built
     peak_key = {"WarmupLR": "warmup_max_lr", "WarmupDecayLR": "warmup_max_lr", "OneCycle": "cycle_max_lr",
@@ -330,8 +330,10 @@ def _derive_batch(numbers: Mapping[str, Any], world_size: int | None, out: dict[
             gas = 1
         rem = 0
         if micro is None:
+            assert world_size is not None  # a batch key to derive without the world size was refused above
             micro, rem = divmod(total, _positive("gradient_accumulation_steps", gas) * world_size)
         elif gas is None:
+            assert world_size is not None  # as above
             gas, rem = divmod(total, _positive("train_micro_batch_size_per_gpu", micro) * world_size)
         if missing and (micro == 0 or gas == 0 or rem):
             raise ConfigurationError(

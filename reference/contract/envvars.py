@@ -40,6 +40,7 @@ import os
 import threading
 import warnings
 from dataclasses import dataclass
+from typing import overload
 
 from reference.contract.errors import ConfigurationError, allowed_values_error
 
@@ -82,6 +83,10 @@ def read_choice(name: str, choices: tuple[str, ...], default: str) -> str:
     return value
 
 
+@overload
+def read_int(name: str, minimum: int, default: int, meaning: str = "") -> int: ...
+@overload
+def read_int(name: str, minimum: int, default: None, meaning: str = "") -> int | None: ...
 def read_int(name: str, minimum: int, default: int | None, meaning: str = "") -> int | None:
     """Parse an integer variable: unset or blank -> ``default``; a decimal int >= ``minimum``; else an error whose
     allowed values read ``an int >= minimum`` followed by ``meaning`` (e.g. ``" (0: automatic)"``)."""

@@ -20,6 +20,11 @@ from collections.abc import Iterable
 class HostOffloadError(Exception):
     """Base class of every error raised on purpose by hostoffload."""
 
+    #: Set on the error a swap request failed with (reference.io, docs/io.md; a SwapError, or e.g. a
+    #: ConfigurationError met while serving it): the failed request, and the failures a handle's wait() raised with it.
+    request: object
+    other_failures: list[HostOffloadError | None]
+
 
 class ConfigurationError(HostOffloadError, ValueError):
     """A bad argument, config key or environment variable value.

@@ -40,14 +40,14 @@ WARMUP_TYPES: tuple[str, ...] = ("log", "linear")
 
 
 def _number(name: str, value: object, low: float = 0.0, high: float = math.inf, *, high_open: bool = True) -> float:
-    ok = isinstance(value, (int, float)) and type(value) is not bool and math.isfinite(value)
-    if ok:
-        ok = value >= low and (value < high if high_open else value <= high)
-    if not ok:
-        upper = f"{high})" if high_open else f"{high}]"
-        hint = " (one parameter group here: a single number, not a list)" if isinstance(value, (list, tuple)) else ""
-        raise ConfigurationError(f"{name}={value!r} must be a finite number in [{low}, {upper}{hint}")
-    return float(value)
+    if (
+        isinstance(value, (int, float)) and type(value) is not bool and math.isfinite(value)
+        and value >= low and (value < high if high_open else value <= high)
+    ):
+        return float(value)
+    upper = f"{high})" if high_open else f"{high}]"
+    hint = " (one parameter group here: a single number, not a list)" if isinstance(value, (list, tuple)) else ""
+    raise ConfigurationError(f"{name}={value!r} must be a finite number in [{low}, {upper}{hint}")
 
 
 def _count(name: str, value: object, minimum: int) -> int:

@@ -180,8 +180,10 @@ class DeepSpeedSchedule(LRScheduler):
         """DeepSpeed's name for the iteration: -1 as built, +1 per step."""
         return self.last_epoch - 1
 
-    def get_lr(self) -> list[float]:
-        return [scheduled_lr(self.schedule, base, self.last_batch_iteration) for base in self.base_lrs]
+    def get_lr(self) -> list[float | torch.Tensor]:  # torch's signature
+        # torch types base_lrs float | Tensor; the lr is passed on as the optimizer holds it (a float here)
+        return [scheduled_lr(self.schedule, base, self.last_batch_iteration)  # type: ignore[arg-type]
+                for base in self.base_lrs]
 
     def step(self, epoch: int | None = None) -> None:
         """Advance one iteration and set the groups' lr (and OneCycle's betas)."""

@@ -107,7 +107,7 @@ class _ReentrantOffloadCheckpoint(torch.autograd.Function):
             x = saved[slot].detach()
             x.requires_grad_(needs_grad)
             inputs[i] = x
-        rng = contextlib.nullcontext()
+        rng: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
         if ctx.preserve_rng_state:
             rng = torch.random.fork_rng(devices=ctx.rng_devices, enabled=True, device_type=ctx.device_type or "cuda")
         with contextlib.ExitStack() as stack:
@@ -126,14 +126,14 @@ class _ReentrantOffloadCheckpoint(torch.autograd.Function):
             outputs = ctx.run_function(*inputs)
         if isinstance(outputs, torch.Tensor):
             outputs = (outputs,)
-        pairs = [
+        grad_pairs = [
             (o, g)
             for o, g in zip(outputs, grads, strict=False)
             if isinstance(o, torch.Tensor) and o.requires_grad and g is not None
         ]
-        if not pairs:
+        if not grad_pairs:
             raise RuntimeError("none of the checkpointed outputs requires grad; this checkpoint() is not necessary")
-        torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+        torch.autograd.backward([o for o, _ in grad_pairs], [g for _, g in grad_pairs])
         input_grads = [x.grad if isinstance(x, torch.Tensor) else None for x in inputs]
         return (None, None, *input_grads)
 

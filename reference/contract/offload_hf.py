@@ -33,7 +33,7 @@ _patched_class: Any = None
 _original_call: Any = _MISSING
 
 
-def _layer_class() -> type:
+def _layer_class() -> Any:  # transformers' class: an optional dependency, untyped here (pyproject.toml)
     try:
         import transformers
     except ImportError as exc:
@@ -41,16 +41,17 @@ def _layer_class() -> type:
             "hf_integration=True needs the optional dependency 'transformers' "
             "(pip install 'hostoffload[hf]'); allowed without it: hf_integration=False"
         ) from exc
-    cls = getattr(transformers, "GradientCheckpointingLayer", None)
-    if cls is None:
-        try:
-            from transformers.modeling_layers import GradientCheckpointingLayer as cls
-        except ImportError as exc:
-            raise MissingDependencyError(
-                f"hf_integration=True needs transformers.GradientCheckpointingLayer, which transformers "
-                f"{getattr(transformers, '__version__', '?')} does not have; allowed: transformers>=4.52"
-            ) from exc
-    return cls
+    found = getattr(transformers, "GradientCheckpointingLayer", None)
+    if found is not None:
+        return found
+    try:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"hf_integration=True needs transformers.GradientCheckpointingLayer, which transformers "
+            f"{getattr(transformers, '__version__', '?')} does not have; allowed: transformers>=4.52"
+        ) from exc
+    return GradientCheckpointingLayer
 
 
 def _hidden_states(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

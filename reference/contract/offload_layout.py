@@ -39,7 +39,7 @@ def span_of(t: torch.Tensor) -> StorageSpan:
     """The span of a strided tensor with at least one element (torch strides are never negative)."""
     size = tuple(t.shape)
     stride = tuple(t.stride())
-    start = t.storage_offset()
+    start = int(t.storage_offset())  # a plain int: the tensors here are concrete, never traced
     last = start + sum((n - 1) * s for n, s in zip(size, stride, strict=False) if n > 0)
     return StorageSpan(
         size=size,

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import sys
 import weakref
+from types import FrameType
 from typing import Any
 
 import torch
@@ -64,6 +65,7 @@ def _torch_checkpoint_saver_classes() -> tuple[type, ...]:
 def saved_by_torch_checkpoint(start_depth: int = 1) -> bool:
     """True if the tensor being packed right now is being saved as a torch checkpoint's input."""
     classes = _torch_checkpoint_saver_classes()
+    frame: FrameType | None
     try:
         frame = sys._getframe(start_depth)
     except ValueError:

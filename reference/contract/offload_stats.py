@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 _GB = 1e9
 
@@ -140,8 +141,9 @@ class StatsRecorder:
         with self._lock:
             values = dict(self._values)
             reasons = dict(self._reasons)
-        ints = {k: int(values[k]) for k in self._COUNTERS}
-        floats = {k: float(values[k]) for k in self._TIMERS}
+        # Any: mypy cannot match keyword unpacking to the dataclass's fields (the keys are its field names)
+        ints: dict[str, Any] = {k: int(values[k]) for k in self._COUNTERS}
+        floats: dict[str, Any] = {k: float(values[k]) for k in self._TIMERS}
         return OffloadStats(skipped_by_reason=reasons, **ints, **floats)
 
 __all__ = [

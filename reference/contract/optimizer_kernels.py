@@ -130,7 +130,7 @@ class AdamKernel:
         return self.arithmetic == SAME_AS_REFERENCE
 
     def describe(self) -> str:
-        claim = "bitwise R16" if self.bitwise else self.arithmetic.describe()
+        claim = self.arithmetic.describe() if isinstance(self.arithmetic, Tolerance) else "bitwise R16"
         return f"{self.name} ({', '.join(self.optimizers)} on {', '.join(self.devices)}; {claim})"
 
     def call(self, config: Any, param: Any, grad: Any, exp_avg: Any, exp_avg_sq: Any, t: int, *,

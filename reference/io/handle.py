@@ -79,7 +79,7 @@ class SwapRequest:
     def done(self) -> bool:
         return True
 
-    def exception(self) -> SwapError | None:
+    def exception(self) -> HostOffloadError | None:
         return self._error
 
     def wait(self, timeout: float | None = None) -> torch.Tensor:
@@ -295,6 +295,7 @@ class SwapHandle:
             failed, self._unreported = self._unreported, []
         if failed:
             first = failed[0]._error
+            assert first is not None  # only failed requests are unreported
             first.other_failures = [r._error for r in failed[1:]]
             raise first
 

@@ -29,7 +29,7 @@ def byte_view(t: torch.Tensor) -> memoryview:
     Through numpy's uint8 view of the tensor's bytes (numpy has no bfloat16, uint8 always works), which also keeps
     the tensor's storage alive for as long as the view exists.
     """
-    return memoryview(flat_bytes(t.detach()).numpy())
+    return flat_bytes(t.detach()).numpy().data  # ndarray.data: the memoryview of its buffer
 
 
 @dataclass

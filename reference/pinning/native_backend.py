@@ -21,6 +21,7 @@ import mmap
 import os
 import threading
 import warnings
+from typing import Any
 
 import torch
 
@@ -207,10 +208,10 @@ def _warn_registration_failed(accelerator: Accelerator, nbytes: int) -> None:
     )
 
 
-_block_types: dict[int, type] = {}
+_block_types: dict[int, Any] = {}  # ctypes array classes made per size (from_address is theirs)
 
 
-def _block_type(size: int) -> type:
+def _block_type(size: int) -> Any:
     """A ctypes byte-array type of ``size`` whose instances free their allocation when finalised."""
     cls = _block_types.get(size)
     if cls is None:

@@ -85,6 +85,21 @@ class GradientStream:
         if self.on_device:
             self._init_device_streams()
 
+    def _narrow_dtype(self) -> torch.dtype:
+        """The comm dtype a packed backward keeps its running sum in (set where it is narrower than accum)."""
+        assert self._narrow is not None, "packing needs a comm dtype narrower than the accumulation dtype"
+        return self._narrow
+
+    def _narrow_slots(self) -> list[torch.Tensor]:
+        """The staging slots a packed running sum is brought up to (allocated at the first packed backward)."""
+        assert self._narrow_staging is not None, "no packed backward allocated the narrow staging slots"
+        return self._narrow_staging
+
+    def _device_side_grad(self) -> torch.Tensor:
+        """R28: the device side's gradient accumulator (a device run with a device side only)."""
+        assert self._device_grad is not None, "no device side keeps its gradient on the device"
+        return self._device_grad
+
     def _init_device_streams(self) -> None:
         """A device run's staging buffers, copy streams and per-bucket events."""
         device = self.device
@@ -152,6 +167,8 @@ class GradientStream:
         if want_sums:
             self.norms.clear(b)
         if cut > b.lo:
+            # a device side here: its accumulator exists, and red was made (only [cut, hi) may go packed)
+            assert self._device_grad is not None and red is not None
             with torch.cuda.stream(stream):
                 kept = self._device_grad[b.lo : cut]
                 if self._first:
@@ -160,7 +177,7 @@ class GradientStream:
                 if want_sums:
                     self.norms.take_part(b, b.lo, kept)
         narrow = self._pack or self._packed
-        packed = packed_view(self.accumulator, cut, b.hi, self._narrow) if narrow and cut < b.hi else None
+        packed = packed_view(self.accumulator, cut, b.hi, self._narrow_dtype()) if narrow and cut < b.hi else None
         event = None
         # The host part passes through the staging slots a chunk at a time, last chunk first: a wide D2H of chunk
         # k overwrites the bytes where a packed backward left chunks 2k and 2k+1, which descending order has
@@ -170,8 +187,10 @@ class GradientStream:
             slot, uploaded = self._upload(index, lo, hi, None if packed is None else packed[lo - cut : hi - cut])
             with torch.cuda.stream(stream):
                 if self._pack:  # 0 + red is red itself: it leaves at the comm dtype's width
+                    assert packed is not None  # a packing backward has the packed view of [cut, hi)
                     source, target = reduced[lo - b.lo : hi - b.lo], packed[lo - cut : hi - cut]
                 else:
+                    assert red is not None  # made whenever this backward does not pack
                     source = self._running_sum(slot, hi - lo, uploaded, red[lo - b.lo : hi - b.lo])
                     target = self.accumulator[lo:hi]
                     if want_sums:
@@ -197,7 +216,7 @@ class GradientStream:
             self._d2h_stream.wait_event(uploaded)
             if self._packed:
                 stage.zero_()
-                stage.add_(self._narrow_staging[slot][:n])
+                stage.add_(self._narrow_slots()[slot][:n])
         stage.add_(red)
         return stage
 
@@ -218,7 +237,8 @@ class GradientStream:
         with torch.cuda.stream(up):
             begin = timing_event(up)
             if self._packed:
-                self._narrow_staging[slot][: hi - lo].copy_(packed, non_blocking=True)
+                assert packed is not None  # the last backward packed: the chunk's narrow values are given
+                self._narrow_slots()[slot][: hi - lo].copy_(packed, non_blocking=True)
             else:
                 self._staging[slot][: hi - lo].copy_(self.accumulator[lo:hi], non_blocking=True)
             done = timing_event(up)
@@ -238,8 +258,10 @@ class GradientStream:
     # ---- the boundary: the finished gradient ---------------------------------------------------------------
     def wait_landed(self, index: int) -> None:
         """Bucket ``index``'s gradient has landed in the host accumulator (the others may not have)."""
-        if self.on_device and self._d2h_done[index] is not None:
-            self._d2h_done[index].synchronize()
+        if self.on_device:
+            done = self._d2h_done[index]
+            if done is not None:
+                done.synchronize()
 
     def wait_transfers_out(self) -> None:
         """The host accumulator holds the final gradient (every D2H has landed), and every kernel or copy queued
@@ -261,7 +283,7 @@ class GradientStream:
             lo = self._cut if self._device_side_here else 0
             for b in self.ranges:
                 if max(b.lo, lo) < b.hi:
-                    widen_packed(self.accumulator, max(b.lo, lo), b.hi, self._narrow)
+                    widen_packed(self.accumulator, max(b.lo, lo), b.hi, self._narrow_dtype())
         return self.accumulator
 
     def grad_for_boundary(self) -> torch.Tensor:
@@ -269,7 +291,7 @@ class GradientStream:
         for readers of the whole partition (``record_gradients``, the norm when backward did not sum it)."""
         grad = self.host_side_gradient()
         if self._device_side_here and not self._first:
-            grad[: self._cut].copy_(self._device_grad[: self._cut])
+            grad[: self._cut].copy_(self._device_side_grad()[: self._cut])
         return grad
 
     def device_gradient(self, n: int) -> torch.Tensor | None:
@@ -278,7 +300,7 @@ class GradientStream:
         if self._first or not self._device_side_here:
             return None
         self.wait_transfers_out()
-        return self._device_grad[:n]
+        return self._device_side_grad()[:n]
 
     def piece_sums(self) -> list[float]:
         """R14's per-piece fp64 sums of squares of the accumulated gradient, in flat order."""

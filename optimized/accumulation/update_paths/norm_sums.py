@@ -61,13 +61,19 @@ class NormPieceSums:
         tolerance anyway; on the cpu accelerator nothing is cut)."""
         for position, start, length in b.pieces:
             end = start + length
-            total: torch.Tensor | float | None = None
+            total: torch.Tensor | None = None
             if start < cut:
+                assert kept is not None  # a piece below the cut: the caller gave the device side's gradient
                 total = sum_squares(kept[start : min(end, cut)])
             if end > cut:
+                assert rest is not None  # a piece above the cut: the caller gave the rest
                 part = sum_squares(rest[max(start, cut) - cut : end - cut])
                 total = part if total is None else total + part
-            self._sums[position] = total if self.on_device else total.item()
+            if self.on_device:
+                self._sums[position] = total
+            else:
+                assert total is not None  # every piece has elements: one side of the cut summed it
+                self._sums[position] = total.item()
 
     def clear(self, b: BucketRange) -> None:
         """Forget bucket ``b``'s sums: :meth:`take_part` adds its parts to them next."""
@@ -106,4 +112,11 @@ class NormPieceSums:
         device_sums = [s for s in self._sums if isinstance(s, torch.Tensor)]
         values = torch.stack(device_sums).cpu().tolist() if device_sums else []
         it = iter(values)
-        return [next(it) if isinstance(s, torch.Tensor) else float(s) for s in self._sums]
+        return [next(it) if isinstance(s, torch.Tensor) else float(_taken(s)) for s in self._sums]
+
+
+def _taken(total: float | None) -> float:
+    """A host piece sum, which every backward or :meth:`NormPieceSums.sum_host` takes before it is read."""
+    if total is None:
+        raise RuntimeError("a norm piece sum was read before it was taken")
+    return total

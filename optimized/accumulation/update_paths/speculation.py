@@ -152,9 +152,12 @@ class SpeculativeUpdate:
         with self._lock:
             if self._closed:  # the step has the norm: its task updates the bucket, in the forward's order
                 return
+        # connect() made the hooks and the buffers, and bucket_landed() launched this for a guess
+        assert self._guess is not None and self._adam is not None and self._backup is not None
         hyper, step = self._guess
-        b = self._host_part(b)  # R28: the cut moves only after this speculation's futures ran (release_leading)
-        assert b is not None
+        part = self._host_part(b)  # R28: the cut moves only after this speculation's futures ran (release_leading)
+        assert part is not None
+        b = part
         # The kernel copies each block of the bucket's state into the backup just before updating it, in its one
         # pass (the block is in cache by then: the backup costs its writes, not a second pass over the state). It
         # validates its arguments before writing anything and then always completes, so the bucket is recorded
@@ -167,6 +170,7 @@ class SpeculativeUpdate:
 
     def _restore(self, lo: int, hi: int) -> None:
         """The state of ``[lo, hi)`` as the backup holds it (before the speculative update)."""
+        assert self._backup is not None  # only a speculation, which had the backup, is restored
         for name, buf in self._state.items():
             buf[lo:hi].copy_(self._backup[name][lo:hi])
 
@@ -213,6 +217,7 @@ class SpeculativeUpdate:
         if clip_coef is None and self._guess == (config, step):
             return True
         self._restore(speculated.lo, speculated.hi)
+        assert self._adam is not None  # connected before anything was speculated
         self._adam(speculated, config, step, clip_coef, grad, None)
         self._redone_here += 1
         return True

@@ -56,7 +56,7 @@ from optimized.accumulation.update_paths.gradient_stream import GradientStream
 from optimized.accumulation.update_paths.host_worker import HostUpdateWorker
 from optimized.accumulation.update_paths.release import Release
 from optimized.accumulation.update_paths.timings import UpdateTimings
-from reference.contract.accumulation_config import GPU_SHARE_AUTO, OptimizerConfig
+from reference.contract.accumulation_config import OptimizerConfig
 from reference.contract.accumulation_limit import fit_limit, floor_meter, limit_margin
 from reference.contract.accumulation_split import (
     SplitDecision,
@@ -138,7 +138,7 @@ class DeviceSplit:
         cfg = ctx.config
         P = ctx.layout.partition_size
         self._decision: SplitDecision | None = (
-            None if cfg.gpu_share == GPU_SHARE_AUTO else fixed_split(cfg.gpu_share, P, cfg)
+            None if isinstance(cfg.gpu_share, str) else fixed_split(cfg.gpu_share, P, cfg)  # the str: GPU_SHARE_AUTO
         )
         self._auto = AutoShare(ctx, worker, hides_whole_step=release.lags_parameters,
                                hides_last_backward=host_starts_in_backward)
@@ -173,6 +173,7 @@ class DeviceSplit:
                 return
             self._cut(d, master, state)
         side = self._side
+        assert side is not None  # made by _cut
         host_grad = self._gradients.host_side_gradient()  # every D2H has landed, queued kernels have run
         grad = self._gradients.device_gradient(side.n)
         if grad is None:  # not kept on the device for this whole accumulation (the first one, a cpu run)
@@ -247,11 +248,13 @@ class AutoShare:
         host = self._worker.last_host_seconds_per_element
         if host is None:
             host = self._time_host(n) / n
+        budget = cfg.gpu_memory_limit
         if floor is not None:  # this rank's own room bounds its sample (a refusal comes after the gather)
-            n = sample_within(n, max(0, cfg.gpu_memory_limit - limit_margin(cfg.gpu_memory_limit) - floor), cfg)
+            assert budget is not None  # a floor is metered only under gpu_memory_limit
+            n = sample_within(n, max(0, budget - limit_margin(budget) - floor), cfg)
         mine = (host, self._time_device(n) / n, hide, floor, n)
         every = ctx.comm.all_gather_objects(mine, "gpu_share auto measurement")
-        limit = None if floor is None else fit_limit(cfg.gpu_memory_limit, max(m[3] for m in every))
+        limit = None if floor is None or budget is None else fit_limit(budget, max(m[3] for m in every))
         measurement = SplitMeasurement(
             host_s_per_element=max(m[0] for m in every), device_s_per_element=max(m[1] for m in every),
             hide_s=min(m[2] for m in every), sample_elements=min(m[4] for m in every),

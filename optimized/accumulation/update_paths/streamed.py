@@ -167,7 +167,7 @@ class StreamedHostUpdate(UpdatePath):
             self._speculation.discard()
 
     @property
-    def master(self) -> torch.Tensor:
+    def master(self) -> torch.Tensor:  # type: ignore[override]  # read-only here: joined from its host/device parts
         """This rank's fp32 master (the host's full-partition buffer; with a split, its device side joined in)."""
         self._settled()
         if self._split is not None:

@@ -45,6 +45,7 @@ class WeightUpload:
         of ``src`` :meth:`wait_read` waits for."""
         if self.on_device and dst.device.type != "cpu":
             with torch.cuda.device(self.device), torch.cuda.stream(self._h2d_stream):
+                assert self._fence is not None  # fence() runs before the worker's first copy
                 self._h2d_stream.wait_event(self._fence)
                 begin = timing_event(self._h2d_stream)
                 dst.copy_(src, non_blocking=True)
@@ -69,7 +70,9 @@ class WeightUpload:
 
     def queue_wait(self, index: int) -> None:
         """Work queued on the current stream from now on waits for bucket ``index``'s copy (see :meth:`pending`)."""
-        torch.cuda.current_stream(self.device).wait_event(self._h2d_done[index])
+        done = self._h2d_done[index]
+        assert done is not None  # called where pending(index) said so
+        torch.cuda.current_stream(self.device).wait_event(done)
         self._h2d_done[index] = None
 
     def close(self) -> None:

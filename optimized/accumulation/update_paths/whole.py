@@ -90,6 +90,7 @@ class WholePartitionUpdate(UpdatePath):
 
     # ---- backward ----------------------------------------------------------------------------------------
     def bucket_gradients(self, bucket: Any) -> torch.Tensor:
+        assert self._comm_grads is not None  # buckets exist at stages 2/3 only, which allocate it
         return self._comm_grads[bucket.start : bucket.end]
 
     def finish_backward(self, buckets: Sequence[Any]) -> None:
@@ -132,7 +133,11 @@ class WholePartitionUpdate(UpdatePath):
         clip_coef = clip_coefficient(norm, cfg.gradient_clipping)  # R15; applied with the optimizer
         # R16 on the fp32 master, on the host when offloaded (R17).
         wrote_lp = self._optimizer_step(hyper, self._master_gradient(owned.to(torch.float32)), clip_coef)
-        lp = self._cast if wrote_lp else self.master.to(cfg.model_dtype)
+        if wrote_lp:
+            assert self._cast is not None  # the step writes the model-dtype weights only into a cast buffer
+            lp = self._cast
+        else:
+            lp = self.master.to(cfg.model_dtype)
         ctx.weights.write(lp, "parameter all-gather", staging=self._gather_source, non_blocking=True)  # R12
         self.accumulator.zero_()  # R13 step 6
         return StepOutcome(boundary=True, grad_norm=norm, clip_coef=clip_coef, gradients=gradients)
@@ -219,6 +224,7 @@ class NvmeUpdate(HostUpdate):
         names = state_buffer_names(ctx.config.optimizer)
         # R17 (nvme): the state exists only in its files until the first boundary swaps it in; while in memory
         # it is pinned like the engine's other buffers (exactly, by default), so the handle moves it directly.
+        assert ctx.config.nvme_path is not None  # the config refuses nvme offload without an nvme_path
         try:
             self._swap = StateSwapper(ctx.config.nvme_path, ctx.config.nvme_swap, ctx.rank, names,
                                       ctx.master_numel, allocate=ctx.host.pinned_untracked)
@@ -230,6 +236,7 @@ class NvmeUpdate(HostUpdate):
 
     @classmethod
     def check_config(cls, config: AccumulationConfig) -> None:
+        assert config.nvme_path is not None  # the config refuses nvme offload without an nvme_path
         _probe_nvme_path(config.nvme_path)
 
     def _resident_state_names(self) -> tuple[str, ...]:
