@@ -118,6 +118,18 @@ def changed_modules(ref: str) -> list[str]:
     return sorted(n for n in names if n.endswith(".py") and (ROOT / n).exists())
 
 
+def changed_lines(ref: str, module: str) -> set[int]:
+    """Line numbers of the module (as it is now) that the diff from `ref` adds or changes."""
+    diff = subprocess.run(
+        ["git", "diff", "-U0", ref, "--", module], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout
+    lines: set[int] = set()
+    for header in (h for h in diff.splitlines() if h.startswith("@@")):
+        start, _, count = header.split("+", 1)[1].split(" ", 1)[0].partition(",")
+        lines.update(range(int(start), int(start) + int(count or 1)))
+    return lines
+
+
 def resolve_module(name: str) -> str:
     """A repository-relative path from a path or a dotted module name."""
     if name.endswith(".py"):
@@ -282,6 +294,8 @@ class Contexts:
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(self, item, nextitem):
         cov.switch_context(test_id(item))
+        with open(os.environ["MUTATION_CURRENT_TEST"], "w") as f:  # read by the workers (sitecustomize.py)
+            f.write(test_id(item))
         self.start = time.monotonic()
     def pytest_runtest_logfinish(self, nodeid, location):
         durations[nodeid] = time.monotonic() - self.start
@@ -300,7 +314,24 @@ import os
 import coverage
 
 _cov = coverage.process_startup()
-if _cov is not None:  # the rank pool's workers leave with os._exit, which skips coverage's atexit save
+if _cov is not None:
+    # A worker (the rank pool's) serves many tests: each message it receives is work for the test running now in
+    # the test process, which names it in a file; the worker's coverage context follows.
+    from multiprocessing import connection
+
+    _recv = connection._ConnectionBase.recv
+
+    def _recv_in_context(self):
+        message = _recv(self)
+        try:
+            with open(os.environ["MUTATION_CURRENT_TEST"]) as f:
+                _cov.switch_context(f.read())
+        except OSError:
+            pass
+        return message
+
+    connection._ConnectionBase.recv = _recv_in_context
+    # the workers leave with os._exit, which skips coverage's atexit save
     _exit = os._exit
 
     def _save_then_exit(code):
@@ -343,13 +374,14 @@ def baseline(tree: Path, modules: list[str], tests: list[str], work: Path) -> Ba
         files.append(file)
         rcfile = run / "coveragerc"
         rcfile.write_text(
-            f"[run]\ndata_file = {run / 'cov'}\nparallel = True\nsigterm = True\ncontext = {file}\n"
+            f"[run]\ndata_file = {run / 'cov'}\nparallel = True\nsigterm = True\n"
             f"include =\n" + "".join(f"    {s}\n" for s in sources)
         )
         out = run / "result.json"
         cmd = [sys.executable, "-c", _COVER_SCRIPT, str(out), str(rcfile), str(sitedir), file, *PYTEST_ARGS]
         started = time.monotonic()
-        proc = subprocess.run(cmd, cwd=work, env=test_env(tree), capture_output=True, text=True)
+        env = dict(test_env(tree), MUTATION_CURRENT_TEST=str(run / "current-test"))
+        proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
         elapsed = time.monotonic() - started
         if proc.returncode != 0 or not out.exists() or json.loads(out.read_text())["exit"] != 0:
             sys.stderr.write(proc.stdout[-6000:] + proc.stderr[-3000:])
@@ -425,7 +457,8 @@ def select_tests(tree: Path, mutant: Mutant, base: Baseline) -> list[str]:
         return list(base.files)
     found = set().union(*(covered.get(n, set()) for n in wanted))
     modules = sorted(t for t in found if "::" not in t)
-    tests = sorted((t for t in found if "::" in t and t.split("::")[0] not in modules), key=lambda t: base.durations.get(t, 0.0))
+    tests = [t for t in found if "::" in t and t.split("::")[0] not in modules]
+    tests.sort(key=lambda t: base.durations.get(t, 0.0))
     return tests + modules
 
 
@@ -504,11 +537,13 @@ def write_report(out: Path, mutants: list[Mutant], command: str, stale: list[tup
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="tools/mutation.py")
     parser.add_argument("modules", nargs="*", help="module paths or dotted names (default: --since's files)")
-    parser.add_argument("--since", metavar="REF", help="mutate the Python files changed since this git ref")
+    parser.add_argument("--since", metavar="REF", help="mutate the files changed since REF (unless modules are named)")
     parser.add_argument("--budget", type=float, default=3600.0, help="seconds for the whole run (default 3600)")
     parser.add_argument("--timeout-factor", type=float, default=3.0, help="per-mutant timeout: factor x baseline")
     parser.add_argument("--timeout-floor", type=float, default=20.0, help="per-mutant timeout: seconds added")
     parser.add_argument("--operators", help="comma-separated Cosmic Ray operator names (default: the targets file)")
+    parser.add_argument("--changed-lines", action="store_true",
+                        help="with --since: only mutants on lines added or changed since REF")  # fmt: skip
     parser.add_argument("--lines", help="only mutants on these lines, e.g. 10-40,77 (one module only)")
     parser.add_argument("--report", default=str(ROOT / "mutation-report"), help="report directory")
     parser.add_argument("--keep", action="store_true", help="keep the scratch copy (its path is printed)")
@@ -519,10 +554,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.operators:
         operators = args.operators.split(",")
     modules = [resolve_module(m) for m in args.modules] if args.modules else []
-    if args.since:
-        modules += [m for m in changed_modules(args.since) if m not in modules]
+    if args.since and not modules:  # named modules: --since only says which lines --changed-lines keeps
+        modules = changed_modules(args.since)
     if not modules:
         parser.error("name modules or give --since REF")
+    if args.changed_lines and not args.since:
+        parser.error("--changed-lines needs --since REF")
     groups: dict[tuple[str, ...], list[str]] = {}
     for module in modules:
         tests = tests_for(module, targets)
@@ -569,6 +606,9 @@ def run_groups(args, groups, operators, equivalents, work: Path, deadline: float
         if args.lines:
             wanted = {n for part in args.lines.split(",") for n in _line_range(part)}
             mutants = [m for m in mutants if m.line in wanted]
+        if args.changed_lines:
+            changed = {module: changed_lines(args.since, module) for module in group}
+            mutants = [m for m in mutants if m.line in changed[m.path]]
         for m in mutants:
             if m.key() in equivalents:
                 m.outcome, m.reason = "equivalent", equivalents[m.key()]
