@@ -544,6 +544,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--operators", help="comma-separated Cosmic Ray operator names (default: the targets file)")
     parser.add_argument("--changed-lines", action="store_true",
                         help="with --since: only mutants on lines added or changed since REF")  # fmt: skip
+    parser.add_argument("--tests", help="comma-separated test modules (dotted) instead of the targets file's")
     parser.add_argument("--lines", help="only mutants on these lines, e.g. 10-40,77 (one module only)")
     parser.add_argument("--report", default=str(ROOT / "mutation-report"), help="report directory")
     parser.add_argument("--keep", action="store_true", help="keep the scratch copy (its path is printed)")
@@ -562,7 +563,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--changed-lines needs --since REF")
     groups: dict[tuple[str, ...], list[str]] = {}
     for module in modules:
-        tests = tests_for(module, targets)
+        tests = args.tests.split(",") if args.tests else tests_for(module, targets)
         if not tests:
             print(f"mutation: {module}: no test modules in {TARGETS.name}; skipped (add an entry)", file=sys.stderr)
             continue
