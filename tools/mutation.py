@@ -400,8 +400,9 @@ def baseline(tree: Path, modules: list[str], tests: list[str], work: Path) -> Ba
                     continue
                 by_line = lines[sources[source]]
                 for n, contexts in data.contexts_by_lineno(source).items():
-                    # the test process's data has one context per test; a worker's has the static one (the file)
-                    by_line.setdefault(n, set()).update(c for c in contexts if c)
+                    # one context per test; a line run before any test (collection: the test module's imports
+                    # and module-level code, e.g. a table of contract objects) is the whole test module's
+                    by_line.setdefault(n, set()).update(c or file for c in contexts)
         print(f"  baseline {test}: {elapsed:.0f} s", flush=True)
     return Baseline(files, lines, durations, max(startup) if startup else 0.0)
 
