@@ -1,0 +1,53 @@
+"""The optimizer-kernel area's declarations (reference/contract/optimizer_kernels.py) refuse what they must.
+
+A kernel that is not bitwise declares a :class:`Tolerance`; the suite then accepts any result within it. So the
+ceiling on that tolerance (``MAX_RTOL``, ``MAX_ATOL``) is what stops a port from declaring its way past R16: a
+tolerance just over it must be refused, one exactly at it accepted. And a declaration is a value the suite reads
+once and trusts afterwards: it cannot be changed after it was checked. (Mutation testing found all of this
+unjudged, issue 50: the cap could be loosened, the bound made strict, the classes made mutable.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from reference.contract.optimizer_kernels import MAX_ATOL, MAX_RTOL, AdamKernel, Tolerance
+
+pytestmark = pytest.mark.conformance_area("harness")
+
+
+def _step(*args, **kwargs) -> None:
+    return None
+
+
+@pytest.mark.parametrize("name", ["rtol", "atol"])
+def test_tolerance_is_capped(name):
+    """At the cap and at zero: accepted. Just over the cap, negative, NaN, infinite, a bool, a str: a ValueError
+    naming the field and the cap's constant."""
+    cap = MAX_RTOL if name == "rtol" else MAX_ATOL
+    other = "atol" if name == "rtol" else "rtol"
+    for ok in (0, 0.0, cap, cap / 2):
+        assert getattr(Tolerance(**{name: ok, other: 0.0, "reason": "r"}), name) == ok
+    for bad in (math.nextafter(cap, 1.0), cap * 2, 1.0, -1e-9, float("nan"), float("inf"), True, "1e-6", None):
+        with pytest.raises(ValueError, match=rf"Tolerance\.{name}=.*MAX_{name.upper()}"):
+            Tolerance(**{name: bad, other: 0.0, "reason": "r"})
+
+
+def test_tolerance_needs_a_reason():
+    for bad in ("", "   ", None, 3):
+        with pytest.raises(ValueError, match=r"Tolerance\.reason"):
+            Tolerance(rtol=1e-6, atol=1e-7, reason=bad)
+
+
+def test_declarations_cannot_change_after_their_check():
+    """Tolerance and AdamKernel are frozen: a field assigned after construction would skip the checks above."""
+    tol = Tolerance(rtol=1e-6, atol=1e-7, reason="another operation order")
+    kernel = AdamKernel(name="k", step=_step, arithmetic=tol)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        tol.rtol = 1.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        kernel.arithmetic = "anything"
+    assert not kernel.bitwise and "rtol 1e-06" in kernel.describe()
