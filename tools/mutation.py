@@ -484,6 +484,10 @@ def _run_tests(command: list[str], cwd: Path, env: dict[str, str], timeout: floa
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         return "timeout"
+    except BaseException:  # interrupted: the tests go with the run (their own session would outlive it)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
     if code == 5:  # pytest: no test collected, so the selection is wrong, not the mutant caught
         raise SystemExit(f"no test collected by: {shlex.join(command)}")
     return "survived" if code == 0 else "killed"
@@ -576,8 +580,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = "tools/mutation.py " + shlex.join(list(argv if argv is not None else sys.argv[1:]))
     deadline = time.monotonic() + args.budget
     work = Path(tempfile.mkdtemp(prefix="hostoffload-mutation-"))
+    all_mutants: list[Mutant] = []
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a terminated run still reports what it ran
+    interrupted = False
     try:
-        all_mutants = run_groups(args, groups, operators, equivalents, work, deadline)
+        run_groups(args, groups, operators, equivalents, work, deadline, all_mutants)
+    except KeyboardInterrupt:
+        interrupted = True
+        print("mutation: interrupted; reporting what ran", file=sys.stderr)
     finally:
         if args.keep:
             print(f"mutation: scratch copy kept in {work}")
@@ -594,6 +604,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"mutation: report in {args.report}/report.md")
     if args.list:
         return 0
+    if interrupted:
+        return 130
     if any(m.outcome == "survived" for m in all_mutants):
         return 1
     if any(m.outcome == "not run" for m in all_mutants):
@@ -602,9 +614,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def run_groups(args, groups, operators, equivalents, work: Path, deadline: float) -> list[Mutant]:
-    """Enumerate, baseline and run each module group in a scratch copy under `work`."""
-    all_mutants: list[Mutant] = []
+def run_groups(args, groups, operators, equivalents, work: Path, deadline: float, all_mutants: list[Mutant]) -> None:
+    """Enumerate, baseline and run each module group in a scratch copy under `work`, into `all_mutants`."""
     tree = make_scratch(work)
     for tests, group in groups.items():
         mutants = [m for module in group for m in enumerate_mutants(tree, module, operators)]
@@ -633,7 +644,6 @@ def run_groups(args, groups, operators, equivalents, work: Path, deadline: float
                 break
             run_mutant(tree, work, m, base, args.timeout_factor, args.timeout_floor)
             print(f"  {m.outcome:9} {m.path}:{m.line} {m.operator} ({m.seconds:.1f} s)", flush=True)
-    return all_mutants
 
 
 def _line_range(part: str) -> range:
