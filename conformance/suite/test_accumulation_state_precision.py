@@ -130,6 +130,8 @@ fp32_values = st.floats(width=32, allow_nan=True, allow_infinity=True, allow_sub
 @given(xs=st.lists(fp32_values, min_size=1, max_size=64))
 @example(xs=[1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8, 3.3961e38, -3.3961e38, 3.4028235e38, 1e-40, -1.4e-45, 0.0, -0.0])
 @example(xs=[float("nan"), -float("nan"), float("inf"), -float("inf"), 2.0**-133, 2.0**-134, 3 * 2.0**-134])
+# one fp32 ulp either side of a tie: the lowest bit decides (a rounding that dropped it took 0x3F808001 for a tie)
+@example(xs=[1 + 2.0**-8 + 2.0**-23, 1 + 2.0**-8 - 2.0**-23, -(1 + 2.0**-8 + 2.0**-23), 1 + 3 * 2.0**-8 - 2.0**-23])
 def test_R29_round_to_bf16_is_nearest_even(xs):
     """R29: ``round_to_bf16`` of every fp32 value (normal, subnormal, ties, the largest finite values that round
     to infinity, infinities, NaN of either sign) is the nearest bf16 value with ties to even, a NaN the quiet
