@@ -394,7 +394,11 @@ def baseline(tree: Path, modules: list[str], tests: list[str], work: Path) -> Ba
         startup.append(max(0.0, elapsed - sum(result["durations"].values())))
         for part in run.glob("cov.*"):
             data = coverage.CoverageData(basename=str(part))
-            data.read()
+            try:
+                data.read()
+            except coverage.CoverageException as exc:  # a worker killed while it saved (a pool rebuilt)
+                print(f"  baseline {test}: {part.name} unreadable, skipped ({exc})", flush=True)
+                continue
             for source in data.measured_files():
                 if source not in sources:
                     continue
