@@ -51,3 +51,12 @@ def test_declarations_cannot_change_after_their_check():
     with pytest.raises(dataclasses.FrozenInstanceError):
         kernel.arithmetic = "anything"
     assert not kernel.bitwise and "rtol 1e-06" in kernel.describe()
+
+
+@pytest.mark.parametrize("name", ["Upper", "with space", "", "-lead", "a/b", 3, None])
+def test_a_kernel_name_is_a_lower_case_identifier(name):
+    """The name is part of test ids and report keys: lower-case letters, digits, '_', '.', '-', not starting with
+    a separator; anything else (a non-str too) is a ValueError naming the field."""
+    with pytest.raises(ValueError, match=r"AdamKernel\.name="):
+        AdamKernel(name=name, step=_step)
+    assert AdamKernel(name="torch-optim.adam_2", step=_step).name == "torch-optim.adam_2"
