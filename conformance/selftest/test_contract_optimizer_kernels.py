@@ -60,3 +60,15 @@ def test_a_kernel_name_is_a_lower_case_identifier(name):
     with pytest.raises(ValueError, match=r"AdamKernel\.name="):
         AdamKernel(name=name, step=_step)
     assert AdamKernel(name="torch-optim.adam_2", step=_step).name == "torch-optim.adam_2"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("optimizers", ("sgd",)), ("optimizers", ()), ("optimizers", ["adam"]), ("state_precisions", ("fp8",)),
+     ("state_precisions", ()), ("state_precisions", ["float32"])],
+)
+def test_a_kernel_claims_only_known_optimizers_and_precisions(field, value):
+    """What a kernel claims to implement is a non-empty tuple of the names the suite knows how to judge; an
+    unknown one would be judged against nothing."""
+    with pytest.raises(ValueError, match=rf"AdamKernel 'k': {field}="):
+        AdamKernel(name="k", step=_step, **{field: value})

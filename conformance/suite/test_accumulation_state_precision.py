@@ -11,6 +11,7 @@ engine needs the implementation to declare ``accumulation_state_precision``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import struct
 
@@ -142,6 +143,15 @@ def test_R29_round_to_bf16_is_nearest_even(xs):
         assert got[i].item() == _nearest_even_bf16(v), f"round_to_bf16({v!r}) = {got[i].item():#06x}"
     finite = ~torch.isnan(x)
     assert_tensor_equal(round_to_bf16(x)[finite], x[finite].to(torch.bfloat16), "round_to_bf16 vs torch's cast")
+
+
+def test_R29_the_precision_table_cannot_be_changed():
+    """R29's precisions are shared by every implementation through one table: its entries are frozen, so no
+    implementation (or test) can retarget ``bf16`` at another dtype for everyone after the table was read."""
+    for precision in STATE_PRECISIONS.values():
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            precision.dtype = torch.float16
+    assert STATE_PRECISIONS["bf16"].dtype == torch.bfloat16 and STATE_PRECISIONS["bf16"].bytes_per_moment == 2
 
 
 # ---- the reference's step against scalar float32 arithmetic --------------------------------------------------
