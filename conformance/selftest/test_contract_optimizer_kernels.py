@@ -72,3 +72,16 @@ def test_a_kernel_claims_only_known_optimizers_and_precisions(field, value):
     unknown one would be judged against nothing."""
     with pytest.raises(ValueError, match=rf"AdamKernel 'k': {field}="):
         AdamKernel(name="k", step=_step, **{field: value})
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("devices", "cpu"), ("devices", ("cpu", 3)), ("devices", ("",)), ("variants", ["a"]), ("variants", ("",)),
+     ("requires", ("triton", None)), ("requires", ("",))],
+)
+def test_a_kernel_lists_names_as_tuples_of_non_empty_str(field, value):
+    """devices, variants and requires are tuples of non-empty names (a bare str would be read letter by letter)."""
+    with pytest.raises(ValueError, match=rf"AdamKernel 'k': {field}=.*tuple of names"):
+        AdamKernel(name="k", step=_step, **{field: value})
+    with pytest.raises(ValueError, match="at least one device type"):
+        AdamKernel(name="k", step=_step, devices=())
