@@ -34,7 +34,7 @@ from conformance.accumulation_strategies import optimizer_configs, split_update_
 from conformance.suite.test_accumulation_split_update import WIDE, _assert_same, _config, _loop, _micro_steps
 from reference.accumulation import Scenario, scenario_calls
 from reference.contract.accumulation_config import AccumulationConfig
-from reference.contract.accumulation_state_precision import STATE_PRECISIONS, round_to_bf16
+from reference.contract.accumulation_state_precision import STATE_PRECISIONS, adam_pass_bytes_per_element, round_to_bf16
 from reference.contract.errors import ConfigurationError
 
 REQUIRES_STATE_PRECISION = pytest.mark.requires("accumulation_state_precision")
@@ -152,6 +152,19 @@ def test_R29_the_precision_table_cannot_be_changed():
         with pytest.raises(dataclasses.FrozenInstanceError):
             precision.dtype = torch.float16
     assert STATE_PRECISIONS["bf16"].dtype == torch.bfloat16 and STATE_PRECISIONS["bf16"].bytes_per_moment == 2
+
+
+def test_R29_adam_pass_bytes_count_each_buffer_once():
+    """The host update's floor (docs/zero.md, benchmarks/bench_zero.py) from its parts: the fp32 master read and
+    written (4 + 4), the fp32 gradient read (4), both moments read and written at their stored size, and the bf16
+    weights written where the kernel writes them (2)."""
+    for name, moment in (("fp32", 4), ("bf16", 2)):
+        for copy in (False, True):
+            want = 4 + 4 + 4 + 2 * (moment + moment) + (2 if copy else 0)
+            got = adam_pass_bytes_per_element(STATE_PRECISIONS[name], bf16_copy=copy)
+            assert got == want, f"{name} moments, bf16_copy={copy}: {got} bytes per element, expected {want}"
+    assert adam_pass_bytes_per_element(STATE_PRECISIONS["fp32"], bf16_copy=True) == 30  # the docstring's figures
+    assert adam_pass_bytes_per_element(STATE_PRECISIONS["bf16"], bf16_copy=True) == 22
 
 
 # ---- the reference's step against scalar float32 arithmetic --------------------------------------------------
