@@ -456,6 +456,40 @@ def test_R20_malformed_tags_are_refused_before_anything_is_written(impl, tmp_pat
     assert all(out["listings"]), "a refused save changed the checkpoint directory"
 
 
+def _save_in_no_sync(group, engine_cls, directory: str) -> dict:
+    """One rank, at a boundary (nothing accumulated): a save inside ``no_sync()`` with no backward in it."""
+    spec = ModelSpec()
+    engine = engine_cls(spec.build(SEED), _config(1), process_group=group)
+    for j in range(2):
+        x, y = _batch(j, spec, 2)
+        engine.backward(compute_loss(engine.module, x, y, engine.config.model_dtype))
+        engine.step()
+    out: dict = {"refused": None}
+    with engine.no_sync():
+        try:
+            engine.save_checkpoint(directory, "inside")
+        except Exception as exc:  # classified by the test
+            out["refused"] = (type(exc), str(exc))
+    out["listing"] = sorted(os.listdir(directory))
+    engine.save_checkpoint(directory, "after")  # still usable
+    out["after"] = sorted(os.listdir(directory))
+    engine.destroy()
+    return out
+
+
+def test_R20_save_inside_no_sync_is_refused_even_with_nothing_accumulated(impl, tmp_path):
+    """R20: ``save_checkpoint`` inside ``no_sync()`` is an UnsupportedOperationError naming ``no_sync()`` -- also
+    when no backward ran in it yet (nothing accumulated to lose), so the refusal does not depend on the
+    gradient-pending check -- writes nothing, and the engine saves normally after leaving it."""
+    api = engine_api(impl)
+    out = api.run_on_ranks(_save_in_no_sync, 1, api.ZeroEngine, str(tmp_path))[0]
+    assert out["refused"] is not None, "save_checkpoint() inside no_sync() was accepted"
+    cls, msg = out["refused"]
+    assert issubclass(cls, UnsupportedOperationError) and "no_sync()" in msg, f"{cls.__name__}: {msg}"
+    assert out["listing"] == [], f"the refused save wrote {out['listing']}"
+    assert "after" in out["after"], out["after"]
+
+
 def _state_dicts(group, engine_cls, stage: int) -> dict:
     spec = ModelSpec()
     cfg = _config(stage, dtype="bf16")
