@@ -413,6 +413,83 @@ def test_R20_reserved_tag_names_are_refused_before_anything_is_written(impl, tmp
     assert out["resumed"] == "good", out["resumed"]
 
 
+#: Tags that cannot name a checkpoint directory (R20): empty, the directory itself or its parent, hidden (the
+#: staging and rollback directories' names start with '.'), a path, not a str.
+MALFORMED_TAGS = ("", ".", "..", ".staging", f"a{os.sep}b", 3)
+
+
+def _malformed_tags(group, engine_cls, directory: str) -> dict:
+    """One rank: a good save, then a save under each malformed tag; what each raised and whether the directory
+    changed."""
+    spec = ModelSpec()
+    engine = engine_cls(spec.build(SEED), _config(1), process_group=group)
+    for j in range(2):  # a boundary: a save is allowed
+        x, y = _batch(j, spec, 2)
+        engine.backward(compute_loss(engine.module, x, y, engine.config.model_dtype))
+        engine.step()
+    engine.save_checkpoint(directory, "good")
+    listing = sorted(os.listdir(directory))
+    out: dict = {"refused": {}, "listings": []}
+    for tag in MALFORMED_TAGS:
+        try:
+            engine.save_checkpoint(directory, tag)
+        except Exception as exc:  # classified by the test
+            out["refused"][repr(tag)] = (type(exc), str(exc))
+        else:
+            out["refused"][repr(tag)] = None
+        out["listings"].append(sorted(os.listdir(directory)) == listing)
+    engine.destroy()
+    return out
+
+
+def test_R20_malformed_tags_are_refused_before_anything_is_written(impl, tmp_path):
+    """R20: a tag that cannot name a checkpoint directory (empty, ``.``/``..``, ``.``-prefixed, a path, not a
+    str) is a ConfigurationError naming ``tag=`` -- not a TypeError from the path arithmetic, not a save into the
+    checkpoint directory itself -- and the directory is left exactly as it was."""
+    api = engine_api(impl)
+    out = api.run_on_ranks(_malformed_tags, 1, api.ZeroEngine, str(tmp_path))[0]
+    for tag, got in out["refused"].items():
+        assert got is not None, f"save_checkpoint(tag={tag}) was accepted"
+        cls, msg = got
+        assert issubclass(cls, ConfigurationError), f"tag={tag}: raised {cls.__name__}: {msg}"
+        assert f"tag={tag}" in msg, f"tag={tag}: the message does not name it: {msg}"
+    assert all(out["listings"]), "a refused save changed the checkpoint directory"
+
+
+def _save_in_no_sync(group, engine_cls, directory: str) -> dict:
+    """One rank, at a boundary (nothing accumulated): a save inside ``no_sync()`` with no backward in it."""
+    spec = ModelSpec()
+    engine = engine_cls(spec.build(SEED), _config(1), process_group=group)
+    for j in range(2):
+        x, y = _batch(j, spec, 2)
+        engine.backward(compute_loss(engine.module, x, y, engine.config.model_dtype))
+        engine.step()
+    out: dict = {"refused": None}
+    with engine.no_sync():
+        try:
+            engine.save_checkpoint(directory, "inside")
+        except Exception as exc:  # classified by the test
+            out["refused"] = (type(exc), str(exc))
+    out["listing"] = sorted(os.listdir(directory))
+    engine.save_checkpoint(directory, "after")  # still usable
+    out["after"] = sorted(os.listdir(directory))
+    engine.destroy()
+    return out
+
+
+def test_R20_save_inside_no_sync_is_refused_even_with_nothing_accumulated(impl, tmp_path):
+    """R20: ``save_checkpoint`` inside ``no_sync()`` is an UnsupportedOperationError naming ``no_sync()`` -- also
+    when no backward ran in it yet (nothing accumulated to lose), so the refusal does not depend on the
+    gradient-pending check -- writes nothing, and the engine saves normally after leaving it."""
+    api = engine_api(impl)
+    out = api.run_on_ranks(_save_in_no_sync, 1, api.ZeroEngine, str(tmp_path))[0]
+    assert out["refused"] is not None, "save_checkpoint() inside no_sync() was accepted"
+    cls, msg = out["refused"]
+    assert issubclass(cls, UnsupportedOperationError) and "no_sync()" in msg, f"{cls.__name__}: {msg}"
+    assert out["listing"] == [], f"the refused save wrote {out['listing']}"
+    assert "after" in out["after"], out["after"]
+
+
 def _state_dicts(group, engine_cls, stage: int) -> dict:
     spec = ModelSpec()
     cfg = _config(stage, dtype="bf16")

@@ -108,6 +108,7 @@ def _surface(group, engine_cls) -> dict:
     out["parameters"] = [tuple(p.shape) for p in engine.parameters()] == [
         tuple(p.shape) for p in engine.module.parameters()
     ]
+    out["prefetch_hits"] = engine.prefetch_hits  # below stage 3 nothing is gathered, so nothing prefetched
     for name, call in (
         ("optimizer_step", lambda: engine.optimizer.step()),
         ("add_group", lambda: engine.optimizer.add_param_group({"params": [torch.nn.Parameter(torch.zeros(1))]})),
@@ -139,7 +140,8 @@ def _surface(group, engine_cls) -> dict:
 
 
 def test_R4_module_surface_and_zero_grad(impl):
-    """train()/eval() reach the module and return the engine; parameters() are the module's; the optimizer's own
+    """train()/eval() reach the module and return the engine; parameters() are the module's; prefetch_hits is 0
+    below stage 3 (docs/zero.md: it counts stage-3 gathers the prefetch served); the optimizer's own
     step() and add_param_group() and a scheduler not built on engine.optimizer are refused with messages naming
     the alternative; zero_grad() between micro-steps discards the accumulated gradient (R4's kept gradient),
     bitwise like a zero contribution."""
@@ -147,6 +149,7 @@ def test_R4_module_surface_and_zero_grad(impl):
     for r, out in enumerate(api.run_on_ranks(_surface, 2, api.ZeroEngine)):
         assert out["train_default"] and out["eval_returns"] and out["train_again"], out
         assert out["parameters"]
+        assert out["prefetch_hits"] == 0, f"rank {r}: a stage-1 engine reports {out['prefetch_hits']!r} prefetch hits"
         assert out["optimizer_step"] and "engine.step()" in out["optimizer_step"][1], out["optimizer_step"]
         assert out["add_group"] and "one parameter group" in out["add_group"][1], out["add_group"]
         assert out["bad_scheduler"] and "engine.optimizer" in out["bad_scheduler"][1], out["bad_scheduler"]

@@ -11,6 +11,7 @@ engine needs the implementation to declare ``accumulation_state_precision``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import struct
 
@@ -33,7 +34,7 @@ from conformance.accumulation_strategies import optimizer_configs, split_update_
 from conformance.suite.test_accumulation_split_update import WIDE, _assert_same, _config, _loop, _micro_steps
 from reference.accumulation import Scenario, scenario_calls
 from reference.contract.accumulation_config import AccumulationConfig
-from reference.contract.accumulation_state_precision import STATE_PRECISIONS, round_to_bf16
+from reference.contract.accumulation_state_precision import STATE_PRECISIONS, adam_pass_bytes_per_element, round_to_bf16
 from reference.contract.errors import ConfigurationError
 
 REQUIRES_STATE_PRECISION = pytest.mark.requires("accumulation_state_precision")
@@ -130,6 +131,8 @@ fp32_values = st.floats(width=32, allow_nan=True, allow_infinity=True, allow_sub
 @given(xs=st.lists(fp32_values, min_size=1, max_size=64))
 @example(xs=[1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8, 3.3961e38, -3.3961e38, 3.4028235e38, 1e-40, -1.4e-45, 0.0, -0.0])
 @example(xs=[float("nan"), -float("nan"), float("inf"), -float("inf"), 2.0**-133, 2.0**-134, 3 * 2.0**-134])
+# one fp32 ulp either side of a tie: the lowest bit decides (a rounding that dropped it took 0x3F808001 for a tie)
+@example(xs=[1 + 2.0**-8 + 2.0**-23, 1 + 2.0**-8 - 2.0**-23, -(1 + 2.0**-8 + 2.0**-23), 1 + 3 * 2.0**-8 - 2.0**-23])
 def test_R29_round_to_bf16_is_nearest_even(xs):
     """R29: ``round_to_bf16`` of every fp32 value (normal, subnormal, ties, the largest finite values that round
     to infinity, infinities, NaN of either sign) is the nearest bf16 value with ties to even, a NaN the quiet
@@ -140,6 +143,28 @@ def test_R29_round_to_bf16_is_nearest_even(xs):
         assert got[i].item() == _nearest_even_bf16(v), f"round_to_bf16({v!r}) = {got[i].item():#06x}"
     finite = ~torch.isnan(x)
     assert_tensor_equal(round_to_bf16(x)[finite], x[finite].to(torch.bfloat16), "round_to_bf16 vs torch's cast")
+
+
+def test_R29_the_precision_table_cannot_be_changed():
+    """R29's precisions are shared by every implementation through one table: its entries are frozen, so no
+    implementation (or test) can retarget ``bf16`` at another dtype for everyone after the table was read."""
+    for precision in STATE_PRECISIONS.values():
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            precision.dtype = torch.float16
+    assert STATE_PRECISIONS["bf16"].dtype == torch.bfloat16 and STATE_PRECISIONS["bf16"].bytes_per_moment == 2
+
+
+def test_R29_adam_pass_bytes_count_each_buffer_once():
+    """The host update's floor (docs/zero.md, benchmarks/bench_zero.py) from its parts: the fp32 master read and
+    written (4 + 4), the fp32 gradient read (4), both moments read and written at their stored size, and the bf16
+    weights written where the kernel writes them (2)."""
+    for name, moment in (("fp32", 4), ("bf16", 2)):
+        for copy in (False, True):
+            want = 4 + 4 + 4 + 2 * (moment + moment) + (2 if copy else 0)
+            got = adam_pass_bytes_per_element(STATE_PRECISIONS[name], bf16_copy=copy)
+            assert got == want, f"{name} moments, bf16_copy={copy}: {got} bytes per element, expected {want}"
+    assert adam_pass_bytes_per_element(STATE_PRECISIONS["fp32"], bf16_copy=True) == 30  # the docstring's figures
+    assert adam_pass_bytes_per_element(STATE_PRECISIONS["bf16"], bf16_copy=True) == 22
 
 
 # ---- the reference's step against scalar float32 arithmetic --------------------------------------------------
