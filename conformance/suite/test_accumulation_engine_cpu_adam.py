@@ -211,6 +211,9 @@ def test_R13_fused_bf16_copy_equals_cast_of_updated_master(area_api, reference_a
     [
         (lambda k, c, t: k.adam_step(c, t, t[:-1].clone(), t.clone(), t.clone(), 1), ["grad", "exactly"]),
         (lambda k, c, t: k.adam_step(c, t.double(), t, t, t, 1), ["param", "float32"]),
+        # a gradient is fp32 or bf16 (R11): a half or double one is refused, never read as fp32 bytes
+        (lambda k, c, t: k.adam_step(c, t.clone(), t.half(), t.clone(), t.clone(), 1), ["grad", "float32"]),
+        (lambda k, c, t: k.adam_step(c, t.clone(), t.double(), t.clone(), t.clone(), 1), ["grad", "float32"]),
         (lambda k, c, t: k.adam_step(c, t, t, t, t, 0), ["step", ">= 1"]),
         (lambda k, c, t: k.adam_step(c, t, t, t, t, 1, isa="avx1024"), ["isa", "allowed values"]),
         (lambda k, c, t: k.adam_step(c, t, t, t, t, 1, threads=0), ["threads", ">= 1"]),
@@ -225,7 +228,7 @@ def test_R13_fused_bf16_copy_equals_cast_of_updated_master(area_api, reference_a
         (lambda k, c, t: k.adam_step(c, t, t, t, t, 1, state_precision="bf16"), ["exp_avg", "bfloat16"]),
         (lambda k, c, t: k.adam_step(c, t, t, t, t, 1, state_precision="int8"), ["state_precision", "allowed"]),
     ],
-    ids=["size", "dtype", "step", "isa", "threads", "optimizer", "bf16_out", "mixed-fp32", "mixed-bf16",
+    ids=["size", "dtype", "grad-fp16", "grad-fp64", "step", "isa", "threads", "optimizer", "bf16_out", "mixed-fp32", "mixed-bf16",
          "fp16-moments", "precision-vs-dtype", "precision-name"],
 )
 def test_R16_native_adam_rejects_bad_arguments(area_api, reference_api, call, words):
