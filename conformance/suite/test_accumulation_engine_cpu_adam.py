@@ -228,8 +228,8 @@ def test_R13_fused_bf16_copy_equals_cast_of_updated_master(area_api, reference_a
         (lambda k, c, t: k.adam_step(c, t, t, t, t, 1, state_precision="bf16"), ["exp_avg", "bfloat16"]),
         (lambda k, c, t: k.adam_step(c, t, t, t, t, 1, state_precision="int8"), ["state_precision", "allowed"]),
     ],
-    ids=["size", "dtype", "grad-fp16", "grad-fp64", "step", "isa", "threads", "optimizer", "bf16_out", "mixed-fp32", "mixed-bf16",
-         "fp16-moments", "precision-vs-dtype", "precision-name"],
+    ids=["size", "dtype", "grad-fp16", "grad-fp64", "step", "isa", "threads", "optimizer", "bf16_out", "mixed-fp32",
+         "mixed-bf16", "fp16-moments", "precision-vs-dtype", "precision-name"],
 )
 def test_R16_native_adam_rejects_bad_arguments(area_api, reference_api, call, words):
     """R16/R29 (kernel inputs): wrong sizes, dtypes, step counts, ISA names, thread counts, optimizer types,
