@@ -238,7 +238,7 @@ class ZeroEngine(ModuleSurface, LrSurface, EngineReports, ScheduledEngine):
             module=self.module, params=self._model.params, weights=parts.weights, path=parts.path,
             schedule=self._schedule, optimizer=self.optimizer, lr_schedule=self._lr,
             gradients_dropped=lambda: setattr(self, "_grads_pending", False), in_backward=self._in_backward,
-            in_no_sync=self._schedule._in_no_sync, grads_pending=self._grads_pending,
+            in_no_sync=self._schedule.in_no_sync, grads_pending=self._grads_pending,
         )
 
     # ---- consolidated weights ------------------------------------------------------------------------------

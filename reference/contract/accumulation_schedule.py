@@ -61,6 +61,11 @@ class AccumulationSchedule:
             raise ConfigurationError(f"is_boundary={is_boundary!r} must be a bool; allowed values: True, False")
         self._boundary_override = is_boundary
 
+    @property
+    def in_no_sync(self) -> bool:
+        """Whether a :meth:`no_sync` region is open (a checkpoint save refuses inside one, R18)."""
+        return self._in_no_sync
+
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
         """R18: a region of backwards that must not communicate. Stages 0/1 only, not nested, no step() inside."""
