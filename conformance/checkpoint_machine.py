@@ -62,6 +62,16 @@ FAULTS = st.one_of(
 )
 
 
+def train_one_boundary(engine: Any, seed: int) -> None:
+    """One backward and step of ``engine`` on a :class:`ModelSpec` batch of 2 drawn from ``seed``: a boundary of a
+    config with ``gradient_accumulation_steps`` 1 (the checkpoint tests' unit of training)."""
+    spec = ModelSpec()
+    gen = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(2, spec.in_features, generator=gen), torch.randn(2, spec.out_features, generator=gen)
+    engine.backward(compute_loss(engine.module, x, y, engine.config.model_dtype))
+    engine.step()
+
+
 def engine_state(engine: Any) -> dict[str, Any]:
     """Everything a checkpoint restores that the public surface shows."""
     opt = engine.optimizer_state()

@@ -25,9 +25,9 @@ from hypothesis import strategies as st
 
 from conformance.accumulation_engines import REQUIRES_CHECKPOINT, engine_api, engine_class
 from conformance.checkpoint_faults import FilesystemFaults
-from conformance.checkpoint_machine import engine_state, run_machine, same_state
+from conformance.checkpoint_machine import engine_state, run_machine, same_state, train_one_boundary
 from conformance.profiles import STATE_MACHINE_EXAMPLES, current_profile, state_machine_settings
-from reference.contract.accumulation_scenario import ModelSpec, compute_loss
+from reference.contract.accumulation_scenario import ModelSpec
 from reference.contract.errors import CheckpointError, ConfigurationError
 
 pytestmark = [pytest.mark.conformance_area("accumulation"), REQUIRES_CHECKPOINT, pytest.mark.runs_in_subprocesses]
@@ -35,14 +35,6 @@ pytestmark = [pytest.mark.conformance_area("accumulation"), REQUIRES_CHECKPOINT,
 SEED = 3
 CONFIG = {"zero_stage": 2, "offload_optimizer": "cpu", "train_micro_batch_size_per_gpu": 2,
           "gradient_accumulation_steps": 1, "optimizer": {"type": "adamw", "lr": 0.01}}
-
-
-def _boundary(engine, index: int) -> None:
-    spec = ModelSpec()
-    gen = torch.Generator().manual_seed(index)
-    x, y = torch.randn(2, spec.in_features, generator=gen), torch.randn(2, spec.out_features, generator=gen)
-    engine.backward(compute_loss(engine.module, x, y, engine.config.model_dtype))
-    engine.step()
 
 
 def _listing(directory: str) -> dict[str, list[str]]:
@@ -70,19 +62,19 @@ _CHILD = textwrap.dedent(
     import torch, torch.distributed as dist
     from conformance.accumulation_engines import engine_class
     from conformance.checkpoint_faults import FilesystemFaults
-    from conformance.checkpoint_machine import engine_state
-    from conformance.suite.test_accumulation_checkpoint_faults import CONFIG, SEED, _boundary
+    from conformance.checkpoint_machine import engine_state, train_one_boundary
+    from conformance.suite.test_accumulation_checkpoint_faults import CONFIG, SEED
     from reference.contract.accumulation_scenario import ModelSpec
     impl, directory, fraction, out = pickle.loads(bytes.fromhex(sys.argv[1]))
     store = dist.FileStore(os.path.join(tempfile.mkdtemp(), "store"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     engine = engine_class(impl)(ModelSpec().build(SEED), CONFIG)
-    _boundary(engine, 0)
+    train_one_boundary(engine, 0)
     with FilesystemFaults(directory, "kill", 0) as counting:  # at=0: counts the steps of a save, fires never
         engine.save_checkpoint(directory, "ck")
     step = max(1, round(fraction * counting.count))
     first = engine_state(engine)
-    _boundary(engine, 1)
+    train_one_boundary(engine, 1)
     second = engine_state(engine)
     torch.save({"first": first, "second": second}, out)
     faults = FilesystemFaults(directory, "kill", step, on_kill=lambda: os.kill(os.getpid(), signal.SIGKILL))
@@ -143,10 +135,10 @@ def _client_states(group, impl, directory: str) -> dict:
     handle = open(os.devnull)
     values = _unstorable_values(handle)
     try:
-        _boundary(engine, 0)
+        train_one_boundary(engine, 0)
         engine.save_checkpoint(directory, "last", client_state={"epoch": 1})
         good = engine_state(engine)
-        _boundary(engine, 1)
+        train_one_boundary(engine, 1)
         for key, value in values.items():
             listing = _listing(directory)
             try:
@@ -205,7 +197,7 @@ def _client_state_once(group, impl, directory: str) -> dict:
     engine = engine_class(impl)(ModelSpec().build(SEED), CONFIG, process_group=group)
     big = torch.arange(_CLIENT_BYTES // 4, dtype=torch.float32) + 7 * rank
     try:
-        _boundary(engine, 0)
+        train_one_boundary(engine, 0)
         engine.save_checkpoint(directory, "plain", client_state={"epoch": 3})
         engine.save_checkpoint(directory, "tensor", client_state={"epoch": 3, "big": big})
         dist.barrier(group)
@@ -275,10 +267,10 @@ def test_plain_client_state_round_trips_exactly(impl, tmp_path_factory, states):
 def _full_disk(group, impl, directory: str, code: int, at: int) -> dict:
     engine = engine_class(impl)(ModelSpec().build(SEED), CONFIG, process_group=group)
     try:
-        _boundary(engine, 0)
+        train_one_boundary(engine, 0)
         engine.save_checkpoint(directory, "x")
         good = engine_state(engine)
-        _boundary(engine, 1)
+        train_one_boundary(engine, 1)
         listing = _listing(directory)
         faults = FilesystemFaults(directory, "write", at, code)
         try:
@@ -337,7 +329,7 @@ def test_stale_partial_directories_are_swept_by_the_next_save(impl, tmp_path):
 def _damaged(group, impl, directory: str, edit: str) -> str | None:
     engine = engine_class(impl)(ModelSpec().build(SEED), CONFIG, process_group=group)
     try:
-        _boundary(engine, 0)
+        train_one_boundary(engine, 0)
         engine.save_checkpoint(directory, "ck")
         folder = os.path.join(directory, "ck")
         if edit == "world_size":
@@ -385,10 +377,10 @@ def _refused_on_one_rank(group, impl, directory: str) -> dict:
     rank = dist.get_rank(group)
     engine = engine_class(impl)(ModelSpec().build(SEED), CONFIG, process_group=group)
     try:
-        _boundary(engine, 0)
+        train_one_boundary(engine, 0)
         engine.save_checkpoint(directory, "ck")
         good = engine_state(engine)
-        _boundary(engine, 1)
+        train_one_boundary(engine, 1)
         listing = _listing(directory)
         try:
             engine.save_checkpoint(directory, "ck", client_state={"hook": (lambda: 0)} if rank == 1 else {})

@@ -24,11 +24,11 @@ import os
 import re
 
 import pytest
-import torch
 
 from conformance.accumulation_engines import REQUIRES_CHECKPOINT, engine_api, engine_class
+from conformance.checkpoint_machine import train_one_boundary
 from reference.contract.accumulation_checkpoint_names import LATEST, RESERVED_TAGS
-from reference.contract.accumulation_scenario import ModelSpec, compute_loss
+from reference.contract.accumulation_scenario import ModelSpec
 
 pytestmark = [pytest.mark.conformance_area("accumulation"), REQUIRES_CHECKPOINT, pytest.mark.runs_in_subprocesses]
 
@@ -49,14 +49,6 @@ def _case_variants() -> list[str]:
     return out
 
 
-def _boundary(engine, index: int) -> None:
-    spec = ModelSpec()
-    gen = torch.Generator().manual_seed(index)
-    x, y = torch.randn(2, spec.in_features, generator=gen), torch.randn(2, spec.out_features, generator=gen)
-    engine.backward(compute_loss(engine.module, x, y, engine.config.model_dtype))
-    engine.step()
-
-
 def _listing(directory: str) -> list[tuple[str, list[str]]]:
     return sorted((root, sorted(dirs + files)) for root, dirs, files in os.walk(directory))
 
@@ -73,7 +65,7 @@ def _refused_tags(group, impl, directory: str, tags: list[str]) -> dict:
     changed, and what ``load_checkpoint(dir)`` resumes afterwards."""
     engine = engine_class(impl)(ModelSpec().build(SEED), CONFIG, process_group=group)
     try:
-        _boundary(engine, 0)
+        train_one_boundary(engine, 0)
         engine.save_checkpoint(directory, "good")
         listing = _listing(directory)
         out: dict = {"saves": {}, "loads": {}}
@@ -124,7 +116,7 @@ def _load_with_latest(group, impl, directory: str, contents: dict[str, bytes]) -
     from it; what each load raised."""
     engine = engine_class(impl)(ModelSpec().build(SEED), CONFIG, process_group=group)
     try:
-        _boundary(engine, 0)
+        train_one_boundary(engine, 0)
         engine.save_checkpoint(directory, "good")
         out = {}
         for key, data in contents.items():
@@ -161,7 +153,7 @@ def _damage(group, impl, directory: str, what: str) -> dict:
     of its length; ``client_state``: remove client_state.pt), load it."""
     engine = engine_class(impl)(ModelSpec().build(SEED), CONFIG, process_group=group)
     try:
-        _boundary(engine, 0)
+        train_one_boundary(engine, 0)
         engine.save_checkpoint(directory, "ck", client_state={"epoch": 2})
         folder = os.path.join(directory, "ck")
         names = sorted(os.listdir(folder))
