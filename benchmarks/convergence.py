@@ -185,7 +185,9 @@ def timeline(timings: dict, durations: list[float]) -> dict[str, float]:
     ``grad_up`` (running sums back up for the next micro-batch's add), ``host_adam`` and ``h2d`` ran beside it (side
     streams and the CPU Adam's threads), so they overlap the step and do not add up to it. ``gpu_idle`` is the
     part of the exposed wait during which the training stream had nothing to run (the thread launches ahead of the
-    GPU, so queued work runs through the rest of the wait). Keys an engine does not report count as 0."""
+    GPU, so queued work runs through the rest of the wait). ``host_adam_gbps``: the bytes the CPU Adam moved (its
+    one-pass count, ``cpu_adam_bytes``) over its seconds -- the host update's bandwidth inside the engine, to set
+    beside the kernel's own (``benchmarks/bench_host_update.py``). Keys an engine does not report count as 0."""
     n = len(durations)
     per = {k: timings.get(f"{k}_s", 0.0) / n * 1e3
            for k in ("d2h", "grad_up", "h2d", "grad_exposed", "device_adam", "gpu_idle")}
@@ -193,7 +195,9 @@ def timeline(timings: dict, durations: list[float]) -> dict[str, float]:
     wait = timings.get("wait_s", 0.0) / n * 1e3
     return {"step": step, "compute": step - wait, "exposed_wait": wait,
             "model": step - wait - per["grad_exposed"] - per["device_adam"],
-            "host_adam": timings.get("cpu_adam_s", 0.0) / n * 1e3, **per}
+            "host_adam": timings.get("cpu_adam_s", 0.0) / n * 1e3, **per,
+            "host_adam_gbps": (timings.get("cpu_adam_bytes", 0.0) / timings["cpu_adam_s"] / 1e9
+                               if timings.get("cpu_adam_s") else 0.0)}
 
 
 #: The running mean the curve comparison takes (boundaries): on the GPU the loss of one boundary moves by several

@@ -100,6 +100,11 @@ part bench-device-adam "${T_BDA:-120}" python3 benchmarks/bench_device_adam.py -
 wanted bench-device-adam && cat "$out/bench-device-adam.log"
 # The host's memory bandwidth, the floor under the CPU Adam's time (30 bytes of optimizer traffic per parameter).
 part host-bandwidth "${T_HBW:-60}" python3 benchmarks/host_memory_bandwidth.py --gib 4 --params 886e6
+# Issue 49 item 3: the CPU Adam kernel alone, then under each condition the engine adds (buckets, pinned buffers,
+# one thread fewer, the H2D beside it, a D2H stream, a bf16 gradient, R30's backup), on the 886M partition.
+part host-update "${T_HU:-150}" python3 benchmarks/bench_host_update.py --device cuda --params 886e6 --bucket 25e6 \
+  --out "$out/host_update"
+wanted host-update && grep -E "GB/s|host update" "$out/host-update.log"
 wanted host-bandwidth && cat "$out/host-bandwidth.log"
 # Issue 16: ours vs DeepSpeed ZeRO-Offload vs FSDP2 on the 886M Llama (about 70 s per arm on the H200, so the arms
 # are split to fit one 600 s device call each; the JSON is rewritten after every arm). The DeepSpeed arms need its

@@ -113,9 +113,13 @@ def resolve_state_precision(name: object, key: str = "state_precision") -> State
     raise allowed_values_error(key, name, tuple(STATE_PRECISIONS))
 
 
-def adam_pass_bytes_per_element(precision: StatePrecision, *, bf16_copy: bool) -> int:
+def adam_pass_bytes_per_element(precision: StatePrecision, *, bf16_copy: bool, grad_bytes: int = 4,
+                                backup: bool = False) -> int:
     """Bytes one Adam/AdamW step moves per element in one pass (the floor of the host update, docs/zero.md): the
-    fp32 master read and written (8), the fp32 gradient read (4), each moment read and written at its stored size
-    (fp32: 16, bf16: 8) and, with ``bf16_copy``, the bf16 weights written (2). 30 with fp32 moments, 22 with bf16
-    (write-allocate reads of the write-only bf16 copy not counted)."""
-    return 8 + 4 + 2 * 2 * precision.bytes_per_moment + (2 if bf16_copy else 0)
+    fp32 master read and written (8), the gradient read (``grad_bytes``: 4 for an fp32 sum, 2 for a bf16 one the
+    kernel widens as it reads), each moment read and written at its stored size (fp32: 16, bf16: 8), with
+    ``bf16_copy`` the bf16 weights written (2) and with ``backup`` (R30's speculation) the master and the moments
+    written once more, to their copies before the step (4 + 2 x the moment's size). 30 with fp32 moments and
+    gradient, 22 with bf16 moments (write-allocate reads of the write-only outputs not counted)."""
+    moments = 2 * precision.bytes_per_moment
+    return 8 + grad_bytes + 2 * moments + (2 if bf16_copy else 0) + ((4 + moments) if backup else 0)

@@ -40,6 +40,7 @@ from optimized.accumulation.update_paths.speculation import SpeculativeUpdate
 from optimized.accumulation.update_paths.timings import UpdateTimings
 from optimized.accumulation.update_paths.weight_upload import WeightUpload
 from reference.contract.accumulation_config import OptimizerConfig
+from reference.contract.accumulation_state_precision import STATE_PRECISIONS, adam_pass_bytes_per_element
 
 __all__ = ["HostUpdateWorker"]
 
@@ -64,6 +65,8 @@ class HostUpdateWorker:
         self.master = master
         self.exp_avg = exp_avg
         self.exp_avg_sq = exp_avg_sq
+        #: R29: the moments' stored precision (what the kernel reads and writes per element)
+        self._moments = next(p for p in STATE_PRECISIONS.values() if p.dtype == exp_avg.dtype)
         self.cast_out = cast_out
         self.weights = weights
         #: R27: publish the previous boundary's weights, then update (see the module docstring)
@@ -221,9 +224,15 @@ class HostUpdateWorker:
         )
         took = time.perf_counter() - t0
         self._timings.add("cpu_adam_s", took)
+        self._timings.add_kernel_bytes(b.length * self._pass_bytes(g, out is not None, backup is not None))
         self._kernel_seconds += took  # one thread calls the kernel: no lock
         self._kernel_elements += b.length
         return out
+
+    def _pass_bytes(self, grad: torch.Tensor, bf16_copy: bool, backup: bool) -> int:
+        """Bytes per element one kernel call moves (:func:`adam_pass_bytes_per_element` for these buffers)."""
+        return adam_pass_bytes_per_element(self._moments, bf16_copy=bf16_copy, grad_bytes=grad.element_size(),
+                                           backup=backup)
 
     # ---- waiting -------------------------------------------------------------------------------------------
     @property

@@ -36,6 +36,8 @@ class UpdateTimings:
         self.device = device
         self.on_device = device.type != "cpu"
         self._seconds = dict.fromkeys(TIMING_KEYS, 0.0)
+        #: bytes the CPU Adam moved (its one-pass count) in the seconds counted under ``cpu_adam_s``
+        self._kernel_bytes = 0
         self._spans = DeviceSpans(device)
         #: whether device spans are recorded (from the first :meth:`take` on)
         self.recording = False
@@ -43,6 +45,11 @@ class UpdateTimings:
     def add(self, key: str, seconds: float) -> None:
         """Count host seconds under ``key`` (the worker's kernel time, the training thread's waits)."""
         self._seconds[key] += seconds
+
+    def add_kernel_bytes(self, nbytes: int) -> None:
+        """Count the bytes one CPU Adam call moved (reported as ``cpu_adam_bytes``: with ``cpu_adam_s``, the host
+        update's bandwidth inside the engine, issue 49 item 3)."""
+        self._kernel_bytes += nbytes
 
     def seconds(self, key: str) -> float:
         """Host seconds counted under ``key`` since the last :meth:`take`."""
@@ -61,8 +68,9 @@ class UpdateTimings:
         return self._spans.open(key, torch.cuda.current_stream(self.device))
 
     def take(self) -> dict[str, float]:
-        """Seconds since the last call, per :data:`TIMING_KEYS` (synchronizes the device once to read the spans).
-        The caller turned :attr:`recording` on and waited for the update in flight first."""
+        """Seconds since the last call, per :data:`TIMING_KEYS`, and ``cpu_adam_bytes`` (synchronizes the device
+        once to read the spans). The caller turned :attr:`recording` on and waited for the update in flight first."""
         self._spans.collect(self._seconds)
         out, self._seconds = self._seconds, dict.fromkeys(self._seconds, 0.0)
+        out["cpu_adam_bytes"], self._kernel_bytes = float(self._kernel_bytes), 0
         return out
