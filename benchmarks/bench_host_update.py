@@ -36,10 +36,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from optimized import cpu_adam  # noqa: E402
-from optimized.accumulation.host_buffers import HostBuffers  # noqa: E402
-from reference.accumulation import OptimizerConfig  # noqa: E402
-from reference.contract.accumulation_state_precision import STATE_PRECISIONS, adam_pass_bytes_per_element  # noqa: E402
+from optimized import cpu_adam
+from optimized.accumulation.host_buffers import HostBuffers
+from reference.accumulation import OptimizerConfig
+from reference.contract.accumulation_state_precision import STATE_PRECISIONS, adam_pass_bytes_per_element
 
 FP32 = STATE_PRECISIONS["fp32"]
 
@@ -86,7 +86,7 @@ def _best(fn: Callable[[], None], repeats: int, sync: Callable[[], None]) -> flo
     return best
 
 
-def main() -> None:  # noqa: C901 - a linear list of arms
+def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--params", type=float, default=886e6, help="elements updated per pass (the partition)")
@@ -122,10 +122,10 @@ def main() -> None:  # noqa: C901 - a linear list of arms
     plain = adam_pass_bytes_per_element(FP32, bf16_copy=True)
     try:
         print(f"host update: {n:,} elements, buckets of {bucket:,}, isa {cpu_adam.best_isa()}, {every} cores")
-        pageable = State(n, False, owner)
-        arm("alone", lambda: _pass(pageable, [(0, n)], cfg, every), plain, every)
-        arm("buckets", lambda: _pass(pageable, buckets, cfg, every), plain, every)
-        del pageable
+        pageable = [State(n, False, owner)]  # freed before the pinned set is made (2 x 16 GB at 886M)
+        arm("alone", lambda: _pass(pageable[0], [(0, n)], cfg, every), plain, every)
+        arm("buckets", lambda: _pass(pageable[0], buckets, cfg, every), plain, every)
+        pageable.clear()
         pinned = State(n, on_device, owner)
         arm("pinned", lambda: _pass(pinned, buckets, cfg, every), plain, every)
         fewer = max(1, every - 1) if on_device else every
