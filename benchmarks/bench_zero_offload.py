@@ -756,7 +756,8 @@ def _timelines(rows: list[dict]) -> str:
                          f"{t.get('grad_exposed', 0.0):.1f} + device Adam {t.get('device_adam', 0.0):.1f}) + "
                          f"exposed wait {t['exposed_wait']:.1f} (GPU idle in it {t.get('gpu_idle', 0.0):.1f}); "
                          f"beside it: D2H {t['d2h']:.1f}, gradient "
-                         f"up {t.get('grad_up', 0.0):.1f}, host Adam {t['host_adam']:.1f} "
+                         f"up {t.get('grad_up', 0.0):.1f}, host add {t.get('host_add', 0.0):.1f}, "
+                         f"host Adam {t['host_adam']:.1f} "
                          f"({t.get('host_adam_gbps', 0.0):.1f} GB/s), H2D {t['h2d']:.1f}")
         if r.get("split"):
             lines.append(f"  {r['arm']} ({r['model']}) split: {r['split']}")

@@ -182,7 +182,8 @@ def timeline(timings: dict, durations: list[float]) -> dict[str, float]:
     else it did: GPU forward/backward, launches, the reduction). Inside ``compute`` two offload costs are on the
     training stream's path: ``grad_exposed`` (the gradient stream still running after the boundary's backward,
     which the norm waits for) and ``device_adam`` (R28's device side); ``model`` is what is left. ``d2h``,
-    ``grad_up`` (running sums back up for the next micro-batch's add), ``host_adam`` and ``h2d`` ran beside it (side
+    ``grad_up`` (running sums back up for the next micro-batch's add), ``host_add`` (the middle micro-batches'
+    running sums added on the host instead), ``host_adam`` and ``h2d`` ran beside it (side
     streams and the CPU Adam's threads), so they overlap the step and do not add up to it. ``gpu_idle`` is the
     part of the exposed wait during which the training stream had nothing to run (the thread launches ahead of the
     GPU, so queued work runs through the rest of the wait). ``host_adam_gbps``: the bytes the CPU Adam moved (its
@@ -190,7 +191,7 @@ def timeline(timings: dict, durations: list[float]) -> dict[str, float]:
     beside the kernel's own (``benchmarks/bench_host_update.py``). Keys an engine does not report count as 0."""
     n = len(durations)
     per = {k: timings.get(f"{k}_s", 0.0) / n * 1e3
-           for k in ("d2h", "grad_up", "h2d", "grad_exposed", "device_adam", "gpu_idle")}
+           for k in ("d2h", "grad_up", "h2d", "grad_exposed", "device_adam", "gpu_idle", "host_add")}
     step = sum(durations) / n * 1e3
     wait = timings.get("wait_s", 0.0) / n * 1e3
     return {"step": step, "compute": step - wait, "exposed_wait": wait,

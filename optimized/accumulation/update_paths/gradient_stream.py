@@ -18,6 +18,11 @@ first bytes of the bucket's own host accumulator range (:func:`packed_view`); th
 into a narrow staging buffer and adds ``0 + red_1`` then ``red_2`` on the device, R10's arithmetic in R10's order.
 A boundary that comes after such a backward anyway (an unforeseen one) widens them on the host first.
 
+A middle backward (neither the accumulation's first nor, by a managed schedule, its last) sends its reduced
+gradient down at the comm dtype's width into a landing buffer and :class:`.HostRunningSum` adds it on the host
+(:mod:`.host_sums`: nothing is brought up; the boundary's backward still adds on the device and sums R14's pieces
+there). Only where the path gave the stream a landing buffer (``running_sum``).
+
 R28 (the split): once :meth:`GradientStream.keep_on_device` made a cut, the device side's slices are added into an
 fp32 accumulator on the device and never leave it (no D2H, no upload of the running sum); the host accumulator's
 ``[0, cut)`` is then stale until :meth:`GradientStream.grad_for_boundary` joins it in for a reader of the whole
@@ -38,6 +43,7 @@ from collections.abc import Sequence
 import torch
 
 from optimized.accumulation.device_spans import timing_event
+from optimized.accumulation.update_paths.host_sums import HostRunningSum
 from optimized.accumulation.update_paths.norm_sums import BucketRange, NormPieceSums
 from optimized.accumulation.update_paths.timings import UpdateTimings
 from reference.contract.envvars import staging_elements
@@ -53,7 +59,7 @@ class GradientStream:
 
     def __init__(self, *, device: torch.device, ranges: Sequence[BucketRange], norms: NormPieceSums,
                  accum_dtype: torch.dtype, comm_dtype: torch.dtype, accumulators: Sequence[torch.Tensor],
-                 timings: UpdateTimings) -> None:
+                 timings: UpdateTimings, running_sum: HostRunningSum | None = None) -> None:
         self.device = device
         self.on_device = device.type != "cpu"
         self.ranges = ranges
@@ -68,6 +74,10 @@ class GradientStream:
         #: whether the running backward sends its gradient narrow (see the module docstring), and whether the host
         #: accumulator holds such narrow values now (the last backward did)
         self._pack = self._packed = False
+        #: the middle backwards' adds on the host (None: every backward adds on the device), and whether the
+        #: running backward is such a middle one
+        self._host_sum = running_sum if self.on_device else None
+        self._middle = False
         #: the comm dtype when it is narrower than the accumulation dtype (else None: nothing to gain by packing)
         self._narrow = comm_dtype if comm_dtype.itemsize < accum_dtype.itemsize else None
         #: whether the accumulation dtype holds every comm-dtype value exactly (bf16 into fp32, or the same dtype):
@@ -137,6 +147,7 @@ class GradientStream:
         if self._first:  # a new accumulation: where the device side's gradient lives is decided for all of it
             self._device_side_here = self.on_device and self._device_grad is not None and self._cut > 0
         self._pack = self._first and more_follow and self.on_device and self._narrow is not None
+        self._middle = not self._first and more_follow and self._host_sum is not None
         if self._pack and self._narrow_staging is None:
             self._narrow_staging = [torch.empty(self._chunk, dtype=self._narrow, device=self.device)
                                     for _ in range(2)]
@@ -148,6 +159,8 @@ class GradientStream:
         b = self.ranges[index]
         if not b.length:
             return
+        if self._host_sum is not None:  # its last add read the landing buffer and wrote the running sum
+            self._host_sum.wait(index)
         if not self.on_device:
             host = self.accumulator[b.lo : b.hi]
             if self._first:
@@ -161,8 +174,8 @@ class GradientStream:
         stream = self._d2h_stream
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):  # any conversion runs on the D2H stream, which alone reads it
-            # a packed backward without a device side needs no wide copy of the gradient at all
-            red = (None if self._pack and cut == b.lo
+            # a packed or middle backward without a device side needs no wide copy of the gradient at all
+            red = (None if (self._pack or self._middle) and cut == b.lo
                    else reduced if self._adds_without_copy else reduced.to(self.accum_dtype))
         if want_sums:
             self.norms.clear(b)
@@ -176,6 +189,10 @@ class GradientStream:
                 kept.add_(red[: cut - b.lo])
                 if want_sums:
                     self.norms.take_part(b, b.lo, kept)
+        if self._middle:  # a managed schedule's middle backward: its piece sums are never wanted
+            assert not want_sums, "the piece sums are taken on the boundary's backward, which is no middle one"
+            self._send_to_host_sum(index, b, cut, reduced)
+            return
         narrow = self._pack or self._packed
         packed = packed_view(self.accumulator, cut, b.hi, self._narrow_dtype()) if narrow and cut < b.hi else None
         event = None
@@ -200,6 +217,33 @@ class GradientStream:
                 event = timing_event(stream)
                 self._slot_free[slot] = event
                 self._timings.span("d2h_s", begin, event)
+        if event is None:
+            event = timing_event(stream)
+        reduced.record_stream(stream)
+        self._d2h_done[index] = event
+
+    def _send_to_host_sum(self, index: int, b: BucketRange, cut: int, reduced: torch.Tensor) -> None:
+        """A middle backward's host part of bucket ``b``: ``reduced[cut:]`` down into the landing buffer as it is
+        (comm dtype), then added on the host (:mod:`.host_sums`); a packed first backward's values are widened
+        there first."""
+        host_sum = self._host_sum
+        assert host_sum is not None  # a middle backward needs the landing buffer
+        stream = self._d2h_stream
+        event = None
+        if cut < b.hi:
+            with torch.cuda.stream(stream):
+                begin = timing_event(stream)
+                host_sum.landing[cut : b.hi].copy_(reduced[cut - b.lo :], non_blocking=True)
+                event = timing_event(stream)
+            self._timings.span("d2h_s", begin, event)
+            widen = None
+            if self._packed:
+                narrow, acc, hi = self._narrow_dtype(), self.accumulator, b.hi
+
+                def widen() -> None:
+                    widen_packed(acc, cut, hi, narrow)
+
+            host_sum.add(index, self.accumulator, cut, b.hi, event.synchronize, widen)
         if event is None:
             event = timing_event(stream)
         reduced.record_stream(stream)
@@ -262,6 +306,8 @@ class GradientStream:
             done = self._d2h_done[index]
             if done is not None:
                 done.synchronize()
+        if self._host_sum is not None:
+            self._host_sum.wait(index)
 
     def wait_transfers_out(self) -> None:
         """The host accumulator holds the final gradient (every D2H has landed), and every kernel or copy queued
@@ -270,6 +316,8 @@ class GradientStream:
         if self.on_device:
             self._d2h_stream.wait_stream(torch.cuda.current_stream(self.device))
             self._d2h_stream.synchronize()
+        if self._host_sum is not None:
+            self._host_sum.wait_all()
 
     def host_side_gradient(self) -> torch.Tensor:
         """The host accumulator with every D2H landed (zeros if no backward since the boundary): complete on
@@ -332,6 +380,8 @@ class GradientStream:
                 self._up_stream.synchronize()
             except BaseException:
                 pass
+        if self._host_sum is not None:
+            self._host_sum.close()
 
 
 def packed_view(accumulator: torch.Tensor, lo: int, hi: int, narrow: torch.dtype) -> torch.Tensor:

@@ -49,6 +49,7 @@ from optimized.accumulation.update_paths.base import (
     state_buffers,
 )
 from optimized.accumulation.update_paths.gradient_stream import GradientStream
+from optimized.accumulation.update_paths.host_sums import HostRunningSum
 from optimized.accumulation.update_paths.host_worker import HostUpdateWorker
 from optimized.accumulation.update_paths.norm_sums import BucketRange, NormPieceSums
 from optimized.accumulation.update_paths.release import ConfirmedRelease, DelayedRelease, ImmediateRelease, Release
@@ -56,7 +57,7 @@ from optimized.accumulation.update_paths.speculation import SpeculativeUpdate
 from optimized.accumulation.update_paths.split import DeviceSplit
 from optimized.accumulation.update_paths.timings import UpdateTimings
 from optimized.accumulation.update_paths.weight_upload import WeightUpload
-from reference.contract.accumulation_config import OptimizerConfig
+from reference.contract.accumulation_config import AccumulationConfig, OptimizerConfig
 from reference.contract.accumulation_norm import clip_coefficient, fold_left
 from reference.contract.accumulation_step import OptimizerState, StepOutcome
 
@@ -118,9 +119,14 @@ class StreamedHostUpdate(UpdatePath):
             accumulators.append(second)
         ranges = bucket_ranges(ctx)
         self._timings = UpdateTimings(ctx.device)
+        running_sum = None
+        if _adds_middle_backwards_on_host(cfg, on_device):  # issue 49 item 4: .host_sums
+            landing = ctx.host.empty(ctx.layout.partition_size, cfg.comm_dtype, pinned=True)
+            running_sum = HostRunningSum(landing, cfg.accum_dtype, len(ranges), self._timings)
         self._gradients = GradientStream(
             device=ctx.device, ranges=ranges, norms=NormPieceSums(ctx.layout, ctx.rank, ranges, on_device),
             accum_dtype=cfg.accum_dtype, comm_dtype=cfg.comm_dtype, accumulators=accumulators, timings=self._timings,
+            running_sum=running_sum,
         )
         self._upload = WeightUpload(ctx.device, len(ranges), self._timings)
         #: R30: the update under the last backward (None: it starts in step())
@@ -157,6 +163,9 @@ class StreamedHostUpdate(UpdatePath):
         for k in range(cls.release_class.accumulators):
             out.append(plan.buffer(f"gradient accumulator {k + 1}", plan.partition_size, cfg.accum_dtype,
                                    pinned=plan.on_device))
+        if _adds_middle_backwards_on_host(cfg, plan.on_device):
+            out.append(plan.buffer("middle backwards' landing buffer", plan.partition_size, cfg.comm_dtype,
+                                   pinned=True))
         if cls.speculates:
             out += [HostBuffer(f"backup of {b.name}", b.nbytes, False) for b in plan.state()]
         return out
@@ -355,6 +364,13 @@ class StreamedReports(PathReports):
             return None
         self._worker.wait_all()  # the last boundary's settling counted
         return self._speculation.report()
+
+
+def _adds_middle_backwards_on_host(config: AccumulationConfig, on_device: bool) -> bool:
+    """Issue 49 item 4: a device run whose managed schedule has middle backwards (three micro-batches or more)
+    adds their gradients into the host accumulator on the host (:mod:`.host_sums`; a landing buffer at the comm
+    dtype). The schedule's length is read once, at construction."""
+    return on_device and config.managed_gradient_accumulation and config.gradient_accumulation_steps >= 3
 
 
 def _absorb(gradients: GradientStream, bucket: Any, want_sums: bool, speculation: SpeculativeUpdate | None) -> None:

@@ -25,8 +25,9 @@ __all__ = ["TIMING_KEYS", "UpdateTimings"]
 #: blocked time, and the thread launches ahead of the GPU, so the GPU may run queued work through much of it. Per
 #: wait, an event recorded before the thread blocks (done when the work queued before the wait is) and one after
 #: it and after the stream's wait for the bucket's H2D; the gap between them is the stream's idle time.
+#: ``host_add_s``: the middle backwards' running sums added on the host (:mod:`.host_sums`), beside the step.
 TIMING_KEYS = ("cpu_adam_s", "wait_s", "d2h_s", "grad_up_s", "h2d_s", "grad_exposed_s", "device_adam_s",
-               "gpu_idle_s")
+               "gpu_idle_s", "host_add_s")
 
 
 class UpdateTimings:
