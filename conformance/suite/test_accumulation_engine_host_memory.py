@@ -158,8 +158,8 @@ REQUIRES_ESTIMATE = pytest.mark.requires("accumulation_host_memory_estimate")
 
 #: Configs whose host buffers differ (which buffers exist, their dtypes, whether each is pinned): the moments'
 #: precision (R29), R27's second accumulator and own cast buffer, R30's own cast buffer and unpinned backup,
-#: stage 3's parameter partitions (pinned with ``offload_param``), an fp32 model (no cast buffer at all) and a
-#: bf16 accumulator.
+#: stage 3's parameter partitions (pinned with ``offload_param``), an fp32 model (no cast buffer at all), a
+#: bf16 accumulator and four micro-batches per boundary.
 ESTIMATE_CONFIGS = {
     "s2": {"zero_stage": 2, "dtype": "bf16"},
     "s2-bf16-moments": {"zero_stage": 2, "dtype": "bf16", "state_precision": "bf16"},
@@ -167,6 +167,8 @@ ESTIMATE_CONFIGS = {
     "s2-last-backward": {"zero_stage": 2, "dtype": "bf16", "host_update_start": "last_backward"},
     "s2-fp32-model": {"zero_stage": 2, "dtype": "fp32"},
     "s2-bf16-accumulator": {"zero_stage": 2, "dtype": "bf16", "grad_accum_dtype": "bf16"},
+    # a schedule with middle micro-batches (an accelerator's engine may keep a buffer for them)
+    "s2-gas4": {"zero_stage": 2, "dtype": "bf16", "gradient_accumulation_steps": 4},
     "s3-offload-param": {"zero_stage": 3, "dtype": "bf16", "offload_param": "cpu", "state_precision": "bf16"},
     "s3": {"zero_stage": 3, "dtype": "bf16"},
 }

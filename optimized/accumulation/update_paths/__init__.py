@@ -4,31 +4,25 @@ The ``offload_optimizer`` value (with ``delayed_parameter_update``, the stage an
 place, :func:`update_path_class`, into one of these classes; the engine builds the object once, at construction,
 and delegates to it. Nothing in the engine tests the config again.
 
-=================================  ===============================================  =========================
-path                               chosen when                                      module
-=================================  ===============================================  =========================
-:class:`DeviceUpdate`              ``offload_optimizer: none``                      :mod:`.whole`
-:class:`HostUpdate`                ``cpu``, not streamed (stage 0/1, SGD, no         :mod:`.whole`
-                                   native CPU Adam)
-:class:`NvmeUpdate`                ``nvme``                                         :mod:`.whole`
-:class:`StreamedHostUpdate`        ``cpu``, stage 2/3, Adam/AdamW, native kernel     :mod:`.streamed`
-:class:`DelayedHostUpdate`         the same with ``delayed_parameter_update`` (R27)  :mod:`.streamed`
-:class:`SplitHostUpdate`           ``cpu`` streamed, ``gpu_share`` other than 0      :mod:`.streamed`
-                                   (R28: the leading part on the device)
-:class:`SplitDelayedHostUpdate`    the same with ``delayed_parameter_update``       :mod:`.streamed`
-:class:`OverlappedHostUpdate`      ``cpu`` streamed, ``host_update_start:             :mod:`.streamed`
-                                   last_backward`` (R30: started under the last
-                                   backward, :mod:`.speculation`)
-:class:`SplitOverlappedHostUpdate`  ``gpu_share`` other than 0 with ``last_backward``   :mod:`.streamed`
-                                   (R28 + R30: the host side speculates)
-=================================  ===============================================  =========================
+=====================================  ==========================================================  ==============
+path                                   chosen when                                                 module
+=====================================  ==========================================================  ==============
+:class:`DeviceUpdate`                  ``offload_optimizer: none``                                 :mod:`.whole`
+:class:`HostUpdate`                    ``cpu``, not streamed (stage 0/1, SGD, no native CPU Adam)  :mod:`.whole`
+:class:`NvmeUpdate`                    ``nvme``                                                    :mod:`.whole`
+:class:`StreamedHostUpdate`            ``cpu``, stage 2/3, Adam/AdamW, native kernel               :mod:`.streamed`
+=====================================  ==========================================================  ==============
 
-The six streamed paths are one class, :class:`StreamedHostUpdate`, composed of one object per stage (the
-gradient stream off the device :mod:`.gradient_stream` with R14's sums :mod:`.norm_sums`, the host update worker
-:mod:`.host_worker`, the weight upload :mod:`.weight_upload`, the timings :mod:`.timings`), a release policy
-(:mod:`.release`: now, or R27's one boundary later) and, for R28, a device side (:mod:`.split`), for R30 a
-speculative stage (:mod:`.speculation`); the others only declare which release, whether a device side and whether
-they speculate.
+The streamed path is one class assembled from three choices the config makes (``delayed_parameter_update``: R27's
+release one boundary later; ``gpu_share`` other than 0: R28's device side; ``host_update_start:
+last_backward``: R30's speculative stage), looked up once in one table of the legal combinations
+(:data:`~.streamed.STREAMED_CHOICES`, :func:`~.streamed.streamed_choices`) into a
+:class:`~.streamed.StreamedChoices`. Its stages are one object each: the gradient stream off the device
+(:mod:`.gradient_stream`, with R14's sums :mod:`.norm_sums` and the middle backwards' host adds
+:mod:`.host_sums`), the host update worker (:mod:`.host_worker`), the weight upload (:mod:`.weight_upload`), the
+timings (:mod:`.timings`), a release policy (:mod:`.release`) and, where chosen, a device side (:mod:`.split`) and
+a speculative stage (:mod:`.speculation`). Each refusal of a choice the build cannot stream is written once, in
+:func:`update_path_class`.
 
 The interface (:class:`~.base.UpdatePath`; defaults there describe a path with nothing in flight). A path owns
 its buffers (master, optimizer state, gradient accumulator, cast and staging buffers; host memory through the
@@ -61,7 +55,8 @@ the gradient buckets and their reduce-scatters, the stage-3 gathers and the sche
   ``split_report()``, ``overlap_report()``, ``resident_buffers()``, ``swap_directory``, ``swap_stats()``; its
   defaults report nothing).
 
-A new path is one more subclass here and one more branch in :func:`update_path_class`; checkpoints stay in
+A new kind of path is one more class here and one more branch in :func:`update_path_class`; a new choice of the
+streamed path is one more field of :class:`~.streamed.StreamedChoices` and its rows in the table; checkpoints stay in
 parameter coordinates (``master`` and ``optimizer_state()`` cover this rank's whole range), so they load at any
 other path.
 """
@@ -71,62 +66,58 @@ from __future__ import annotations
 from optimized.accumulation.optimizers import native_adam
 from optimized.accumulation.update_paths.base import PathReports, UpdateContext, UpdatePath
 from optimized.accumulation.update_paths.streamed import (
-    DelayedHostUpdate,
-    OverlappedHostUpdate,
-    SplitDelayedHostUpdate,
-    SplitHostUpdate,
-    SplitOverlappedHostUpdate,
+    STREAMED_CHOICES,
+    StreamedChoices,
     StreamedHostUpdate,
+    streamed_choices,
 )
 from optimized.accumulation.update_paths.whole import DeviceUpdate, HostUpdate, NvmeUpdate
 from reference.contract.accumulation_config import AccumulationConfig
 from reference.contract.errors import ConfigurationError
 
 __all__ = [
-    "DelayedHostUpdate",
+    "STREAMED_CHOICES",
     "DeviceUpdate",
     "HostUpdate",
     "NvmeUpdate",
-    "OverlappedHostUpdate",
     "PathReports",
-    "SplitDelayedHostUpdate",
-    "SplitHostUpdate",
-    "SplitOverlappedHostUpdate",
+    "StreamedChoices",
     "StreamedHostUpdate",
     "UpdateContext",
     "UpdatePath",
+    "streamed_choices",
     "update_path_class",
 ]
 
 
+def _streamed_only(config: AccumulationConfig) -> list[tuple[str, str]]:
+    """The settings of ``config`` that only the streamed path has, each with the value that does without it."""
+    wanted = []
+    if config.gpu_share != 0.0:
+        wanted.append((f"gpu_share={config.gpu_share!r}", "gpu_share=0.0"))
+    if config.delayed_parameter_update:
+        wanted.append(("delayed_parameter_update=True", "delayed_parameter_update=False"))
+    if config.host_update_start == "last_backward":
+        wanted.append(("host_update_start='last_backward'", "host_update_start='step'"))
+    return wanted
+
+
 def update_path_class(config: AccumulationConfig) -> type[UpdatePath]:
-    """The update path ``config`` selects (the only place ``offload_optimizer`` is decoded)."""
+    """The update path ``config`` selects (the only place ``offload_optimizer`` is decoded; the streamed path's own
+    choices are :func:`~.streamed.streamed_choices`'). R19 already put the streamed-only settings in the streamed
+    path's domain (``offload_optimizer: cpu``, stage 2/3, Adam); what is left to refuse is a build without the
+    native CPU Adam."""
     if config.offload_optimizer == "none":
         return DeviceUpdate
     if config.offload_optimizer == "nvme":
         return NvmeUpdate
-    streams = config.zero_stage >= 2 and native_adam(config.optimizer)
-    if config.gpu_share != 0.0:  # R28: R19 already put the config in the streamed path's domain
-        if not streams:
-            raise ConfigurationError(
-                f"gpu_share={config.gpu_share!r} needs the native CPU Adam (optimized.cpu_adam), which this build "
-                f"does not have; allowed: gpu_share=0.0, or a build with the native extension"
-            )
-        if config.delayed_parameter_update:
-            return SplitDelayedHostUpdate
-        return SplitOverlappedHostUpdate if config.host_update_start == "last_backward" else SplitHostUpdate
-    if config.delayed_parameter_update:
-        if not streams:
-            raise ConfigurationError(
-                "delayed_parameter_update=True needs the native CPU Adam (optimized.cpu_adam), which this build "
-                "does not have; allowed: delayed_parameter_update=False, or a build with the native extension"
-            )
-        return DelayedHostUpdate
-    if config.host_update_start == "last_backward":  # R30: R19 already put the config in the streamed domain
-        if not streams:
-            raise ConfigurationError(
-                "host_update_start='last_backward' needs the native CPU Adam (optimized.cpu_adam), which this build "
-                "does not have; allowed: host_update_start='step', or a build with the native extension"
-            )
-        return OverlappedHostUpdate
-    return StreamedHostUpdate if streams else HostUpdate
+    if config.zero_stage >= 2 and native_adam(config.optimizer):
+        return StreamedHostUpdate
+    wanted = _streamed_only(config)
+    if wanted:
+        raise ConfigurationError(
+            f"{', '.join(w for w, _ in wanted)} needs the streamed host update and so the native CPU Adam "
+            f"(optimized.cpu_adam), which this build does not have; allowed: {', '.join(a for _, a in wanted)}, or "
+            f"a build with the native extension"
+        )
+    return HostUpdate

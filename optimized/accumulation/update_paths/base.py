@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import nn
@@ -147,9 +147,6 @@ class UpdatePath:
     partition --, accumulation dtype); ``reports`` (:class:`PathReports`) where it has something to report.
     """
 
-    #: R27: the live parameters lag the master by one boundary (a checkpoint then saves the live weights too)
-    lags_parameters: ClassVar[bool] = False
-
     master: torch.Tensor
     opt_state: OptimizerState
     accumulator: torch.Tensor
@@ -157,6 +154,8 @@ class UpdatePath:
     def __init__(self, ctx: UpdateContext) -> None:
         self.ctx = ctx
         self.config = ctx.config
+        #: R27: the live parameters lag the master by one boundary (a checkpoint then saves the live weights too)
+        self.lags_parameters = False
         self.reports = PathReports()
         #: the device buffer the live weights' all-gather copies through (stages 1/2), or None
         self.live_staging: torch.Tensor | None = None

@@ -18,7 +18,10 @@ stage, each with one job:
   step or one boundary later (R27);
 - :class:`.DeviceSplit` (R28, ``gpu_share``), optional -- the leading part of the partition on the device;
 - :class:`.SpeculativeUpdate` (R30, ``host_update_start: last_backward``), optional -- each bucket's update
-  started under the boundary's last backward, settled in ``step()`` (:class:`OverlappedHostUpdate`).
+  started under the boundary's last backward, settled in ``step()``.
+
+Which of these a path has is decided once, from the config, by one table (:data:`STREAMED_CHOICES`,
+:func:`streamed_choices`), into a :class:`StreamedChoices` the path is assembled from.
 
 This module is the path around them: its buffers, the boundary, and what waits for what. Every operation is the
 reference's, elementwise, on the same values: streaming changes when and where, never the arithmetic (the
@@ -31,7 +34,8 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -60,9 +64,9 @@ from optimized.accumulation.update_paths.weight_upload import WeightUpload
 from reference.contract.accumulation_config import AccumulationConfig, OptimizerConfig
 from reference.contract.accumulation_norm import clip_coefficient, fold_left
 from reference.contract.accumulation_step import OptimizerState, StepOutcome
+from reference.contract.errors import ConfigurationError
 
-__all__ = ["DelayedHostUpdate", "OverlappedHostUpdate", "SplitDelayedHostUpdate", "SplitHostUpdate",
-           "StreamedHostUpdate"]
+__all__ = ["STREAMED_CHOICES", "StreamedChoices", "StreamedHostUpdate", "streamed_choices"]
 
 
 def bucket_ranges(ctx: UpdateContext) -> list[BucketRange]:
@@ -85,26 +89,61 @@ def _check_separate(weights: torch.Tensor, source: torch.Tensor, accumulator: to
                              "must be separate buffers")
 
 
+@dataclass(frozen=True)
+class StreamedChoices:
+    """The choices one streamed path is assembled from: when the new weights reach the parameters (``release``:
+    now, R27's one boundary later, or R30's once the step confirmed a speculation), whether the leading part of the
+    partition is updated on the device (``splits``, R28) and whether each bucket's update starts under the
+    boundary's last backward (``speculates``, R30)."""
+
+    release: type[Release]
+    splits: bool
+    speculates: bool
+
+
+#: Every combination the config can produce, keyed by (``delayed_parameter_update``, ``gpu_share`` other than 0,
+#: ``host_update_start == "last_backward"``). R30 speculates into a buffer of its own, so its release is the
+#: confirmed one; R27 with R30 is refused by the config (``_check_host_update_start``), so it has no row.
+STREAMED_CHOICES: dict[tuple[bool, bool, bool], StreamedChoices] = {
+    (False, False, False): StreamedChoices(ImmediateRelease, splits=False, speculates=False),
+    (True, False, False): StreamedChoices(DelayedRelease, splits=False, speculates=False),
+    (False, True, False): StreamedChoices(ImmediateRelease, splits=True, speculates=False),
+    (True, True, False): StreamedChoices(DelayedRelease, splits=True, speculates=False),
+    (False, False, True): StreamedChoices(ConfirmedRelease, splits=False, speculates=True),
+    (False, True, True): StreamedChoices(ConfirmedRelease, splits=True, speculates=True),
+}
+
+
+def streamed_choices(config: AccumulationConfig) -> StreamedChoices:
+    """The row of :data:`STREAMED_CHOICES` ``config`` selects (the only place these three keys are decoded)."""
+    key = (bool(config.delayed_parameter_update), config.gpu_share != 0.0,
+           config.host_update_start == "last_backward")
+    choices = STREAMED_CHOICES.get(key)
+    if choices is None:  # the config's own checks refuse these first; kept for a config built around them
+        raise ConfigurationError(
+            f"delayed_parameter_update={config.delayed_parameter_update!r} with gpu_share={config.gpu_share!r} and "
+            f"host_update_start={config.host_update_start!r} is no streamed update path; allowed combinations "
+            f"(delayed, split, last_backward): {sorted(STREAMED_CHOICES)}"
+        )
+    return choices
+
+
 class StreamedHostUpdate(UpdatePath):
     """Master, Adam moments and the fp32 gradient accumulator pinned on the host; each bucket's reduced gradient
     streams out during backward, the CPU Adam runs per bucket on a worker from ``step()`` on, and the next
-    forward waits per module for its own buckets only. The subclasses below only declare which release (R27)
-    and whether a device side (R28) this path is built with."""
-
-    #: when the new weights reach the parameters (R27: :class:`DelayedRelease`)
-    release_class: ClassVar[type[Release]] = ImmediateRelease
-    #: R28: whether the leading part of the partition is updated on the device (``gpu_share``)
-    splits: ClassVar[bool] = False
-    #: R30: each bucket's update starts under the boundary's last backward (:class:`.SpeculativeUpdate`)
-    speculates: ClassVar[bool] = False
+    forward waits per module for its own buckets only. Assembled from the config's :class:`StreamedChoices`:
+    a release policy, optionally a device side (R28) and a speculative stage (R30)."""
 
     def __init__(self, ctx: UpdateContext) -> None:
-        if self.splits:
+        #: the choices this path was assembled from (:func:`streamed_choices`)
+        self.choices = choices = streamed_choices(ctx.config)
+        if choices.splits:
             DeviceSplit.prepare(ctx)
         super().__init__(ctx)
         cfg = self.config
         on_device = ctx.device.type != "cpu"
-        self._release = self.release_class(ctx)
+        self._release = choices.release(ctx)
+        self.lags_parameters = self._release.lags_parameters
         #: the fp32 master of the whole partition (read through :attr:`master`: the split's device side joined in)
         self._host_master = initial_master(ctx, on_host=True)
         self.opt_state = OptimizerState(0, state_buffers(ctx, ("exp_avg", "exp_avg_sq"), on_host=True))
@@ -131,7 +170,8 @@ class StreamedHostUpdate(UpdatePath):
         self._upload = WeightUpload(ctx.device, len(ranges), self._timings)
         #: R30: the update under the last backward (None: it starts in step())
         self._speculation = (
-            _speculative_stage(ctx, self._gradients, self._host_master, self.opt_state) if self.speculates else None
+            _speculative_stage(ctx, self._gradients, self._host_master, self.opt_state) if choices.speculates
+            else None
         )
         self._worker = HostUpdateWorker(
             ranges=ranges, gradients=self._gradients, upload=self._upload, timings=self._timings,
@@ -142,7 +182,7 @@ class StreamedHostUpdate(UpdatePath):
         #: R28: the device side and the cut (None: the host updates the whole partition)
         self._split = (
             DeviceSplit(ctx, self._gradients, self._worker, self._timings, self._release,
-                        host_starts_in_backward=self._speculation is not None) if self.splits else None
+                        host_starts_in_backward=self._speculation is not None) if choices.splits else None
         )
         self.reports = StreamedReports(self._worker, self._split, self._speculation)
         #: buckets whose reduce-scatter was launched and whose result is not yet absorbed
@@ -154,19 +194,20 @@ class StreamedHostUpdate(UpdatePath):
     def planned_host_buffers(cls, plan: BufferPlan) -> list[HostBuffer]:
         """Master and moments (pinned), the model-dtype buffer the kernel writes where it is not the live
         parameters, the gradient accumulator(s) (pinned on a device run), R30's backup (unpinned)."""
-        if cls.splits:
+        choices = streamed_choices(plan.config)
+        if choices.splits:
             super().planned_host_buffers(plan)  # R28: the cut is decided at run time ("auto" measures it)
         cfg = plan.config
         out = plan.state()
-        if cfg.model_dtype == torch.bfloat16 and cls.release_class.cast_is_own_buffer(plan):
+        if cfg.model_dtype == torch.bfloat16 and choices.release.cast_is_own_buffer(plan):
             out.append(plan.buffer("model-dtype weights", plan.master_numel, cfg.model_dtype, pinned=plan.on_device))
-        for k in range(cls.release_class.accumulators):
+        for k in range(choices.release.accumulators):
             out.append(plan.buffer(f"gradient accumulator {k + 1}", plan.partition_size, cfg.accum_dtype,
                                    pinned=plan.on_device))
         if _adds_middle_backwards_on_host(cfg, plan.on_device):
             out.append(plan.buffer("middle backwards' landing buffer", plan.partition_size, cfg.comm_dtype,
                                    pinned=True))
-        if cls.speculates:
+        if choices.speculates:
             out += [HostBuffer(f"backup of {b.name}", b.nbytes, False) for b in plan.state()]
         return out
 
@@ -303,45 +344,6 @@ class StreamedHostUpdate(UpdatePath):
         self._gradients.close()
         self._upload.close()
         super().close()
-
-
-class DelayedHostUpdate(StreamedHostUpdate):
-    """R27 (``delayed_parameter_update``): the streamed update, whose boundary k publishes the weights of
-    boundary k - 1 into the live parameters and then runs its CPU Adam, overlapping all of step k + 1."""
-
-    release_class = DelayedRelease
-    lags_parameters = DelayedRelease.lags_parameters
-
-
-class OverlappedHostUpdate(StreamedHostUpdate):
-    """R30 (``host_update_start: last_backward``): the streamed update, each bucket's CPU Adam started under the
-    boundary's last backward as its gradient lands (unclipped), settled in ``step()`` once the norm is known."""
-
-    release_class = ConfirmedRelease
-    speculates = True
-
-
-class SplitHostUpdate(StreamedHostUpdate):
-    """R28 (``gpu_share``) on the synchronous streamed path: the leading part of the partition on the device."""
-
-    splits = True
-
-
-class SplitOverlappedHostUpdate(StreamedHostUpdate):
-    """R28 with R30: the host side's buckets started under the last backward; the device side steps in ``step()``
-    (a cut made at a speculated boundary first takes its elements back as they were: :mod:`.speculation`)."""
-
-    release_class = ConfirmedRelease
-    splits = True
-    speculates = True
-
-
-class SplitDelayedHostUpdate(StreamedHostUpdate):
-    """R28 with R27: the device side too installs the weights of the previous boundary before its update."""
-
-    release_class = DelayedRelease
-    lags_parameters = DelayedRelease.lags_parameters
-    splits = True
 
 
 class StreamedReports(PathReports):
