@@ -119,3 +119,19 @@ def test_an_add_that_fails_is_raised_by_the_wait_and_close_does_not_raise():
     with pytest.raises(RuntimeError, match="the D2H failed"):
         adder.wait_all()
     adder.close()
+
+
+def test_close_lets_the_add_in_flight_finish_and_stops_the_thread():
+    """``close`` (from the engine's destroy, which unpins the accumulator next) returns only once the add in
+    flight has written, and leaves no thread behind."""
+    n = 8
+    acc = torch.zeros(n)
+    release = threading.Timer(0.3, lambda: None)
+    adder = HostRunningSum(torch.ones(n, dtype=torch.bfloat16), torch.float32, buckets=1,
+                           timings=UpdateTimings(torch.device("cpu")))
+    release.start()
+    adder.add(0, acc, 0, n, release.join, None)
+    adder.close()
+    assert torch.equal(acc, torch.ones(n)), "close() returned before the add in flight wrote"
+    assert not [t for t in threading.enumerate() if t.name.startswith("hostoffload-running-sum")], (
+        "close() left the adding thread running")

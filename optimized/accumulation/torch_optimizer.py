@@ -18,7 +18,7 @@ import math
 import torch
 
 from reference.contract.accumulation_config import OptimizerConfig
-from reference.contract.accumulation_state_precision import StatePrecision
+from reference.contract.accumulation_state_precision import StatePrecision, state_dtype
 from reference.contract.accumulation_step import OptimizerState, state_buffer_names
 
 __all__ = ["CHUNK_ELEMENTS", "init_state", "torch_step"]
@@ -29,7 +29,7 @@ def init_state(
 ) -> OptimizerState:
     """Zeroed state buffers (the contract's names) for ``master``, on its device; Adam's moments in ``precision``
     (R29; default fp32), SGD's momentum fp32."""
-    dtype = torch.float32 if precision is None or config.type == "sgd" else precision.dtype
+    dtype = state_dtype(config.type, precision)
     return OptimizerState(0, {n: torch.zeros_like(master, dtype=dtype) for n in state_buffer_names(config)})
 
 

@@ -44,7 +44,7 @@ import math
 import torch
 
 from reference.contract.accumulation_config import OptimizerConfig
-from reference.contract.accumulation_state_precision import StatePrecision
+from reference.contract.accumulation_state_precision import StatePrecision, state_dtype
 from reference.contract.accumulation_step import OptimizerState, state_buffer_names
 
 
@@ -64,7 +64,7 @@ def init_state(
 ) -> OptimizerState:
     """Zeroed state for ``master`` on ``master``'s device (the host when ``offload_optimizer='cpu'``, R17); Adam's
     moments in ``precision`` (R29; default fp32), SGD's momentum always fp32."""
-    dtype = torch.float32 if precision is None or config.type == "sgd" else precision.dtype
+    dtype = state_dtype(config.type, precision)
     return OptimizerState(0, {n: torch.zeros_like(master, dtype=dtype) for n in state_buffer_names(config)})
 
 

@@ -24,6 +24,7 @@ from reference.contract.accumulation_state_precision import (
     DEFAULT_STATE_PRECISION,
     StatePrecision,
     resolve_state_precision,
+    state_dtype,
 )
 from reference.contract.deepspeed_config import deepspeed_to_flat, is_deepspeed_shaped
 from reference.contract.errors import ConfigurationError, allowed_values_error
@@ -464,6 +465,11 @@ class AccumulationConfig:
     def moment_precision(self) -> StatePrecision:
         """R29: the resolved precision of the optimizer's moment buffers (dtype and rounding)."""
         return resolve_state_precision(self.state_precision)
+
+    @property
+    def state_dtype(self) -> torch.dtype:
+        """The dtype of the optimizer-state buffers: :func:`state_dtype` for this optimizer and precision."""
+        return state_dtype(self.optimizer.type, self.moment_precision)
 
     # ---- resolved placement --------------------------------------------------------------------------------
     @property

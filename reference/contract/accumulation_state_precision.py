@@ -113,6 +113,12 @@ def resolve_state_precision(name: object, key: str = "state_precision") -> State
     raise allowed_values_error(key, name, tuple(STATE_PRECISIONS))
 
 
+def state_dtype(optimizer_type: str, precision: StatePrecision | None) -> torch.dtype:
+    """The dtype of every optimizer-state buffer (the one home of this rule): Adam's moments at their stored
+    precision (R29; fp32 when none is given), SGD's momentum always fp32 (R29 covers Adam's moments only)."""
+    return torch.float32 if precision is None or optimizer_type == "sgd" else precision.dtype
+
+
 def adam_pass_bytes_per_element(precision: StatePrecision, *, bf16_copy: bool, grad_bytes: int = 4,
                                 backup: bool = False) -> int:
     """Bytes one Adam/AdamW step moves per element in one pass (the floor of the host update, docs/zero.md): the

@@ -63,7 +63,7 @@ class BufferPlan:
     def state(self) -> list[HostBuffer]:
         """The fp32 master and the optimizer state on the host (pinned; R29's precision for Adam's moments)."""
         cfg = self.config
-        dtype = torch.float32 if cfg.optimizer.type == "sgd" else cfg.moment_precision.dtype
+        dtype = cfg.state_dtype
         out = [self.buffer("master", self.master_numel, torch.float32, pinned=True)]
         out += [self.buffer(n, self.master_numel, dtype, pinned=True) for n in state_buffer_names(cfg.optimizer)]
         return out
@@ -273,7 +273,7 @@ def initial_master(ctx: UpdateContext, *, on_host: bool) -> torch.Tensor:
 def state_buffers(ctx: UpdateContext, names: Sequence[str], *, on_host: bool) -> dict[str, torch.Tensor]:
     """Zeroed optimizer-state buffers next to the master, Adam's moments in the state precision (R29: bf16
     halves their pinned bytes; SGD's momentum stays fp32)."""
-    dtype = torch.float32 if ctx.config.optimizer.type == "sgd" else ctx.config.moment_precision.dtype
+    dtype = ctx.config.state_dtype
     out = {}
     for name in names:
         if on_host:

@@ -40,7 +40,7 @@ from optimized.accumulation.update_paths.speculation import SpeculativeUpdate
 from optimized.accumulation.update_paths.timings import UpdateTimings
 from optimized.accumulation.update_paths.weight_upload import WeightUpload
 from reference.contract.accumulation_config import OptimizerConfig
-from reference.contract.accumulation_state_precision import STATE_PRECISIONS, adam_pass_bytes_per_element
+from reference.contract.accumulation_state_precision import StatePrecision, adam_pass_bytes_per_element
 
 __all__ = ["HostUpdateWorker"]
 
@@ -66,7 +66,7 @@ class HostUpdateWorker:
         self.exp_avg = exp_avg
         self.exp_avg_sq = exp_avg_sq
         #: R29: the moments' stored precision (what the kernel reads and writes per element)
-        self._moments = next(p for p in STATE_PRECISIONS.values() if p.dtype == exp_avg.dtype)
+        self._moments = StatePrecision.of(exp_avg, "exp_avg")
         self.cast_out = cast_out
         self.weights = weights
         #: R27: publish the previous boundary's weights, then update (see the module docstring)
