@@ -14,59 +14,17 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from optimized.accumulation.collectives import Collectives, PendingReduce
-from optimized.accumulation.partition import FlatLayout, owners
+from optimized.accumulation.buckets import Bucket
+from optimized.accumulation.collectives import Collectives
+from optimized.accumulation.partition import FlatLayout
 from optimized.accumulation.update_paths import UpdatePath
 
-__all__ = ["Bucket", "GradientHooks", "plan_buckets"]
-
-
-@dataclass
-class Bucket:
-    """A contiguous range of the flat gradient buffer reduced by one collective (stages 2/3)."""
-
-    start: int
-    end: int
-    names: tuple[str, ...]
-    splits: list[int]
-    index: int = 0
-    pending: int = 0
-    reduce: PendingReduce | None = None
-    keep_alive: torch.Tensor | None = None
-    #: streamed offload: this backward's gradients of the bucket (comm dtype, zeros where none arrived), allocated
-    #: at its first gradient and dropped once reduced, instead of a view of a model-sized flat buffer
-    grads: torch.Tensor | None = None
-
-
-def plan_buckets(layout: FlatLayout, bucket_elements: int) -> list[Bucket]:
-    """Group parameters in reverse flat order (roughly the order backward produces gradients) into buckets of
-    about ``bucket_elements``; the buckets tile the flat buffer so padding travels too."""
-    offset = {s.name: s.offset for s in layout.segments}
-    groups: list[list[str]] = []
-    current: list[str] = []
-    size = 0
-    for seg in reversed(layout.segments):
-        current.append(seg.name)
-        size += seg.numel
-        if size >= bucket_elements:
-            groups.append(current)
-            current, size = [], 0
-    if current:
-        groups.append(current)
-    groups.sort(key=lambda g: min(offset[n] for n in g))
-    starts = [0] + [min(offset[n] for n in g) for g in groups[1:]]
-    ends = [*starts[1:], layout.total]
-    buckets: list[Bucket] = []
-    for g, a, b in zip(groups, starts, ends, strict=True):
-        splits = [o.length for o in owners(layout, a, b)]
-        buckets.append(Bucket(a, b, tuple(g), splits, index=len(buckets)))
-    return buckets
+__all__ = ["GradientHooks"]
 
 
 class GradientHooks:
@@ -106,10 +64,7 @@ class GradientHooks:
         """A backward starts: every bucket waits for all its gradients again."""
         self._got_grad.clear()
         for b in self.buckets:
-            b.pending = len(b.names)
-            b.reduce = None
-            b.keep_alive = None
-            b.grads = None
+            b.reset()
 
     def run(self, backward: Callable[[], None]) -> None:
         """One engine backward: ``backward()`` between :meth:`begin` and :meth:`finish` (stages 2/3); a failure
@@ -144,8 +99,7 @@ class GradientHooks:
                 bucket = self._bucket_of[name]
                 self._attached.bucket_gradients(bucket)[seg.offset - bucket.start : seg.end - bucket.start].copy_(g)
                 self._got_grad.add(name)
-                bucket.pending -= 1
-                if bucket.pending == 0:
+                if bucket.gradient_arrived():
                     self._launch(bucket)
             p.grad = None
 
@@ -156,9 +110,8 @@ class GradientHooks:
         # R10's divided term; x / 1 is x exactly, so one rank sends the bucket itself (no bucket-sized copy live
         # while the reduction runs: 0.12 GiB for the vocabulary buckets of the 886M shape, issue 49 item 2)
         contribution = grads if self._comm.world == 1 else torch.div(grads, self._comm.world)
-        bucket.keep_alive = contribution
-        bucket.grads = None
-        bucket.reduce = self._comm.start_reduce_scatter(contribution, bucket.splits, "bucket reduce-scatter")
+        bucket.launched(contribution,
+                        self._comm.start_reduce_scatter(contribution, bucket.splits, "bucket reduce-scatter"))
         self._attached.bucket_launched(bucket)
 
     def finish(self) -> None:

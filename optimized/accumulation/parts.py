@@ -17,9 +17,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from optimized.accumulation.buckets import plan_buckets
 from optimized.accumulation.collectives import HANDOFF, Collectives
 from optimized.accumulation.construction import ModelParameters
-from optimized.accumulation.gradients import GradientHooks, plan_buckets
+from optimized.accumulation.gradients import GradientHooks
 from optimized.accumulation.host_buffers import HostBuffers
 from optimized.accumulation.origin import LossOrigin
 from optimized.accumulation.ownership import ModuleClaim

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from optimized.accumulation.buckets import Bucket
 from optimized.accumulation.collectives import Collectives
 from optimized.accumulation.host_buffers import HostBuffers
 from optimized.accumulation.partition import unflatten
@@ -84,9 +85,9 @@ class UpdateContext:
     weights: LiveWeights
     #: allocator of the engine's host memory (freed by the engine's destroy(), after the path's close())
     host: HostBuffers
-    #: stages 2/3: the gradient buckets, in flat order (``start``, ``end``, ``index``, and while a backward
-    #: runs ``reduce`` -- the pending reduce-scatter -- ``keep_alive`` and ``grads``); empty at stages 0/1
-    buckets: Sequence[Any]
+    #: stages 2/3: the gradient buckets, in flat order (:class:`~optimized.accumulation.buckets.Bucket`: the path
+    #: reads ``start``, ``end``, ``index`` and consumes a launched bucket through its methods); empty at stages 0/1
+    buckets: Sequence[Bucket]
     #: how many boundaries the engine has completed (R3's ``global_steps``; during ``boundary()`` the ones before
     #: this one, also after a checkpoint load)
     boundaries_done: Callable[[], int] = lambda: 0
@@ -180,14 +181,14 @@ class UpdatePath:
         """A backward starts (``boundary_predicted``: a managed schedule says it is the boundary's). Waits for
         whatever of the last update the backward must not overlap."""
 
-    def bucket_gradients(self, bucket: Any) -> torch.Tensor:
+    def bucket_gradients(self, bucket: Bucket) -> torch.Tensor:
         """Where this backward's gradients of ``bucket`` go (R10, communication dtype; stages 2/3)."""
         raise NotImplementedError
 
-    def bucket_launched(self, bucket: Any) -> None:
+    def bucket_launched(self, bucket: Bucket) -> None:
         """``bucket``'s reduce-scatter was launched (``bucket.reduce``); the path may consume earlier ones."""
 
-    def finish_backward(self, buckets: Sequence[Any]) -> None:
+    def finish_backward(self, buckets: Sequence[Bucket]) -> None:
         """Every bucket was launched: add this rank's reduced slices into the accumulator (R10), then drop
         each bucket's ``reduce`` and ``keep_alive``."""
         raise NotImplementedError

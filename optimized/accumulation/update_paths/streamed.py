@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from optimized.accumulation.buckets import Bucket
 from optimized.accumulation.partition import owners
 from optimized.accumulation.update_paths.base import (
     BufferPlan,
@@ -186,7 +187,7 @@ class StreamedHostUpdate(UpdatePath):
         )
         self.reports = StreamedReports(self._worker, self._split, self._speculation)
         #: buckets whose reduce-scatter was launched and whose result is not yet absorbed
-        self._launched: deque[Any] = deque()
+        self._launched: deque[Bucket] = deque()
         #: whether this backward takes the R14 piece sums on the device as buckets stream out
         self._want_norm_pieces = False
 
@@ -241,21 +242,18 @@ class StreamedHostUpdate(UpdatePath):
             else:
                 self._speculation.discard()
 
-    def bucket_gradients(self, bucket: Any) -> torch.Tensor:
+    def bucket_gradients(self, bucket: Bucket) -> torch.Tensor:
         """Allocated at the bucket's first gradient and dropped once reduced (no model-sized flat buffer)."""
-        if bucket.grads is None:
-            size = bucket.end - bucket.start
-            bucket.grads = torch.zeros(size, dtype=self.config.comm_dtype, device=self.ctx.device)
-        return bucket.grads
+        return bucket.own_gradients(self.config.comm_dtype, self.ctx.device)
 
-    def bucket_launched(self, bucket: Any) -> None:
+    def bucket_launched(self, bucket: Bucket) -> None:
         # Accumulate and stream out the bucket launched before this one while this one's reduce-scatter runs
         # (one behind, so a gradient hook does not wait on its own collective).
         self._launched.append(bucket)
         while len(self._launched) > 1:
             _absorb(self._gradients, self._launched.popleft(), self._want_norm_pieces, self._speculation)
 
-    def finish_backward(self, buckets: Sequence[Any]) -> None:
+    def finish_backward(self, buckets: Sequence[Bucket]) -> None:
         while self._launched:
             _absorb(self._gradients, self._launched.popleft(), self._want_norm_pieces, self._speculation)
         self._gradients.end_backward(self._want_norm_pieces)
@@ -375,13 +373,11 @@ def _adds_middle_backwards_on_host(config: AccumulationConfig, on_device: bool) 
     return on_device and config.managed_gradient_accumulation and config.gradient_accumulation_steps >= 3
 
 
-def _absorb(gradients: GradientStream, bucket: Any, want_sums: bool, speculation: SpeculativeUpdate | None) -> None:
+def _absorb(gradients: GradientStream, bucket: Bucket, want_sums: bool,
+            speculation: SpeculativeUpdate | None) -> None:
     """R10 for one bucket: its reduced slice into the host accumulator; R30: then its speculative update (queued
     after the bucket's D2H event was recorded, which the worker waits for)."""
-    reduced = bucket.reduce.result()
-    gradients.absorb(bucket.index, reduced, want_sums)
-    bucket.reduce = None
-    bucket.keep_alive = None
+    gradients.absorb(bucket.index, bucket.take_reduced(), want_sums)
     if speculation is not None:
         speculation.bucket_landed(gradients.ranges[bucket.index])
 

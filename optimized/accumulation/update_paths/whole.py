@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from optimized.accumulation import device_adam
+from optimized.accumulation.buckets import Bucket
 from optimized.accumulation.device_spans import DeviceSpans
 from optimized.accumulation.optimizers import native_adam, step_master
 from optimized.accumulation.partition import owners
@@ -89,21 +90,19 @@ class WholePartitionUpdate(UpdatePath):
         return host_model_buffer(ctx)
 
     # ---- backward ----------------------------------------------------------------------------------------
-    def bucket_gradients(self, bucket: Any) -> torch.Tensor:
+    def bucket_gradients(self, bucket: Bucket) -> torch.Tensor:
         assert self._comm_grads is not None  # buckets exist at stages 2/3 only, which allocate it
         return self._comm_grads[bucket.start : bucket.end]
 
-    def finish_backward(self, buckets: Sequence[Any]) -> None:
+    def finish_backward(self, buckets: Sequence[Bucket]) -> None:
         ctx = self.ctx
         base = ctx.partition[0]
         accum = self.config.accum_dtype
         for b in buckets:
             mine = owners(ctx.layout, b.start, b.end)[ctx.rank]
-            reduced = b.reduce.result()
+            reduced = b.take_reduced()
             if mine.length:
                 self.accumulator[mine.start - base : mine.end - base].add_(reduced.to(accum))
-            b.reduce = None
-            b.keep_alive = None
 
     # ---- the boundary --------------------------------------------------------------------------------------
     def _reduced(self) -> tuple[torch.Tensor, torch.Tensor]:
