@@ -426,12 +426,18 @@ def _function_lines(source: str) -> dict[int, tuple[int, int]]:
 # ------------------------------------------------------------------------------------------------ running
 
 
-def run_mutant(tree: Path, work: Path, mutant: Mutant, base: Baseline, factor: float, floor: float) -> None:
-    """Apply the mutant on disk (Cosmic Ray restores the file afterwards), run its tests, record the outcome."""
+def run_mutant(tree: Path, work: Path, mutant: Mutant, base: Baseline, factor: float, floor: float,
+               untraced_runs_all: bool = False) -> None:
+    """Apply the mutant on disk (Cosmic Ray restores the file afterwards), run its tests, record the outcome.
+    ``untraced_runs_all``: a line no traced test ran is run against every test module of the group (coverage does
+    not follow every process a test starts, e.g. an engine built in a pool's worker), instead of being reported
+    a survivor unrun."""
     from cosmic_ray.mutating import use_mutation
     from cosmic_ray.plugins import get_operator
 
     selection = select_tests(tree, mutant, base)
+    if not selection and untraced_runs_all:
+        selection = list(base.files)
     mutant.tests = len(selection)
     if not selection:
         mutant.outcome = "survived"
@@ -558,6 +564,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="with --since: only mutants on lines added or changed since REF")  # fmt: skip
     parser.add_argument("--tests", help="comma-separated test modules (dotted) instead of the targets file's")
     parser.add_argument("--lines", help="only mutants on these lines, e.g. 10-40,77 (one module only)")
+    parser.add_argument("--untraced", choices=("report", "run-all"), default="report",
+                        help="a mutant on a line no traced test ran: report it a survivor unrun (default), or run "
+                             "every test module of its group against it (for code that runs only in processes "
+                             "coverage does not follow)")
     parser.add_argument("--report", default=str(ROOT / "mutation-report"), help="report directory")
     parser.add_argument("--keep", action="store_true", help="keep the scratch copy (its path is printed)")
     parser.add_argument("--list", action="store_true", help="list the mutants and their tests, run nothing")
@@ -646,7 +656,7 @@ def run_groups(args, groups, operators, equivalents, work: Path, deadline: float
                 continue
             if time.monotonic() > deadline:
                 break
-            run_mutant(tree, work, m, base, args.timeout_factor, args.timeout_floor)
+            run_mutant(tree, work, m, base, args.timeout_factor, args.timeout_floor, args.untraced == "run-all")
             print(f"  {m.outcome:9} {m.path}:{m.line} {m.operator} ({m.seconds:.1f} s)", flush=True)
 
 

@@ -222,6 +222,19 @@ def staging_elements() -> int:
     return read_int(STAGING_ELEMENTS_ENV, 1, DEFAULT_STAGING_ELEMENTS)
 
 
+MIDDLE_BACKWARDS_ENV = "HOSTOFFLOAD_MIDDLE_BACKWARDS"
+MIDDLE_BACKWARDS_MODES: tuple[str, ...] = ("device", "host")
+
+
+def middle_backwards() -> str:
+    """Where a device run's streamed update adds the gradients of an accumulation's middle backwards (neither its
+    first nor its last) into the running sum (``HOSTOFFLOAD_MIDDLE_BACKWARDS``): ``device`` (default) brings the
+    sum up and sends it back per backward; ``host`` sends the gradient down at the comm dtype's width and adds it
+    on the host (issue 49 item 4; the same bits either way). ``host`` stays opt-in until its run on a GPU is
+    measured and checked. Read at engine construction."""
+    return read_choice(MIDDLE_BACKWARDS_ENV, MIDDLE_BACKWARDS_MODES, "device")
+
+
 DEVICE_ADAM_ENV = "HOSTOFFLOAD_DEVICE_ADAM"
 DEVICE_ADAM_MODES: tuple[str, ...] = ("auto", "fused", "torch")
 
@@ -298,6 +311,10 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(
         STAGING_ELEMENTS_ENV, "implementations", "an int >= 1", str(DEFAULT_STAGING_ELEMENTS),
         "elements per staging slot of a device run's streamed gradient",
+    ),
+    Variable(
+        MIDDLE_BACKWARDS_ENV, "implementations", ", ".join(MIDDLE_BACKWARDS_MODES), "device",
+        "where a device run adds the gradients of an accumulation's middle micro-batches",
     ),
     Variable(PIN_HUGE_PAGES_ENV, "native pinning", ", ".join(PIN_HUGE_PAGES_MODES), "auto", "huge pages of buffers"),
     Variable(PIN_POPULATE_THREADS_ENV, "native pinning", "an int >= 0 (0: automatic)", "0", "page-population threads"),

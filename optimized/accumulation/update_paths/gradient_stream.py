@@ -21,7 +21,7 @@ A boundary that comes after such a backward anyway (an unforeseen one) widens th
 A middle backward (neither the accumulation's first nor, by a managed schedule, its last) sends its reduced
 gradient down at the comm dtype's width into a landing buffer and :class:`.HostRunningSum` adds it on the host
 (:mod:`.host_sums`: nothing is brought up; the boundary's backward still adds on the device and sums R14's pieces
-there). Only where the path gave the stream a landing buffer (``running_sum``).
+there). Only where the path gave the stream a landing buffer (``running_sum``: ``HOSTOFFLOAD_MIDDLE_BACKWARDS=host``).
 
 R28 (the split): once :meth:`GradientStream.keep_on_device` made a cut, the device side's slices are added into an
 fp32 accumulator on the device and never leave it (no D2H, no upload of the running sum); the host accumulator's

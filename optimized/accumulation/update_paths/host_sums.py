@@ -1,4 +1,5 @@
-"""The running sum of an accumulation's middle backwards, added on the host (issue 49 item 4).
+"""The running sum of an accumulation's middle backwards, added on the host (issue 49 item 4; opt-in with
+``HOSTOFFLOAD_MIDDLE_BACKWARDS=host`` until its run on a GPU is measured and checked).
 
 Without this, every backward after the first brings each bucket's fp32 running sum up from the pinned host
 accumulator, adds the new reduced gradient on the device and sends the sum back: 8 bytes per element over the bus

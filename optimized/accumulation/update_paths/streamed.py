@@ -65,6 +65,7 @@ from optimized.accumulation.update_paths.weight_upload import WeightUpload
 from reference.contract.accumulation_config import AccumulationConfig, OptimizerConfig
 from reference.contract.accumulation_norm import clip_coefficient, fold_left
 from reference.contract.accumulation_step import OptimizerState, StepOutcome
+from reference.contract.envvars import middle_backwards
 from reference.contract.errors import ConfigurationError
 
 __all__ = ["STREAMED_CHOICES", "StreamedChoices", "StreamedHostUpdate", "streamed_choices"]
@@ -369,8 +370,9 @@ class StreamedReports(PathReports):
 def _adds_middle_backwards_on_host(config: AccumulationConfig, on_device: bool) -> bool:
     """Issue 49 item 4: a device run whose managed schedule has middle backwards (three micro-batches or more)
     adds their gradients into the host accumulator on the host (:mod:`.host_sums`; a landing buffer at the comm
-    dtype). The schedule's length is read once, at construction."""
-    return on_device and config.managed_gradient_accumulation and config.gradient_accumulation_steps >= 3
+    dtype) where ``HOSTOFFLOAD_MIDDLE_BACKWARDS=host``. Read once, at construction (and by the estimate)."""
+    return (on_device and config.managed_gradient_accumulation and config.gradient_accumulation_steps >= 3
+            and middle_backwards() == "host")
 
 
 def _absorb(gradients: GradientStream, bucket: Bucket, want_sums: bool,
