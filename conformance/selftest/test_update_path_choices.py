@@ -84,3 +84,41 @@ def test_each_combination_builds_the_parts_its_row_names(combination):
     out = get_pool(1, "gloo", timeout_s=120).run(_parts_of_built_path, 1, (_config(*combination),), grace_s=10)[0]
     assert not isinstance(out, RankFailure), f"{combination}: the engine was not built: {out}"
     assert out == expected, f"{combination}: built {out}, expected {expected}"
+
+
+def _path_for(**changes):
+    from optimized.accumulation.update_paths import update_path_class
+
+    base = {"zero_stage": 2, "offload_optimizer": "cpu", "optimizer": {"type": "adamw"}, "dtype": "bf16"}
+    return update_path_class(AccumulationConfig.from_dict({**base, **changes}))
+
+
+def test_the_streamed_path_is_taken_exactly_where_it_streams():
+    """``offload_optimizer: cpu`` streams at stages 2 and 3 with Adam/AdamW; stage 1 and SGD take the plain host
+    update."""
+    from optimized.accumulation.update_paths import HostUpdate
+
+    assert _path_for() is StreamedHostUpdate
+    assert _path_for(zero_stage=3) is StreamedHostUpdate
+    assert _path_for(optimizer={"type": "adam"}) is StreamedHostUpdate
+    assert _path_for(zero_stage=1) is HostUpdate
+    assert _path_for(optimizer={"type": "sgd"}) is HostUpdate
+
+
+@pytest.mark.parametrize(("changes", "named", "allowed"), [
+    ({"gpu_share": 0.5}, "gpu_share=0.5", "gpu_share=0.0"),
+    ({"delayed_parameter_update": True}, "delayed_parameter_update=True", "delayed_parameter_update=False"),
+    ({"host_update_start": "last_backward"}, "host_update_start='last_backward'", "host_update_start='step'"),
+])
+def test_a_build_without_the_native_adam_refuses_each_streamed_only_setting(monkeypatch, changes, named, allowed):
+    """Without the native CPU Adam nothing streams: a setting only the streamed path has is refused with a
+    ConfigurationError that names it and the value that does without it; without such a setting the plain host
+    update is taken."""
+    import optimized.accumulation.update_paths as paths
+
+    monkeypatch.setattr(paths, "native_adam", lambda optimizer: False)
+    assert _path_for() is paths.HostUpdate
+    with pytest.raises(ConfigurationError) as info:
+        _path_for(**changes)
+    assert named in str(info.value) and allowed in str(info.value), str(info.value)
+    assert "native CPU Adam" in str(info.value)
