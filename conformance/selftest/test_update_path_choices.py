@@ -122,3 +122,13 @@ def test_a_build_without_the_native_adam_refuses_each_streamed_only_setting(monk
         _path_for(**changes)
     assert named in str(info.value) and allowed in str(info.value), str(info.value)
     assert "native CPU Adam" in str(info.value)
+
+
+def test_the_rows_cannot_be_changed_through_a_path():
+    """Every engine of a configuration shares its row: a path that changed its choices would change every later
+    engine's, so a row is frozen."""
+    import dataclasses
+
+    row = next(iter(STREAMED_CHOICES.values()))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        row.splits = not row.splits  # type: ignore[misc]
