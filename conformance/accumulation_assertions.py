@@ -208,6 +208,24 @@ def assert_traces_match(actual: Trace, expected: Trace, tolerance: TraceToleranc
         assert_named_tensors(a.parameters, e.parameters, f"{label} parameters", ptol)
 
 
+def assert_matches_reference(
+    implementation: Any, reference_api: Any, scenario: Scenario, tolerance: TraceTolerance | None = None, *,
+    replay: Any = None, reference_kwargs: dict | None = None, **run_kwargs: Any,
+) -> tuple[Trace, Trace]:
+    """The comparison every scenario test makes, written once: the reference's trace of ``scenario`` (with
+    ``reference_kwargs``, e.g. a device), checked against the rules it was built from by ``replay`` where given
+    (:func:`assert_replay_consistent`, :func:`assert_delayed_replay_consistent`: the oracle itself is tested), then
+    the implementation's (``implementation.run_scenario(scenario, **run_kwargs)``: an area API, or an engine API
+    with a backend) compared with it under R25 (``tolerance`` None: exactly). Returns ``(actual, expected)`` for
+    the test's own further checks."""
+    expected = reference_api.run_scenario(scenario, **(reference_kwargs or {}))
+    if replay is not None:
+        replay(expected)
+    actual = implementation.run_scenario(scenario, **run_kwargs)
+    assert_traces_match(actual, expected, tolerance)
+    return actual, expected
+
+
 def assert_boundaries_match(actual: Trace, expected: Trace, what: str) -> None:
     """The boundary steps of two traces (not their other records or counters) are equal: R22-style
     equivalences."""

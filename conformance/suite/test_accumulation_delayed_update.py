@@ -20,6 +20,7 @@ from torch import nn
 
 from conformance.accumulation_assertions import (
     assert_delayed_replay_consistent,
+    assert_matches_reference,
     assert_traces_match,
     cross_implementation_tolerance,
 )
@@ -112,10 +113,10 @@ def test_R27_R25_drawn_delayed_scenario_matches_reference_and_replays(area_api, 
     calls anywhere: the trace equals the reference's (R25's comparison), and it replays R27 from its own records:
     after boundary k the parameters are the cast of the master before k's update (after the first boundary the
     initial ones), after ``apply_delayed_update`` the cast of the current master."""
-    expected = reference_api.run_scenario(scenario)
-    assert_delayed_replay_consistent(expected)
-    actual = area_api.run_scenario(scenario)
-    assert_traces_match(actual, expected, cross_implementation_tolerance(scenario, impl, accelerator))
+    actual, _ = assert_matches_reference(
+        area_api, reference_api, scenario, cross_implementation_tolerance(scenario, impl, accelerator),
+        replay=assert_delayed_replay_consistent,
+    )
     assert_delayed_replay_consistent(actual)
 
 
@@ -130,9 +131,10 @@ def test_R27_R17_engine_on_nccl_matches_reference_within_tolerance(impl, referen
 
     if accelerator.device_type != "cuda":
         pytest.skip("needs the cuda accelerator (NCCL); the host runs are the tests above")
-    expected = reference_api.run_scenario(scenario, device=accelerator.device())
-    actual = engine_api(impl).run_scenario(scenario, backend="nccl")
-    assert_traces_match(actual, expected, arithmetic_tolerance(scenario))
+    assert_matches_reference(
+        engine_api(impl), reference_api, scenario, arithmetic_tolerance(scenario),
+        reference_kwargs={"device": accelerator.device()}, backend="nccl"
+    )
 
 
 def test_R27_the_delay_is_one_boundary_exactly(reference_api, area_api, impl, accelerator):

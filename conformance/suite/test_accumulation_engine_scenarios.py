@@ -14,6 +14,7 @@ from hypothesis import given
 
 from conformance.accumulation_assertions import (
     arithmetic_tolerance,
+    assert_matches_reference,
     assert_traces_match,
     cross_implementation_tolerance,
 )
@@ -61,8 +62,7 @@ def test_R25_R26_engine_matches_reference_every_stage_w1_w2(area_api, reference_
     with and without CPU offload, at W = 1 and 2 on gloo: the trace equals the reference trace bitwise."""
     api = engine_api(impl)
     sc = _scenario(stage, managed, world, dtype="bf16" if stage % 2 else "fp32", offload=offload)
-    expected = reference_api.run_scenario(sc)
-    assert_traces_match(api.run_scenario(sc), expected, cross_implementation_tolerance(sc, impl, accelerator))
+    assert_matches_reference(api, reference_api, sc, cross_implementation_tolerance(sc, impl, accelerator))
 
 
 @pytest.mark.parametrize(
@@ -75,8 +75,7 @@ def test_R24_R25_engine_matches_reference_w3_w4(area_api, reference_api, impl, a
     accumulation_rank_ordered_reduction, within R25's tolerance otherwise)."""
     api = engine_api(impl)
     sc = _scenario(stage, managed, world, dtype="bf16", offload=stage == 3)
-    expected = reference_api.run_scenario(sc)
-    assert_traces_match(api.run_scenario(sc), expected, cross_implementation_tolerance(sc, impl, accelerator))
+    assert_matches_reference(api, reference_api, sc, cross_implementation_tolerance(sc, impl, accelerator))
 
 
 @pytest.mark.parametrize("bucket_elements", [1, 10**9], ids=["bucket-per-parameter", "one-bucket"])
@@ -109,5 +108,7 @@ def test_R17_R25_engine_on_nccl_matches_reference_within_tolerance(impl, referen
     # The reference runs on the same device, so both traces come from the same kernels (a CPU reference would
     # bring CPU-vs-GPU bf16 matmul differences that grow through the optimizer steps); only the reduction and
     # the optimizer's placement can differ, which R25's tolerance covers.
-    expected = reference_api.run_scenario(scenario, device=accelerator.device())
-    assert_traces_match(api.run_scenario(scenario, backend="nccl"), expected, arithmetic_tolerance(scenario))
+    assert_matches_reference(
+        api, reference_api, scenario, arithmetic_tolerance(scenario),
+        reference_kwargs={"device": accelerator.device()}, backend="nccl"
+    )

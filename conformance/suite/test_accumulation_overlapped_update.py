@@ -21,7 +21,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.accumulation_assertions import assert_replay_consistent, assert_traces_match
+from conformance.accumulation_assertions import assert_matches_reference, assert_replay_consistent, assert_traces_match
 from conformance.accumulation_assertions import cross_implementation_tolerance as tolerance
 from conformance.accumulation_engines import IN_RANK_PROCESSES, REQUIRES_ENGINE, engine_api
 from conformance.accumulation_strategies import SPLIT_SHARES, overlapped_update_scenarios
@@ -164,10 +164,9 @@ def test_R30_R25_boundary_moves_match_reference(area_api, reference_api, impl, a
     clipping that triggers, stage 2, bf16 model: the trace is the reference's."""
     calls = scenario_calls("BSBFSBSBSBTSBSBFSBS")
     scenario = Scenario(_config(2, 0.05, dtype="bf16"), world, calls, seed=31, name="R30-boundary-moves")
-    expected = reference_api.run_scenario(scenario)
-    assert_replay_consistent(expected)
-    actual = area_api.run_scenario(scenario)
-    assert_traces_match(actual, expected, tolerance(scenario, impl, accelerator))
+    assert_matches_reference(
+        area_api, reference_api, scenario, tolerance(scenario, impl, accelerator), replay=assert_replay_consistent
+    )
 
 
 @REQUIRES_OVERLAP
@@ -177,10 +176,9 @@ def test_R30_R25_drawn_scenario_matches_reference(area_api, reference_api, impl,
     clipping off / on / always, Adam/AdamW, either state precision, boundary overrides that move the boundary
     after a predicted one's backward): the trace equals the reference's; the reference's replays."""
     scenario = data.draw(overlapped_update_scenarios())
-    expected = reference_api.run_scenario(scenario)
-    assert_replay_consistent(expected)
-    actual = area_api.run_scenario(scenario)
-    assert_traces_match(actual, expected, tolerance(scenario, impl, accelerator))
+    assert_matches_reference(
+        area_api, reference_api, scenario, tolerance(scenario, impl, accelerator), replay=assert_replay_consistent
+    )
 
 
 @REQUIRES_OVERLAP
@@ -190,10 +188,9 @@ def test_R30_R28_drawn_split_scenario_matches_reference(area_api, reference_api,
     """R30 with R28 on drawn scenarios (as :func:`test_R30_R25_drawn_scenario_matches_reference`, with a share of
     0, 0.5, 1 or "auto"): the trace equals the reference's, which replays."""
     scenario = data.draw(overlapped_update_scenarios(shares=SPLIT_SHARES))
-    expected = reference_api.run_scenario(scenario)
-    assert_replay_consistent(expected)
-    actual = area_api.run_scenario(scenario)
-    assert_traces_match(actual, expected, tolerance(scenario, impl, accelerator))
+    assert_matches_reference(
+        area_api, reference_api, scenario, tolerance(scenario, impl, accelerator), replay=assert_replay_consistent
+    )
 
 
 # ---- the engine: redone boundaries, reads between the backward and the step ------------------------------------

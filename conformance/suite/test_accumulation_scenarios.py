@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 
 from conformance.accumulation_assertions import (
+    assert_matches_reference,
     assert_replay_consistent,
     assert_traces_match,
     cross_implementation_tolerance,
@@ -31,9 +32,9 @@ def test_R25_R26_drawn_scenario_matches_reference_trace(area_api, reference_api,
     implementation's trace equals the reference trace (or meets R25's tolerance where the arithmetic may
     differ), and its own boundary epilogue
     replays exactly (R13-R16)."""
-    expected = reference_api.run_scenario(scenario)
-    actual = area_api.run_scenario(scenario)
-    assert_traces_match(actual, expected, cross_implementation_tolerance(scenario, impl, accelerator))
+    actual, _ = assert_matches_reference(
+        area_api, reference_api, scenario, cross_implementation_tolerance(scenario, impl, accelerator)
+    )
     if replay_applies(impl):
         assert_replay_consistent(actual)
 

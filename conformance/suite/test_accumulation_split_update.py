@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from conformance.accumulation_assertions import (
     arithmetic_tolerance,
+    assert_matches_reference,
     assert_traces_match,
     cross_implementation_tolerance,
 )
@@ -565,9 +566,10 @@ def test_R28_R17_engine_on_nccl_matches_reference_within_tolerance(impl, referen
         pytest.skip("needs the cuda accelerator (NCCL); the host runs are the tests above")
     delayed = (False, True) if impl.capabilities.accumulation_delayed_parameter_update else (False,)
     scenario = data.draw(split_update_scenarios(world_sizes=(1,), delayed=delayed))
-    expected = reference_api.run_scenario(scenario, device=accelerator.device())
-    actual = engine_api(impl).run_scenario(scenario, backend="nccl")
-    assert_traces_match(actual, expected, arithmetic_tolerance(scenario))
+    assert_matches_reference(
+        engine_api(impl), reference_api, scenario, arithmetic_tolerance(scenario),
+        reference_kwargs={"device": accelerator.device()}, backend="nccl"
+    )
 
 
 #: About 0.6M trainable elements: a device side of megabytes, well above the allocator's rounding.

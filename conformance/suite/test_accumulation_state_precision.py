@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from conformance.accumulation_assertions import (
     assert_bits_equal,
+    assert_matches_reference,
     assert_replay_consistent,
     assert_tensor_equal,
     assert_traces_match,
@@ -272,10 +273,10 @@ def test_R29_R25_stages_0_1_match_reference(area_api, reference_api, impl, accel
         offload_optimizer=offload, state_precision="bf16",
     )
     scenario = Scenario(config, 2, scenario_calls("BSBSBSBS"), seed=290, name="R29-stage01")
-    expected = reference_api.run_scenario(scenario)
-    assert_replay_consistent(expected)
-    actual = area_api.run_scenario(scenario)
-    assert_traces_match(actual, expected, cross_implementation_tolerance(scenario, impl, accelerator))
+    assert_matches_reference(
+        area_api, reference_api, scenario, cross_implementation_tolerance(scenario, impl, accelerator),
+        replay=assert_replay_consistent,
+    )
 
 
 @REQUIRES_STATE_PRECISION
@@ -285,10 +286,10 @@ def test_R29_R25_drawn_scenario_matches_reference(area_api, reference_api, impl,
     communication dtypes, clipping off / on / always, Adam/AdamW, shares 0, 0.5, 1, "auto"; the delayed update
     where declared), each precision: the trace equals the reference's; the reference's replays."""
     scenario = data.draw(split_update_scenarios(state_precisions=PRECISIONS))
-    expected = reference_api.run_scenario(scenario)
-    assert_replay_consistent(expected)
-    actual = area_api.run_scenario(scenario)
-    assert_traces_match(actual, expected, cross_implementation_tolerance(scenario, impl, accelerator))
+    assert_matches_reference(
+        area_api, reference_api, scenario, cross_implementation_tolerance(scenario, impl, accelerator),
+        replay=assert_replay_consistent,
+    )
 
 
 # ---- checkpoints across precisions, shares and offload ------------------------------------------------------
