@@ -46,6 +46,7 @@ new engine.
 
 from __future__ import annotations
 
+import enum
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -77,7 +78,20 @@ from reference.contract.accumulation_schedule import AccumulationSchedule, Sched
 from reference.contract.accumulation_step import OptimizerState, StepOutcome
 from reference.contract.errors import ConfigurationError, UnsupportedOperationError
 
-__all__ = ["DEFAULT_BUCKET_ELEMENTS", "StepOutcome", "ZeroEngine"]
+__all__ = ["DEFAULT_BUCKET_ELEMENTS", "GradientPhase", "StepOutcome", "ZeroEngine"]
+
+
+class GradientPhase(enum.Enum):
+    """Where a ZeroEngine's gradients stand between two boundaries: one state, where two flags (in backward,
+    gradients pending) could disagree."""
+
+    #: nothing accumulated since the last boundary, ``zero_grad()`` or checkpoint load
+    CLEAN = "clean"
+    #: ``backward()`` is running: the hooks accumulate into the engine's buffers
+    IN_BACKWARD = "in backward"
+    #: gradients accumulated that no boundary has consumed yet
+    ACCUMULATED = "accumulated"
+
 
 #: Elements per gradient bucket at stages 2/3 (25M; DeepSpeed 0.19's reduce_bucket_size defaults to 5e8: docs/zero.md).
 DEFAULT_BUCKET_ELEMENTS = 25_000_000
@@ -134,9 +148,9 @@ class ZeroEngine(ModuleSurface, LrSurface, EngineReports, ScheduledEngine):
         self.trainable_names, self.frozen_names = params.trainable_names, params.frozen_names
         self.layout, self.frozen_layout, self._model = params.layout, params.frozen_layout, params
         self._schedule = AccumulationSchedule(self.config, self.world_size, self.stage)
-        self._in_backward = False
-        #: Whether gradients were accumulated since the last boundary (save_checkpoint refuses to drop them).
-        self._grads_pending = False
+        #: Where the gradients stand between boundaries (save_checkpoint refuses to drop accumulated ones; calls
+        #: that would change the state backward reads are refused while it runs).
+        self._phase = GradientPhase.CLEAN
         #: What makes a loss this engine's (R20: a foreign loss is rejected before anything is accumulated).
         self._origin = LossOrigin(params.trainable)
         #: The torch.optim.Optimizer facade LR schedules are built on (docs/zero.md, "LR schedules").
@@ -148,7 +162,7 @@ class ZeroEngine(ModuleSurface, LrSurface, EngineReports, ScheduledEngine):
         self._parts = parts = build_parts(
             config=cfg, path_class=path_class, module=self.module, params=params, comm=self._comm,
             device=self.device, bucket_elements=bucket_elements, prefetch=prefetch, schedule=self._schedule,
-            origin=self._origin, in_backward=lambda: self._in_backward, hyper_now=self.optimizer.current,
+            origin=self._origin, in_backward=self._in_backward, hyper_now=self.optimizer.current,
         )
         live = parts.live()
         self.master_device, self.param_device = live.path.master.device, live.weights.param_device
@@ -163,15 +177,17 @@ class ZeroEngine(ModuleSurface, LrSurface, EngineReports, ScheduledEngine):
         parts.path.begin_backward(cfg.managed_gradient_accumulation and self.is_gradient_accumulation_boundary())
         # R5: the same division a user writes as ``loss / gas``, in the loss dtype.
         scaled = loss / cfg.gradient_accumulation_steps if scale_wrt_gas else loss
-        self._in_backward = True
+        before, self._phase = self._phase, GradientPhase.IN_BACKWARD
+        completed = False
         try:
             parts.grads.run(scaled.backward)
+            completed = True
         finally:
-            self._in_backward = False
+            # a failed backward accumulated nothing the engine keeps (the buckets were abandoned)
+            self._phase = GradientPhase.ACCUMULATED if completed else before
             self._model.clear_grads()
             if parts.stage3 is not None:
                 parts.stage3.release_all()
-        self._grads_pending = True
         self._schedule.backward_done()
 
     def step(self) -> StepOutcome:
@@ -185,7 +201,7 @@ class ZeroEngine(ModuleSurface, LrSurface, EngineReports, ScheduledEngine):
                 if boundary else StepOutcome(boundary=False)
             )
         if boundary:
-            self._grads_pending = False
+            self._phase = GradientPhase.CLEAN
             self._lr.boundary_done()
         return outcome
 
@@ -194,11 +210,11 @@ class ZeroEngine(ModuleSurface, LrSurface, EngineReports, ScheduledEngine):
         on ``p.grad`` (the engine moves them into its buffers during backward), so this is all there is to
         clear; at a boundary ``step()`` already clears it (R13 step 6)."""
         path = self._check_alive().path
-        if self._in_backward:
+        if self._in_backward():
             raise UnsupportedOperationError("zero_grad() was called during backward(); allowed: call it between calls")
         path.zero_grad()
         self._model.clear_grads()
-        self._grads_pending = False
+        self._phase = GradientPhase.CLEAN
 
     # ---- checkpoints (:mod:`.checkpoint` reads and writes them) -----------------------------------------------
     def save_checkpoint(
@@ -229,6 +245,13 @@ class ZeroEngine(ModuleSurface, LrSurface, EngineReports, ScheduledEngine):
             load_lr_scheduler_states=load_lr_scheduler_states, load_module_only=load_module_only,
         )
 
+    def _in_backward(self) -> bool:
+        return self._phase is GradientPhase.IN_BACKWARD
+
+    def _gradients_dropped(self) -> None:
+        """A checkpoint load (or ``load_state_dict``) installed new state: what was accumulated is gone."""
+        self._phase = GradientPhase.CLEAN
+
     def _checkpoint_view(self) -> CheckpointView:
         """What checkpoint code sees of this engine once its update is complete (per call: it says where we are)."""
         parts = self._check_alive(synchronize=True)
@@ -237,8 +260,8 @@ class ZeroEngine(ModuleSurface, LrSurface, EngineReports, ScheduledEngine):
             config=self.config, layout=self.layout, frozen_layout=self.frozen_layout, frozen_names=self.frozen_names,
             module=self.module, params=self._model.params, weights=parts.weights, path=parts.path,
             schedule=self._schedule, optimizer=self.optimizer, lr_schedule=self._lr,
-            gradients_dropped=lambda: setattr(self, "_grads_pending", False), in_backward=self._in_backward,
-            in_no_sync=self._schedule.in_no_sync, grads_pending=self._grads_pending,
+            gradients_dropped=self._gradients_dropped, in_backward=self._in_backward(),
+            in_no_sync=self._schedule.in_no_sync, grads_pending=self._phase is GradientPhase.ACCUMULATED,
         )
 
     # ---- consolidated weights ------------------------------------------------------------------------------
@@ -293,7 +316,7 @@ class ZeroEngine(ModuleSurface, LrSurface, EngineReports, ScheduledEngine):
         steps of a warm-up. Waits for the update; a collective at stage 2 with several ranks (every rank calls
         it). A no-op without the delayed update, where the parameters already are the cast of the master."""
         parts = self._check_alive()
-        if self._in_backward:
+        if self._in_backward():
             raise UnsupportedOperationError(
                 "apply_delayed_update() was called during backward(); allowed: call it between calls"
             )
