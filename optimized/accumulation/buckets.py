@@ -31,7 +31,7 @@ class Bucket:
     #: each rank's share of the reduce-scatter, in rank order
     splits: list[int]
     #: its position in flat order
-    index: int = 0
+    index: int
     #: gradients this backward still waits for before the reduce-scatter can start
     pending: int = 0
     #: the reduce-scatter in flight (None: not launched this backward, or already taken)
