@@ -11,7 +11,7 @@ CPU; it judges no implementation.
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from optimized.accumulation.buckets import plan_buckets
@@ -22,6 +22,12 @@ pytestmark = pytest.mark.conformance_area("harness")
 
 @given(sizes=st.lists(st.integers(1, 40), min_size=1, max_size=12), bucket=st.integers(1, 100),
        world=st.integers(1, 3))
+# sums that land exactly on bucket_elements (a bucket closes there, not one parameter later), and one just short
+@example(sizes=[1, 1], bucket=1, world=1)
+@example(sizes=[3, 2, 5, 4, 1], bucket=5, world=2)
+@example(sizes=[2, 2, 2, 2, 2, 2], bucket=4, world=3)
+@example(sizes=[7, 1, 1, 1], bucket=3, world=1)
+@example(sizes=[1, 1, 1, 1], bucket=2, world=1)
 def test_buckets_tile_the_flat_buffer_and_close_greedily(sizes, bucket, world):
     """The buckets tile ``[0, total)`` in flat order, each names the parameters inside it, indices are their
     positions, each rank's split is its share of the bucket, and in backward order each bucket but the first one
@@ -54,3 +60,17 @@ def test_one_bucket_per_parameter_and_one_for_all():
     layout = build_layout([("a", (3,)), ("b", (5,)), ("c", (2,))], 1)
     assert [b.names for b in plan_buckets(layout, 1)] == [("a",), ("b",), ("c",)]
     assert [sorted(b.names) for b in plan_buckets(layout, 10**9)] == [["a", "b", "c"]]
+
+
+def test_a_bucket_launches_at_its_last_gradient_and_is_consumed_once():
+    """Within a backward a bucket says "launch" exactly at its last parameter's gradient (so its reduce-scatter
+    overlaps the rest of backward), and its reduced slice can be taken once."""
+    from optimized.accumulation.buckets import Bucket
+
+    b = Bucket(0, 6, ("a", "b", "c"), [6], index=0)
+    b.reset()
+    assert [b.gradient_arrived() for _ in range(3)] == [False, False, True]
+    b.reset()
+    assert b.gradient_arrived() is False, "reset did not restore the count"
+    with pytest.raises(RuntimeError, match="no reduce-scatter in flight"):
+        b.take_reduced()
