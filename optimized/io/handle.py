@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import enum
 import errno
 import itertools
 import os
@@ -35,6 +36,7 @@ import stat
 import threading
 import weakref
 from collections import deque
+from dataclasses import dataclass, field
 
 import torch
 
@@ -62,11 +64,52 @@ from reference.contract.io_transfer import (
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
-_PREPARE, _PREPARING, _BLOCKS, _FINISH, _DONE = range(5)
+class RequestPhase(enum.Enum):
+    """Where one request is in its three phases (the module docstring): waiting for *prepare*, being prepared, its
+    blocks, its *finish*, done."""
+
+    PREPARE = "prepare"
+    PREPARING = "preparing"
+    BLOCKS = "blocks"
+    FINISH = "finish"
+    DONE = "done"
+
+
+@dataclass
+class Transfer:
+    """The engine's I/O state of one request: set by *prepare*, used by the blocks and *finish*, dropped when the
+    request completes (so the engine keeps no reference to the caller's memory)."""
+
+    #: the path, absolute: requests on one key run one after another
+    key: str
+    #: where the bytes are written to or read from: the path itself, or a temporary until a new file's rename
+    target: str
+    #: the caller's tensor as bytes, or its contiguous copy (a strided write gathered at submission)
+    staging: Staging | None = None
+    flat: torch.Tensor | None = None
+    #: the bytes themselves, for a request that reads into / writes from its memory directly
+    view: memoryview | None = None
+    #: buffered and O_DIRECT descriptors (-1: not open)
+    fd: int = -1
+    dfd: int = -1
+    #: a new file (written to a temporary, renamed by *finish*, removed on failure)
+    created: bool = False
+    #: (start, end) byte ranges of the payload, one per file call
+    blocks: list[tuple[int, int]] = field(default_factory=list)
+    #: bytes that went through the O_DIRECT descriptor (the stats count them)
+    o_direct_bytes: int = 0
+
+    def release_memory(self) -> None:
+        self.staging = self.flat = self.view = None
 
 
 class SwapRequest:
-    """One write or read in flight. ``direct``/``o_direct`` are decided by the *prepare* phase (None before)."""
+    """One write or read in flight. ``direct``/``o_direct`` are decided by the *prepare* phase (None before).
+
+    The engine schedules it through its methods, under the engine's lock: :meth:`next_unit` claims the next unit
+    of work (*prepare*, a block, *finish*), :meth:`unit_done` records one that ran, :meth:`complete` ends it;
+    :attr:`transfer` holds its I/O state.
+    """
 
     def __init__(self, handle: SwapEngine, seq: int, op: str, tensor: torch.Tensor, path: str, offset: int) -> None:
         self._handle = handle
@@ -80,22 +123,56 @@ class SwapRequest:
         self.o_direct: bool | None = None
         self._error: HostOffloadError | None = None
         self._event = threading.Event()
-        # Engine state, guarded by the handle's condition.
-        self._key = os.path.abspath(path)
-        self._phase = _PREPARE
+        #: the engine's I/O state of this request
+        self.transfer = Transfer(key=os.path.abspath(path), target=path)
+        # Scheduling state, guarded by the engine's condition.
+        self._phase = RequestPhase.PREPARE
         self._running = 0
         self._next_block = 0
-        self._blocks: list[tuple[int, int]] = []
-        # Set by prepare, used by the blocks and finish.
-        self._staging: Staging | None = None
-        self._flat: torch.Tensor | None = None
-        self._view: memoryview | None = None
-        self._fd = -1
-        self._dfd = -1
-        self._target = path
-        self._created = False
-        self._o_direct_bytes = 0
 
+    # -- scheduling (the engine calls these under its lock) ----------------------------------------------------
+    @property
+    def error(self) -> HostOffloadError | None:
+        """The first error of any of its units (None: none failed so far)."""
+        return self._error
+
+    def next_unit(self) -> tuple[str, int] | None:
+        """Claim this request's next unit of work -- ``("prepare", -1)``, ``("block", i)``, ``("finish", -1)`` --
+        or None (it has none to give now: being prepared, blocks running, done)."""
+        if self._phase is RequestPhase.PREPARE:
+            self._phase = RequestPhase.PREPARING  # nothing else of this request runs until prepare is done
+            self._running += 1
+            return "prepare", -1
+        if self._phase is RequestPhase.BLOCKS:
+            if self._error is None and self._next_block < len(self.transfer.blocks):
+                i = self._next_block
+                self._next_block += 1
+                self._running += 1
+                return "block", i
+            if self._running == 0:  # every block ran (or a failure stopped the rest): finish
+                self._phase = RequestPhase.FINISH
+                self._running += 1
+                return "finish", -1
+        return None
+
+    def unit_done(self, unit: str, error: HostOffloadError | None) -> bool:
+        """Record that ``unit`` ran (with ``error``, the request's first one is kept); True when it was *finish*
+        (then :meth:`complete` follows)."""
+        self._running -= 1
+        if error is not None and self._error is None:
+            error.request = self
+            self._error = error
+        if unit == "prepare":
+            self._phase = RequestPhase.BLOCKS
+        return unit == "finish"
+
+    def complete(self) -> None:
+        """Done: drop the engine's references to the caller's memory and wake the waiters."""
+        self._phase = RequestPhase.DONE
+        self.transfer.release_memory()
+        self._event.set()
+
+    # -- the caller's API -----------------------------------------------------------------------------------
     def done(self) -> bool:
         return self._event.is_set()
 
@@ -242,11 +319,11 @@ class SwapEngine:
             if self._closing:
                 raise HandleClosedError(f"{op}() on a closed SwapHandle")
             req = SwapRequest(self, next(self._seq), op, t, p, off)
-            req._staging = staging
+            req.transfer.staging = staging
             self._pending.add(req)
-            chain_ = self._chains.get(req._key)
+            chain_ = self._chains.get(req.transfer.key)
             if chain_ is None:
-                self._chains[req._key] = deque([req])
+                self._chains[req.transfer.key] = deque([req])
                 self._active.append(req)
             else:
                 chain_.append(req)
@@ -258,20 +335,9 @@ class SwapEngine:
         """The next unit of work: (request, phase, block index), or None. Phases advance only here and in
         ``_worker``'s bookkeeping, both under the condition's lock."""
         for req in self._active:
-            if req._phase == _PREPARE:
-                req._phase = _PREPARING  # claimed: nothing else of this request runs until prepare is done
-                req._running += 1
-                return req, "prepare", -1
-            if req._phase == _BLOCKS:
-                if req._error is None and req._next_block < len(req._blocks):
-                    i = req._next_block
-                    req._next_block += 1
-                    req._running += 1
-                    return req, "block", i
-                if req._running == 0:
-                    req._phase = _FINISH
-                    req._running += 1
-                    return req, "finish", -1
+            unit = req.next_unit()
+            if unit is not None:
+                return req, *unit
         return None
 
     def _worker(self) -> None:
@@ -305,13 +371,7 @@ class SwapEngine:
                 self._cleanup(req)
             with self._cond:
                 self._calls_in_flight -= 1
-                req._running -= 1
-                if error is not None and req._error is None:
-                    error.request = req
-                    req._error = error
-                if phase == "prepare":
-                    req._phase = _BLOCKS
-                elif phase == "finish":
+                if req.unit_done(phase, error):
                     self._complete_locked(req)
                 self._cond.notify_all()
 
@@ -324,30 +384,30 @@ class SwapEngine:
             and req.nbytes >= DIRECT_ALIGNMENT
         )
         if req.op == "write":
-            staging = req._staging
+            staging = req.transfer.staging
             assert staging is not None
             exists = os.path.exists(req.path)
-            req._created = not exists
+            req.transfer.created = not exists
             if not exists:
-                self._sweep_once(os.path.dirname(req._key))
-            req._target = req.path if exists else temporary_name(req.path)
+                self._sweep_once(os.path.dirname(req.transfer.key))
+            req.transfer.target = req.path if exists else temporary_name(req.path)
             flags = os.O_WRONLY | _O_CLOEXEC | (0 if exists else os.O_CREAT | os.O_EXCL)
-            req._fd = _open_seekable(req._target, flags)
+            req.transfer.fd = _open_seekable(req.transfer.target, flags)
             if exists:  # mark the record incomplete first: whatever fails after this reads as incomplete
                 header = record.pack_header(staging.source.dtype, req.nbytes, record.STATE_WRITING)
-                _pwrite_all(req._fd, memoryview(header), req.offset)
-            if os.path.isfile(req._target):  # a regular file (not e.g. a device): reserve its final size
-                _reserve(req._fd, req.offset + record.HEADER_SIZE + req.nbytes)
+                _pwrite_all(req.transfer.fd, memoryview(header), req.offset)
+            if os.path.isfile(req.transfer.target):  # a regular file (not e.g. a device): reserve its final size
+                _reserve(req.transfer.fd, req.offset + record.HEADER_SIZE + req.nbytes)
         else:
-            req._fd = _open_seekable(req.path, os.O_RDONLY | _O_CLOEXEC)
-            size = os.fstat(req._fd).st_size
+            req.transfer.fd = _open_seekable(req.path, os.O_RDONLY | _O_CLOEXEC)
+            size = os.fstat(req.transfer.fd).st_size
             end = req.offset + record.HEADER_SIZE
             if size < end:
                 raise ShortFileError(
                     f"{req.path!r} has {size} bytes; a record at offset {req.offset} needs at least {end}"
                 )
             raw = bytearray(record.HEADER_SIZE)
-            _pread_all(req._fd, memoryview(raw), req.offset, req.path)
+            _pread_all(req.transfer.fd, memoryview(raw), req.offset, req.path)
             record.check_header(bytes(raw), req.tensor.dtype, req.nbytes, req.path, req.offset)
             if size < end + req.nbytes:
                 raise ShortFileError(
@@ -358,7 +418,7 @@ class SwapEngine:
         req.o_direct = False
         if want_o_direct:
             try:
-                req._dfd = os.open(req._target, (os.O_WRONLY if req.op == "write" else os.O_RDONLY)
+                req.transfer.dfd = os.open(req.transfer.target, (os.O_WRONLY if req.op == "write" else os.O_RDONLY)
                                    | _O_CLOEXEC | _O_DIRECT)
                 req.o_direct = True
             except OSError as exc:
@@ -371,24 +431,24 @@ class SwapEngine:
                     )
         source = staging.source
         req.direct = is_direct(source, global_registry().contains, tensor_extent, req.o_direct)
-        req._flat = flat_bytes(source) if req.nbytes else None
-        req._view = byte_view(source) if req.direct else None
-        req._blocks = [(a, min(a + self.config.block_size, req.nbytes))
+        req.transfer.flat = flat_bytes(source) if req.nbytes else None
+        req.transfer.view = byte_view(source) if req.direct else None
+        req.transfer.blocks = [(a, min(a + self.config.block_size, req.nbytes))
                        for a in range(0, req.nbytes, self.config.block_size)]
-        req._staging = staging
+        req.transfer.staging = staging
 
     def _block(self, req: SwapRequest, index: int) -> None:
-        a, b = req._blocks[index]
+        a, b = req.transfer.blocks[index]
         n = b - a
         pos = req.offset + record.HEADER_SIZE + a
         # Aligned head through O_DIRECT, any sub-4 KiB tail through the page cache.
         head = n - n % DIRECT_ALIGNMENT if req.o_direct else 0
         if req.direct:
-            assert req._view is not None  # _prepare gives a direct request its view
-            view = req._view[a:b]
+            assert req.transfer.view is not None  # _prepare gives a direct request its view
+            view = req.transfer.view[a:b]
             self._io(req, view, pos, head)
             return
-        flat = req._flat
+        flat = req.transfer.flat
         assert flat is not None  # _prepare gives a request with blocks its bytes
         slot, bounce = self._pool.acquire()
         try:
@@ -405,29 +465,29 @@ class SwapEngine:
     def _io(self, req: SwapRequest, view: memoryview, pos: int, head: int) -> None:
         if req.op == "write":
             if head:
-                _pwrite_all(req._dfd, view[:head], pos)
+                _pwrite_all(req.transfer.dfd, view[:head], pos)
             if head < len(view):
-                _pwrite_all(req._fd, view[head:], pos + head)
+                _pwrite_all(req.transfer.fd, view[head:], pos + head)
         else:
             if head:
-                _pread_all(req._dfd, view[:head], pos, req.path)
+                _pread_all(req.transfer.dfd, view[:head], pos, req.path)
             if head < len(view):
-                _pread_all(req._fd, view[head:], pos + head, req.path)
+                _pread_all(req.transfer.fd, view[head:], pos + head, req.path)
         if head:
             with self._cond:
-                req._o_direct_bytes += head
+                req.transfer.o_direct_bytes += head
 
     def _finish(self, req: SwapRequest) -> None:
-        staging = req._staging
-        if req._error is None:
+        staging = req.transfer.staging
+        if req.error is None:
             assert staging is not None  # every request that did not fail was prepared
             if req.op == "write":
                 header = record.pack_header(staging.source.dtype, req.nbytes, record.STATE_COMPLETE)
-                _pwrite_all(req._fd, memoryview(header), req.offset)
+                _pwrite_all(req.transfer.fd, memoryview(header), req.offset)
             self._close_fds(req)
-            if req.op == "write" and req._created:
-                os.replace(req._target, req.path)
-                req._created = False
+            if req.op == "write" and req.transfer.created:
+                os.replace(req.transfer.target, req.path)
+                req.transfer.created = False
             elif req.op == "read":
                 staging.finish_read()
         else:
@@ -442,10 +502,11 @@ class SwapEngine:
         sweep_stale_temporaries(directory)
 
     def _close_fds(self, req: SwapRequest) -> None:
-        for attr in ("_dfd", "_fd"):
-            fd = getattr(req, attr)
+        tr = req.transfer
+        for attr in ("dfd", "fd"):
+            fd = getattr(tr, attr)
             if fd >= 0:
-                setattr(req, attr, -1)
+                setattr(tr, attr, -1)
                 os.close(fd)
 
     def _cleanup(self, req: SwapRequest) -> None:
@@ -454,38 +515,35 @@ class SwapEngine:
             self._close_fds(req)
         except OSError:
             pass
-        if req.op == "write" and req._created:
-            req._created = False
+        if req.op == "write" and req.transfer.created:
+            req.transfer.created = False
             try:
-                os.unlink(req._target)
+                os.unlink(req.transfer.target)
             except OSError:
                 pass
 
     def _complete_locked(self, req: SwapRequest) -> None:
-        req._phase = _DONE
         c = self._counts
         c["requests"] += 1
-        if req._error is not None:
+        if req.error is not None:
             c["failed_requests"] += 1
             self._unreported.append(req)
         else:
             c["bytes_written" if req.op == "write" else "bytes_read"] += req.nbytes
             c["direct_bytes" if req.direct else "bounced_bytes"] += req.nbytes
-            c["o_direct_bytes"] += req._o_direct_bytes
-            c["buffered_bytes"] += req.nbytes - req._o_direct_bytes
-        # Drop engine references to the caller's memory; the request keeps only the tensor itself.
-        req._staging = req._flat = req._view = None
+            c["o_direct_bytes"] += req.transfer.o_direct_bytes
+            c["buffered_bytes"] += req.nbytes - req.transfer.o_direct_bytes
         self._pending.discard(req)
         self._active.remove(req)
-        chain_ = self._chains[req._key]
+        chain_ = self._chains[req.transfer.key]
         chain_.popleft()
         if chain_:
             nxt = chain_[0]
             pos = next((i for i, r in enumerate(self._active) if r.seq > nxt.seq), len(self._active))
             self._active.insert(pos, nxt)
         else:
-            del self._chains[req._key]
-        req._event.set()
+            del self._chains[req.transfer.key]
+        req.complete()  # drops the engine's references to the caller's memory, wakes the waiters
 
     # -- waiting, stats, lifetime ----------------------------------------------------------------------------
     def _mark_reported(self, req: SwapRequest) -> None:
@@ -505,14 +563,14 @@ class SwapEngine:
         with self._cond:
             pending = list(self._pending)
         for req in pending:
-            req._event.wait()
+            req.exception()  # waits; the errors are collected below
         with self._cond:
             failed = sorted(self._unreported, key=lambda r: r.seq)
             self._unreported = []
         if failed:
-            first = failed[0]._error
+            first = failed[0].error
             assert first is not None  # only failed requests are unreported
-            first.other_failures = [r._error for r in failed[1:]]
+            first.other_failures = [r.error for r in failed[1:]]
             raise first
 
     def stats(self) -> SwapStats:
@@ -554,7 +612,7 @@ class SwapEngine:
                 self._closing = True
             pending = list(self._pending)
         for req in pending:
-            req._event.wait()
+            req.exception()  # waits; the errors are collected below
         if already:
             for t in self._threads:
                 t.join()
