@@ -297,8 +297,8 @@ def bench_engine(args) -> list[dict]:
 
 
 def bench_scenarios(args) -> list[dict]:
-    from conformance.accumulation_assertions import arithmetic_tolerance, assert_traces_match
-    from conformance.engine_runner import run_engine_scenario
+    from conformance.areas.accumulation_assertions import arithmetic_tolerance, assert_traces_match
+    from conformance.harness.engine_runner import run_engine_scenario
     from optimized.accumulation import ZeroEngine
     from reference.accumulation import AccumulationConfig, ModelSpec, Scenario, scenario_calls
     from reference.accumulation import run_scenario as reference_run

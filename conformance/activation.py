@@ -3,7 +3,7 @@
 Installing hostoffload registers this module in *every* pytest session of the environment, including sessions of
 projects that have nothing to do with hostoffload. So it does as little as a plugin can: it adds the
 ``--conformance-*`` options (they must exist before the command line is parsed) and imports nothing heavy. Only a
-session that asks for the suite turns into a conformance run, and only then is :mod:`conformance.plugin` (torch,
+session that asks for the suite turns into a conformance run, and only then is :mod:`conformance.harness.plugin` (torch,
 the accelerators, the hypothesis profiles, the report) registered. A session asks for the suite by
 
 - giving any ``--conformance-*`` option,
@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from conformance import profiles
+from conformance.harness import profiles
 
 #: The module that does the work once a session asks for the suite.
-PLUGIN_MODULE = "conformance.plugin"
+PLUGIN_MODULE = "conformance.harness.plugin"
 PACKAGE = "conformance"
 PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -44,8 +44,9 @@ OPTIONS: tuple[tuple[str, str], ...] = (
     ("conformance_xfails_nonstrict", "--conformance-xfails-nonstrict"),
 )
 
-#: ``--conformance-isolation`` values (conformance.isolation reads the option; it is declared here with the others
-#: because options must exist before the command line is parsed, and conformance.isolation loads only after).
+#: ``--conformance-isolation`` values (conformance.harness.isolation reads the option; it is declared here with the
+#: others because options must exist before the command line is parsed, and conformance.harness.isolation loads only
+#: after).
 ISOLATION_MODES = ("auto", "all", "off")
 
 
@@ -159,7 +160,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[ACTIVATION_KEY] = reason
     # A bad selection is one line and exit status 4 before the plugin imports torch (a fraction of a second, not
     # three); what only the loaded plugins can tell (an accelerator not available here) the plugin checks next.
-    from conformance import option_checks
+    from conformance.harness import option_checks
     from reference.contract.errors import ConfigurationError
 
     try:
@@ -175,7 +176,7 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
         return None
     config._do_configure()
     try:
-        from conformance.plugin import print_discovered
+        from conformance.harness.plugin import print_discovered
 
         print_discovered(config)
     finally:

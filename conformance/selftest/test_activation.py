@@ -30,9 +30,9 @@ def test_sees_defaults(pytestconfig):
         "deadline": str(s.deadline),
         "database": type(s.database).__name__,
         "stateful_step_count": s.stateful_step_count,
-        "heavy_modules": sorted(m for m in ("torch", "reference", "optimized", "conformance.plugin")
+        "heavy_modules": sorted(m for m in ("torch", "reference", "optimized", "conformance.harness.plugin")
                                 if m in sys.modules),
-        "conformance_plugin": pytestconfig.pluginmanager.has_plugin("conformance.plugin"),
+        "conformance_plugin": pytestconfig.pluginmanager.has_plugin("conformance.harness.plugin"),
     }
     with open(os.environ["SEEN_FILE"], "w") as f:
         json.dump(seen, f)

@@ -10,6 +10,8 @@ CPU; it judges no implementation.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -35,7 +37,7 @@ def test_buckets_tile_the_flat_buffer_and_close_greedily(sizes, bucket, world):
     layout = build_layout([(f"p{i}", (n,)) for i, n in enumerate(sizes)], world)
     buckets = plan_buckets(layout, bucket)
     assert buckets[0].start == 0 and buckets[-1].end == layout.total
-    assert all(a.end == b.start for a, b in zip(buckets, buckets[1:], strict=False)), "gaps or overlaps"
+    assert all(a.end == b.start for a, b in itertools.pairwise(buckets)), "gaps or overlaps"
     assert [b.index for b in buckets] == list(range(len(buckets)))
     numel = {s.name: s.numel for s in layout.segments}
     offset = {s.name: s.offset for s in layout.segments}

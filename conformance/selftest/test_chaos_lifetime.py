@@ -1,4 +1,4 @@
-"""The chaos accelerator's lifetime rule (conformance.chaos, module docstring) on hand-made copies: memory freed
+"""The chaos accelerator's lifetime rule (conformance.faults.chaos, module docstring) on hand-made copies: memory freed
 while a copy on another stream still uses it is a use-after-free on a device, and must fail here although the
 host would keep the bytes; each of the three ways to make it safe must pass."""
 
@@ -9,7 +9,7 @@ import gc
 import pytest
 import torch
 
-from conformance.chaos import ChaosAccelerator, ChaosSchedule, ChaosViolation
+from conformance.faults.chaos import ChaosAccelerator, ChaosSchedule, ChaosViolation
 
 pytestmark = pytest.mark.conformance_area("harness")
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
-from conformance import profiles
+from conformance.harness import profiles
 from reference.contract import envvars
 from reference.contract.accelerators import get_accelerator
 from reference.contract.errors import ConfigurationError
@@ -77,7 +77,7 @@ def test_the_registry_follows_the_rule(monkeypatch) -> None:
 
 def test_the_harness_names_the_declared_variables() -> None:
     """The harness modules that must stay light spell their variable; it must be the one the contract declares."""
-    from conformance import engine_runner, isolation
+    from conformance.harness import engine_runner, isolation
 
     assert profiles.PROFILE_ENV == envvars.HYPOTHESIS_PROFILE_ENV
     assert isolation.CHILD_REPORTS_ENV == envvars.ISOLATED_REPORTS_ENV

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance.discovery import discover_implementations
-from conformance.interface_check import interface_problems
+from conformance.harness.discovery import discover_implementations
+from conformance.harness.interface_check import interface_problems
 from conformance.selftest.plugins import partial_pinning
 from conformance.selftest.runner import source_root
 from conformance.selftest.test_harness import run_pytest
@@ -127,8 +127,8 @@ def test_the_interface_check_catches_each_departure(area, defect, caps, expected
 
 def test_run_scenario_is_left_to_the_harness_where_an_engine_is_declared():
     """With ``distributed_engine`` the harness runs scenarios on the declared ``ZeroEngine`` itself
-    (``conformance.accumulation_engines.scenario_area``), so the module's own ``run_scenario`` is not required; the
-    engine is."""
+    (``conformance.areas.accumulation_engines.scenario_area``), so the module's own ``run_scenario`` is not required;
+    the engine is."""
     module = _copy("accumulation")
     del module.run_scenario
     problems = interface_problems(module, "accumulation", Capabilities(distributed_engine=True))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.docs_examples import all_blocks, pages
+from conformance.harness.docs_examples import all_blocks, pages
 from conformance.selftest.runner import source_root
 
 pytestmark = pytest.mark.conformance_area("harness")

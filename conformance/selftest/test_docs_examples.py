@@ -1,5 +1,5 @@
 """Every Python example of README.md and docs/*.md runs as written, as a complete script on a CPU-only machine
-(``conformance.docs_examples`` says how blocks are found, marked and run). One child interpreter runs them all;
+(``conformance.harness.docs_examples`` says how blocks are found, marked and run). One child interpreter runs them all;
 each block is reported as its own test, named by its page and line. The blocks marked as running under torchrun
 run once more, in two child interpreters at once (ranks 0 and 1, gloo), as ``torchrun --nproc_per_node 2``
 would start them."""
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance.docs_examples import PORTS_ENV, Block, all_blocks, blocks_of
-from conformance.optional_packages import MISSING_PREFIX
+from conformance.harness.docs_examples import PORTS_ENV, Block, all_blocks, blocks_of
+from conformance.harness.optional_packages import MISSING_PREFIX
 from conformance.selftest.runner import child_env, source_root
 
 pytestmark = pytest.mark.conformance_area("harness")
@@ -34,7 +34,7 @@ def _cuda_available() -> bool:
 
 def _unmet(block: Block) -> str | None:
     """Why ``block`` cannot run here (a skip reason), or None: CUDA for 'needs cuda', else its optional package
-    (the reason starts as conformance.optional_packages says, so the report names the package)."""
+    (the reason starts as conformance.harness.optional_packages says, so the report names the package)."""
     if block.needs is None:
         return None
     if block.needs == "cuda":
@@ -77,7 +77,7 @@ def results(tmp_path_factory) -> dict[str, dict]:
     # free port: the fixed port a block falls back to could be taken by another run on this machine.
     env = child_env({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
                      "MASTER_PORT": _free_port(), "OMP_NUM_THREADS": "1"})
-    proc = subprocess.run([sys.executable, "-m", "conformance.docs_examples", str(ROOT), *runnable],
+    proc = subprocess.run([sys.executable, "-m", "conformance.harness.docs_examples", str(ROOT), *runnable],
                           capture_output=True, text=True, timeout=600, env=env,
                           cwd=tmp_path_factory.mktemp("docs-examples"))  # not ROOT: import what is installed
     out = _parse(proc.stdout)
@@ -95,7 +95,7 @@ def torchrun_results(tmp_path_factory) -> list[dict[str, dict]]:
     base = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": None,
             PORTS_ENV: ",".join(_free_ports(len(names))), "OMP_NUM_THREADS": "1"}
     procs = [
-        subprocess.Popen([sys.executable, "-m", "conformance.docs_examples", str(ROOT), *names],
+        subprocess.Popen([sys.executable, "-m", "conformance.harness.docs_examples", str(ROOT), *names],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=child_env({**base, "RANK": str(rank), "LOCAL_RANK": str(rank)}),
                          cwd=tmp_path_factory.mktemp(f"docs-examples-rank{rank}"))

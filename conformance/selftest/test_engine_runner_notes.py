@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from conformance import engine_runner
+from conformance.harness import engine_runner
 
 
 class _Python310Error(Exception):

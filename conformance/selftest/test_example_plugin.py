@@ -179,8 +179,8 @@ def test_default_rule_skips_accelerators_that_may_not_be_default():
 
 
 def test_expectation_entries_match_ids_where_a_part_ends():
-    """The matching rule of conformance/expectations.py, on ids alone."""
-    from conformance.expectations import _matches
+    """The matching rule of conformance/harness/expectations.py, on ids alone."""
+    from conformance.harness.expectations import _matches
 
     test = "conformance/suite/test_m.py::test_x[kernel=k-impl=a-acc=cpu-size]"
     for entry in ("conformance/suite", "conformance/suite/test_m.py", "conformance/suite/test_m.py::test_x",
@@ -192,7 +192,7 @@ def test_expectation_entries_match_ids_where_a_part_ends():
 
 
 def test_expectation_file_errors_name_the_option(tmp_path):
-    from conformance.expectations import ExpectationFile
+    from conformance.harness.expectations import ExpectationFile
     from reference.contract.errors import ConfigurationError
 
     with pytest.raises(ConfigurationError, match=r"--conformance-xfails=.*cannot be read"):

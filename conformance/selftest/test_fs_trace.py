@@ -1,4 +1,4 @@
-"""The durability-order judge (conformance/fs_trace.py) on hand-written saves: the documented order passes, and
+"""The durability-order judge (conformance/faults/fs_trace.py) on hand-written saves: the documented order passes, and
 each step left out, or a buffered write flushed only after the fsync, is named.
 
 Why a self-test: the suite's durability test judges implementations by this recorder alone; if the recorder
@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from conformance.fs_trace import FilesystemTrace, durability_violations
+from conformance.faults.fs_trace import FilesystemTrace, durability_violations
 
 STEPS = ("file_fsync", "dir_fsync", "parent_fsync", "latest_fsync", "parent_fsync_after_latest")
 

@@ -1,4 +1,4 @@
-"""The optimizer-kernel area's comparison (conformance/kernel_claims.py) on kernels built here, for the branch no
+"""The optimizer-kernel area's comparison (conformance/areas/kernel_claims.py) on kernels built here, for the branch no
 shipped kernel reaches: a *tolerance* kernel with R29's bf16 moments (hostoffload's kernels are bitwise, the
 example's torch.optim kernel keeps fp32 moments). A kernel that widens, steps in another operation order and
 stores with torch's own round-to-nearest-even is accepted; the same kernel storing by truncation is refused; a
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conformance.kernel_claims import assert_claim, assert_stored_moment_claim
+from conformance.areas.kernel_claims import assert_claim, assert_stored_moment_claim
 from reference.accumulation.optimizers import init_state, optimizer_step
 from reference.contract.accumulation_config import OptimizerConfig
 from reference.contract.accumulation_state_precision import STATE_PRECISIONS

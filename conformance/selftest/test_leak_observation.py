@@ -1,4 +1,4 @@
-"""The harness's own leak observation (conformance.observation) shown real leaks: a file descriptor left open, a
+"""The harness's own leak observation (conformance.harness.observation) shown real leaks: a file descriptor left open, a
 thread left running, pages left locked, a registration never undone and device memory never freed are each
 reported by ``Observation.leaks_since``, naming what leaked; released again, nothing is reported, and the
 comparison taken the wrong way round (a resource *released* over the test) reports nothing either. Without
@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from conformance.observation import Observation, RegistrationWatch
+from conformance.harness.observation import Observation, RegistrationWatch
 
 pytestmark = pytest.mark.conformance_area("harness")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from conformance import profiles
+from conformance.harness import profiles
 from conformance.selftest.runner import run_pytest
 
 pytestmark = pytest.mark.conformance_area("harness")

@@ -17,7 +17,7 @@ import pkgutil
 import pytest
 
 import reference.contract
-from conformance.discovery import discover_implementations
+from conformance.harness.discovery import discover_implementations
 from reference.contract.errors import HostOffloadError
 from reference.contract.public_errors import PUBLIC_ERRORS
 from reference.contract.public_errors import __all__ as PUBLIC_NAMES

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from conformance.report import ReportCollector, build_report, render_markdown
+from conformance.harness.report import ReportCollector, build_report, render_markdown
 from conformance.selftest.runner import child_env, last_lines, run_pytest
 
 pytestmark = pytest.mark.conformance_area("harness")

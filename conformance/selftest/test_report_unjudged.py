@@ -14,8 +14,8 @@ import os
 
 import pytest
 
-from conformance.optional_packages import MISSING_PREFIX, package_of
-from conformance.report import ReportCollector, build_report, render_markdown
+from conformance.harness.optional_packages import MISSING_PREFIX, package_of
+from conformance.harness.report import ReportCollector, build_report, render_markdown
 from conformance.selftest.runner import run_pytest
 
 pytestmark = pytest.mark.conformance_area("harness")

@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch import nn
 
-from conformance.rank_pool import RankFailure, get_pool
+from conformance.harness.rank_pool import RankFailure, get_pool
 from optimized.accumulation.update_paths import STREAMED_CHOICES, StreamedHostUpdate, streamed_choices
 from reference.contract.accumulation_config import AccumulationConfig
 from reference.contract.errors import ConfigurationError

@@ -68,16 +68,16 @@ def test_bad_selection_is_one_clear_line_before_any_test(tmp_path, case):
     assert "passed" not in text and "collected" not in text, text[-3000:]
     assert "pytest" in imported, "the import list was not recorded"
     if case != "unavailable-accelerator":  # only the accelerator plugin itself can say whether it is available
-        # Decided from the options, the environment and the metadata alone (conformance.option_checks): the
+        # Decided from the options, the environment and the metadata alone (conformance.harness.option_checks): the
         # user waits a fraction of a second, not the seconds of importing torch and hypothesis.
-        assert not imported & {"torch", "hypothesis", "conformance.plugin"}, sorted(
-            imported & {"torch", "hypothesis", "conformance.plugin"}
+        assert not imported & {"torch", "hypothesis", "conformance.harness.plugin"}, sorted(
+            imported & {"torch", "hypothesis", "conformance.harness.plugin"}
         )
 
 
 def test_option_checks_read_the_entry_point_groups_discovery_loads():
-    """conformance.option_checks spells the groups without importing torch; they must be the ones loaded."""
-    from conformance import discovery, option_checks
+    """conformance.harness.option_checks spells the groups without importing torch; they must be the ones loaded."""
+    from conformance.harness import discovery, option_checks
     from reference.contract.accelerators import ACCELERATOR_ENTRY_POINT_GROUP
 
     assert option_checks.IMPLEMENTATION_GROUP == discovery.IMPLEMENTATION_ENTRY_POINT_GROUP

@@ -7,15 +7,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from conformance.environment import patched_environment
-from conformance.observation import Observation, RegistrationWatch
+from conformance.harness.environment import patched_environment
+from conformance.harness.observation import Observation, RegistrationWatch
 from reference.contract.envvars import PIN_BACKEND_ENV, PIN_BACKENDS, PIN_REGISTER_DEVICE_ENV
 
 
 @pytest.fixture(params=PIN_BACKENDS, ids=[f"backend={b}" for b in PIN_BACKENDS])
 def pin_backend(request: pytest.FixtureRequest, impl, accelerator) -> Iterator[str]:
     """Every backend the specification defines, selected through the environment as a user would."""
-    backend = request.param  # undeclared backends are skipped at collection (conformance.capability_marks)
+    backend = request.param  # undeclared backends are skipped at collection (conformance.harness.capability_marks)
     with patched_environment({PIN_BACKEND_ENV: backend, PIN_REGISTER_DEVICE_ENV: None}):
         yield backend
 
@@ -28,7 +28,7 @@ def backend_pins(pin_backend: str, accelerator) -> bool:
 
 @pytest.fixture
 def leak_check(area_api, accelerator, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Fails the test that leaves something behind, observed by the harness itself (conformance.observation):
+    """Fails the test that leaves something behind, observed by the harness itself (conformance.harness.observation):
     page-locked memory (VmLck), host registrations through the accelerator's hooks, device memory, open file
     descriptors, live threads; and, as one more property, a changed ``pinned_stats()``. Checked at this test's
     teardown, so a leak is reported on the test that caused it."""

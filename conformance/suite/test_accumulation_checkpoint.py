@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from conformance.accumulation_assertions import assert_named_tensors, assert_traces_match
-from conformance.accumulation_strategies import accumulation_configs
+from conformance.areas.accumulation_assertions import assert_named_tensors, assert_traces_match
+from conformance.areas.accumulation_strategies import accumulation_configs
 from reference.accumulation import (
     AccumulationConfig,
     AffineMap,

@@ -3,12 +3,12 @@ checksum block, a crash between the commit's renames followed by a save of anoth
 rename that publishes a tag (the previous checkpoint still beside it), and the durability order of the
 operating-system calls (docs/zero.md, "Checkpoints: what is guaranteed").
 
-Why fixed cases: the state machine of :mod:`conformance.checkpoint_machine` draws small models (its files are a
+Why fixed cases: the state machine of :mod:`conformance.areas.checkpoint_machine` draws small models (its files are a
 few hundred KiB) and kills at a drawn step, so a bug in how a write straddling a block boundary is checksummed,
 or in the recovery of a half-committed tag that only the *next* save runs, passes it in the ci profile; and its
 "kill" keeps the page cache, so a file never fsynced passes every fault test. Each case here reaches its point
 deterministically and judges what the disk holds, what a fresh engine loads, and (for durability) the order of
-the calls the save made, observed at the process's filesystem boundary by :mod:`conformance.fs_trace`.
+the calls the save made, observed at the process's filesystem boundary by :mod:`conformance.faults.fs_trace`.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import zlib
 import pytest
 import torch
 
-from conformance.accumulation_engines import REQUIRES_CHECKPOINT, engine_api, engine_class
-from conformance.checkpoint_faults import FilesystemFaults, Killed
-from conformance.checkpoint_machine import engine_state, same_state
-from conformance.fs_trace import FilesystemTrace, durability_violations
+from conformance.areas.accumulation_engines import REQUIRES_CHECKPOINT, engine_api, engine_class
+from conformance.areas.checkpoint_machine import engine_state, same_state
+from conformance.faults.checkpoint_faults import FilesystemFaults, Killed
+from conformance.faults.fs_trace import FilesystemTrace, durability_violations
 from reference.contract.accumulation_scenario import ModelSpec, compute_loss
 from reference.contract.errors import CheckpointError
 

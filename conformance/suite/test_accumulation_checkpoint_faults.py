@@ -1,10 +1,10 @@
 """Checkpoints that never lose a run (issue 28; docs/zero.md, "Checkpoints: what is guaranteed").
 
 For every implementation declaring ``distributed_engine`` and ``accumulation_checkpoint``: the state machine of
-:mod:`conformance.checkpoint_machine` (save / load / train / damage with a write failing at its k-th byte, a
+:mod:`conformance.areas.checkpoint_machine` (save / load / train / damage with a write failing at its k-th byte, a
 rename failing, a process killed between two filesystem steps), a real kill of a child process in the middle of
 a save, and one test per row of the issue's table: each names what the user did and what must happen. Faults
-come from :mod:`conformance.checkpoint_faults`, at the process's filesystem boundary; nothing of the
+come from :mod:`conformance.faults.checkpoint_faults`, at the process's filesystem boundary; nothing of the
 implementation is patched.
 """
 
@@ -23,10 +23,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conformance.accumulation_engines import REQUIRES_CHECKPOINT, engine_api, engine_class
-from conformance.checkpoint_faults import FilesystemFaults
-from conformance.checkpoint_machine import engine_state, run_machine, same_state, train_one_boundary
-from conformance.profiles import STATE_MACHINE_EXAMPLES, current_profile, state_machine_settings
+from conformance.areas.accumulation_engines import REQUIRES_CHECKPOINT, engine_api, engine_class
+from conformance.areas.checkpoint_machine import engine_state, run_machine, same_state, train_one_boundary
+from conformance.faults.checkpoint_faults import FilesystemFaults
+from conformance.harness.profiles import STATE_MACHINE_EXAMPLES, current_profile, state_machine_settings
 from reference.contract.accumulation_scenario import ModelSpec
 from reference.contract.errors import CheckpointError, ConfigurationError
 
@@ -42,7 +42,7 @@ def _listing(directory: str) -> dict[str, list[str]]:
 
 
 def test_checkpoint_state_machine_with_faults(impl, tmp_path):
-    """The invariant of :mod:`conformance.checkpoint_machine` over the profile's examples: a load restores exactly
+    """The invariant of :mod:`conformance.areas.checkpoint_machine` over the profile's examples: a load restores exactly
     the state of a save that returned (or, after a kill, of the save that was cut short), or raises
     CheckpointError where the checkpoint is missing or damaged -- never something else."""
     api = engine_api(impl)
@@ -60,9 +60,9 @@ _CHILD = textwrap.dedent(
     """
     import os, signal, sys, pickle, tempfile
     import torch, torch.distributed as dist
-    from conformance.accumulation_engines import engine_class
-    from conformance.checkpoint_faults import FilesystemFaults
-    from conformance.checkpoint_machine import engine_state, train_one_boundary
+    from conformance.areas.accumulation_engines import engine_class
+    from conformance.faults.checkpoint_faults import FilesystemFaults
+    from conformance.areas.checkpoint_machine import engine_state, train_one_boundary
     from conformance.suite.test_accumulation_checkpoint_faults import CONFIG, SEED
     from reference.contract.accumulation_scenario import ModelSpec
     impl, directory, fraction, out = pickle.loads(bytes.fromhex(sys.argv[1]))

@@ -25,8 +25,8 @@ import re
 
 import pytest
 
-from conformance.accumulation_engines import REQUIRES_CHECKPOINT, engine_api, engine_class
-from conformance.checkpoint_machine import train_one_boundary
+from conformance.areas.accumulation_engines import REQUIRES_CHECKPOINT, engine_api, engine_class
+from conformance.areas.checkpoint_machine import train_one_boundary
 from reference.contract.accumulation_checkpoint_names import LATEST, RESERVED_TAGS
 from reference.contract.accumulation_scenario import ModelSpec
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from hypothesis import given
 
-from conformance.accumulation_strategies import accumulation_configs
-from conformance.assertions import assert_names_argument
+from conformance.areas.accumulation_strategies import accumulation_configs
+from conformance.areas.assertions import assert_names_argument
 from reference.contract.errors import ConfigurationError
 
 pytestmark = pytest.mark.conformance_area("accumulation")

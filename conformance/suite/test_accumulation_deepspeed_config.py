@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.assertions import assert_names_argument
+from conformance.areas.assertions import assert_names_argument
 from reference.contract.errors import ConfigurationError
 
 pytestmark = pytest.mark.conformance_area("accumulation")
@@ -263,7 +263,7 @@ def test_R19_docs_mapping_table_says_what_every_deepspeed_key_does():
     (honoured / mapped / no effect / refused), and no row for a key the tables do not know."""
     import re
 
-    from conformance.doc_rules import ROOT
+    from conformance.harness.doc_rules import ROOT
     from reference.contract.deepspeed_keys import SECTIONS
 
     text = (ROOT / "docs" / "zero.md").read_text()

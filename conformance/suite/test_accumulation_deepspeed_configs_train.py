@@ -16,14 +16,14 @@ import copy
 import pytest
 import torch
 
-from conformance.accumulation_assertions import (
+from conformance.areas.accumulation_assertions import (
     assert_replay_consistent,
     assert_traces_match,
     cross_implementation_tolerance,
     replay_applies,
 )
-from conformance.accumulation_engines import REQUIRES_ENGINE, engine_api
-from conformance.lr_schedule_oracle import expected_lr
+from conformance.areas.accumulation_engines import REQUIRES_ENGINE, engine_api
+from conformance.areas.lr_schedule_oracle import expected_lr
 from reference.accumulation import Backward, ModelSpec, Scenario, Step, compute_loss
 
 pytestmark = pytest.mark.conformance_area("accumulation")

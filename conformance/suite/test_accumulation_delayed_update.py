@@ -18,14 +18,14 @@ import torch
 from hypothesis import given
 from torch import nn
 
-from conformance.accumulation_assertions import (
+from conformance.areas.accumulation_assertions import (
     assert_delayed_replay_consistent,
     assert_matches_reference,
     assert_traces_match,
     cross_implementation_tolerance,
 )
-from conformance.accumulation_engines import IN_RANK_PROCESSES, REQUIRES_CHECKPOINT, REQUIRES_ENGINE, engine_api
-from conformance.accumulation_strategies import delayed_update_scenarios
+from conformance.areas.accumulation_engines import IN_RANK_PROCESSES, REQUIRES_CHECKPOINT, REQUIRES_ENGINE, engine_api
+from conformance.areas.accumulation_strategies import delayed_update_scenarios
 from reference.accumulation import AccumulationConfig, ModelSpec, Scenario, compute_loss, scenario_calls
 from reference.contract.errors import ConfigurationError
 
@@ -127,7 +127,7 @@ def test_R27_R17_engine_on_nccl_matches_reference_within_tolerance(impl, referen
     """R27/R25 on the device path (streams, events, pinned buffers): the engine on NCCL (world size 1) gives the
     reference's records, flags and counters exactly and its values within R25's device tolerance, with the
     reference on the same device (as the undelayed NCCL test does)."""
-    from conformance.accumulation_assertions import arithmetic_tolerance
+    from conformance.areas.accumulation_assertions import arithmetic_tolerance
 
     if accelerator.device_type != "cuda":
         pytest.skip("needs the cuda accelerator (NCCL); the host runs are the tests above")

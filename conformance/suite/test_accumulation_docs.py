@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.doc_rules import ROOT, citation_pattern, cited_rules, defined_rules
+from conformance.harness.doc_rules import ROOT, citation_pattern, cited_rules, defined_rules
 
 pytestmark = pytest.mark.conformance_area("accumulation")
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from conformance.accumulation_engines import IN_RANK_PROCESSES, REQUIRES_ENGINE, engine_api, engine_class
+from conformance.areas.accumulation_engines import IN_RANK_PROCESSES, REQUIRES_ENGINE, engine_api, engine_class
 from reference.accumulation import AccumulationConfig, AffineMap
 
 pytestmark = [pytest.mark.conformance_area("accumulation"), REQUIRES_ENGINE, IN_RANK_PROCESSES]

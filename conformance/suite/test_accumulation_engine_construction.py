@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conformance.accumulation_engines import REQUIRES_ENGINE, engine_api, engine_class
+from conformance.areas.accumulation_engines import REQUIRES_ENGINE, engine_api, engine_class
 from reference.contract.accumulation_config import OptimizerConfig
 from reference.contract.accumulation_scenario import ModelSpec
 from reference.contract.errors import UnsupportedOperationError
@@ -170,8 +170,8 @@ def test_an_unavailable_device_is_refused_naming_what_is_available(impl):
 def _unknown_device_adam_mode(group, impl, extra: dict) -> tuple[tuple[str, str] | None, int, int, list[str]]:
     import os
 
-    from conformance.accumulation_engines import pinned_stats_of
-    from conformance.observation import Observation
+    from conformance.areas.accumulation_engines import pinned_stats_of
+    from conformance.harness.observation import Observation
 
     stats = pinned_stats_of(impl)
     before, seen = stats().allocations, Observation.now()
@@ -210,8 +210,8 @@ def _fused_device_adam_mode(group, impl, extra: dict) -> dict:
     ``HOSTOFFLOAD_DEVICE_ADAM=fused``; pinned allocations and OS-visible leaks around the attempt."""
     import os
 
-    from conformance.accumulation_engines import pinned_stats_of
-    from conformance.observation import Observation
+    from conformance.areas.accumulation_engines import pinned_stats_of
+    from conformance.harness.observation import Observation
 
     config = {**CONFIG, **extra}
     engine = engine_class(impl)(ModelSpec().build(1), config, process_group=group)

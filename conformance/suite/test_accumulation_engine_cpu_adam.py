@@ -16,8 +16,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.accumulation_assertions import assert_bits_equal, assert_tensor_equal, reference_optimizer_steps
-from conformance.accumulation_strategies import BF16_ROUNDING_CASES, optimizer_configs, optimizer_values
+from conformance.areas.accumulation_assertions import assert_bits_equal, assert_tensor_equal, reference_optimizer_steps
+from conformance.areas.accumulation_strategies import BF16_ROUNDING_CASES, optimizer_configs, optimizer_values
 from reference.contract.accumulation_state_precision import STATE_PRECISIONS
 from reference.contract.errors import ConfigurationError
 

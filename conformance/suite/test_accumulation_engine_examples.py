@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.accumulation_engines import REQUIRES_CHECKPOINT, REQUIRES_ENGINE, engine_api
+from conformance.areas.accumulation_engines import REQUIRES_CHECKPOINT, REQUIRES_ENGINE, engine_api
 
 pytestmark = [pytest.mark.conformance_area("accumulation"), REQUIRES_ENGINE, pytest.mark.runs_in_subprocesses]
 

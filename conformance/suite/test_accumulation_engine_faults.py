@@ -14,14 +14,14 @@ import time
 import pytest
 import torch
 
-from conformance.accumulation_engines import (
+from conformance.areas.accumulation_engines import (
     IN_RANK_PROCESSES,
     REQUIRES_ENGINE,
     engine_api,
     engine_class,
     pinned_stats_of,
 )
-from conformance.assertions import assert_names_argument
+from conformance.areas.assertions import assert_names_argument
 from reference.accumulation import AccumulationConfig, ModelSpec, Scenario, compute_loss, micro_batch
 from reference.contract.errors import ConfigurationError, UnsupportedOperationError
 

@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-from conformance.accumulation_engines import IN_RANK_PROCESSES, REQUIRES_ENGINE, engine_api, engine_class
+from conformance.areas.accumulation_engines import IN_RANK_PROCESSES, REQUIRES_ENGINE, engine_api, engine_class
 from conformance.probes.memlock import _status
 from reference.contract.accumulation_config import AccumulationConfig
 from reference.contract.accumulation_partition import build_layout

@@ -15,8 +15,8 @@ import os
 import pytest
 import torch
 
-from conformance.accumulation_assertions import assert_traces_match, cross_implementation_tolerance
-from conformance.accumulation_engines import (
+from conformance.areas.accumulation_assertions import assert_traces_match, cross_implementation_tolerance
+from conformance.areas.accumulation_engines import (
     IN_RANK_PROCESSES,
     REQUIRES_ENGINE,
     engine_api,

@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch import nn
 
-from conformance.accumulation_engines import REQUIRES_ENGINE, engine_api
+from conformance.areas.accumulation_engines import REQUIRES_ENGINE, engine_api
 
 pytestmark = [pytest.mark.conformance_area("accumulation"), REQUIRES_ENGINE, pytest.mark.runs_in_subprocesses]
 

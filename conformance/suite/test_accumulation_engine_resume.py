@@ -23,7 +23,7 @@ import os
 import pytest
 import torch
 
-from conformance.accumulation_engines import REQUIRES_CHECKPOINT, engine_api
+from conformance.areas.accumulation_engines import REQUIRES_CHECKPOINT, engine_api
 from reference.accumulation import ModelSpec, compute_loss
 from reference.contract.accumulation_checkpoint_names import RESERVED_TAGS
 from reference.contract.errors import CheckpointError, ConfigurationError, UnsupportedOperationError

@@ -12,14 +12,14 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 
-from conformance.accumulation_assertions import (
+from conformance.areas.accumulation_assertions import (
     arithmetic_tolerance,
     assert_matches_reference,
     assert_traces_match,
     cross_implementation_tolerance,
 )
-from conformance.accumulation_engines import IN_RANK_PROCESSES, REQUIRES_ENGINE, engine_api
-from conformance.accumulation_strategies import scenarios
+from conformance.areas.accumulation_engines import IN_RANK_PROCESSES, REQUIRES_ENGINE, engine_api
+from conformance.areas.accumulation_strategies import scenarios
 from reference.accumulation import AccumulationConfig, ModelSpec, Scenario, scenario_calls
 
 pytestmark = [pytest.mark.conformance_area("accumulation"), REQUIRES_ENGINE, IN_RANK_PROCESSES]

@@ -15,7 +15,7 @@ import os
 import pytest
 import torch
 
-from conformance.accumulation_engines import REQUIRES_ENGINE, engine_api
+from conformance.areas.accumulation_engines import REQUIRES_ENGINE, engine_api
 from reference.accumulation import ModelSpec, compute_loss
 from reference.contract.errors import ConfigurationError, UnsupportedOperationError
 

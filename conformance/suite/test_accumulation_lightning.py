@@ -6,9 +6,9 @@ with ``ZeroStrategy`` (a Lightning 2.x ``Strategy``), ``load_lightning()`` (Ligh
 ``MissingDependencyError`` naming the extra), and the rules that merge the Trainer's settings into the engine
 config (``resolve_config``, ``TrainerSettings``, ``optimizer_section``). Implementations that declare none are
 skipped with that reason, and so is everything that needs Lightning where it is not installed (the reason names
-the package, conformance.optional_packages).
+the package, conformance.harness.optional_packages).
 
-The Trainer runs are real: ``conformance.lightning_runs`` is started once per rank as torchrun would (one and two
+The Trainer runs are real: ``conformance.areas.lightning_runs`` is started once per rank as torchrun would (one and two
 gloo ranks), runs each case's Trainer and then the plain loop a user would write for the same config and data on
 the same process group, and the tests compare the records bitwise -- losses of every micro-batch, grad norm, clip
 coefficient, scheduled lr and optimizer step count of every update, and the final full parameters.
@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 import torch
 
-from conformance.accumulation_engines import REQUIRES_CHECKPOINT
-from conformance.optional_packages import MISSING_PREFIX
+from conformance.areas.accumulation_engines import REQUIRES_CHECKPOINT
+from conformance.harness.optional_packages import MISSING_PREFIX
 from reference.contract.errors import ConfigurationError, MissingDependencyError
 
 pytestmark = [pytest.mark.conformance_area("accumulation"), REQUIRES_CHECKPOINT, pytest.mark.runs_in_subprocesses]
@@ -63,7 +63,7 @@ def _free_port() -> str:
 
 
 def _records(impl, world: int) -> list[dict[str, Any]]:
-    """Each rank's records of ``conformance.lightning_runs`` at ``world`` ranks (run once per implementation)."""
+    """Each rank's records of ``conformance.areas.lightning_runs`` at ``world`` ranks (run once per implementation)."""
     _lightning(impl)
     key = (impl.name, world)
     if key not in _RECORDS:
@@ -74,7 +74,7 @@ def _records(impl, world: int) -> list[dict[str, Any]]:
                        PYTHONWARNINGS="ignore")
             procs = [
                 subprocess.Popen(
-                    [sys.executable, "-m", "conformance.lightning_runs", impl.load("accumulation").__name__, out],
+                    [sys.executable, "-m", "conformance.areas.lightning_runs", impl.load("accumulation").__name__, out],
                     env=dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world)), cwd=out,
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                 )

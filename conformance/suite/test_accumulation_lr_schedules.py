@@ -3,7 +3,7 @@ WarmupCosineLR, OneCycle and LRRangeTest, with DeepSpeed's parameter names and d
 after the update as DeepSpeed's engine steps them.
 
 The expected values come from the suite's own statement of DeepSpeed's formulas
-(:mod:`conformance.lr_schedule_oracle`), never from an implementation: the config's defaults are compared with
+(:mod:`conformance.areas.lr_schedule_oracle`), never from an implementation: the config's defaults are compared with
 its table; every implementation's scenario trace is replayed boundary by boundary with the oracle's lr (and
 OneCycle's betas), exactly; a distributed engine's ``get_lr()`` and group betas before every micro-step equal the
 oracle's for drawn parameters; and a checkpoint resumes the schedule where it stopped.
@@ -16,15 +16,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conformance.accumulation_assertions import (
+from conformance.areas.accumulation_assertions import (
     assert_replay_consistent,
     assert_traces_match,
     cross_implementation_tolerance,
     replay_applies,
 )
-from conformance.accumulation_engines import REQUIRES_CHECKPOINT, REQUIRES_ENGINE, engine_api
-from conformance.assertions import assert_names_argument
-from conformance.lr_schedule_oracle import DEFAULTS, expected_betas, expected_lr
+from conformance.areas.accumulation_engines import REQUIRES_CHECKPOINT, REQUIRES_ENGINE, engine_api
+from conformance.areas.assertions import assert_names_argument
+from conformance.areas.lr_schedule_oracle import DEFAULTS, expected_betas, expected_lr
 from reference.accumulation import Backward, ModelSpec, Scenario, Step, compute_loss
 from reference.contract.errors import ConfigurationError
 

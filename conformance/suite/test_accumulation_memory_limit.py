@@ -25,7 +25,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.accumulation_engines import IN_RANK_PROCESSES, REQUIRES_ENGINE, engine_api, pinned_stats_of
+from conformance.areas.accumulation_engines import IN_RANK_PROCESSES, REQUIRES_ENGINE, engine_api, pinned_stats_of
 from reference.accumulation import AccumulationConfig, ModelSpec, compute_loss
 from reference.contract.accelerators.counting import CountingHostAccelerator, installed
 from reference.contract.accumulation_limit import MemoryLimit, fit_limit, smallest_limit
@@ -263,8 +263,8 @@ def _limited_loop(group, impl, config: dict, boundaries: int, peaks: list | None
     what the OS sees left behind once the engine is destroyed."""
     import torch.distributed as dist
 
-    from conformance.accumulation_engines import engine_class
-    from conformance.observation import Observation
+    from conformance.areas.accumulation_engines import engine_class
+    from conformance.harness.observation import Observation
 
     rank = dist.get_rank(group)
     stats = pinned_stats_of(impl)

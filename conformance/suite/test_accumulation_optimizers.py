@@ -15,8 +15,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.accumulation_assertions import assert_tensor_equal
-from conformance.accumulation_strategies import optimizer_configs
+from conformance.areas.accumulation_assertions import assert_tensor_equal
+from conformance.areas.accumulation_strategies import optimizer_configs
 
 pytestmark = pytest.mark.conformance_area("accumulation")
 

@@ -21,10 +21,14 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.accumulation_assertions import assert_matches_reference, assert_replay_consistent, assert_traces_match
-from conformance.accumulation_assertions import cross_implementation_tolerance as tolerance
-from conformance.accumulation_engines import IN_RANK_PROCESSES, REQUIRES_ENGINE, engine_api
-from conformance.accumulation_strategies import SPLIT_SHARES, overlapped_update_scenarios
+from conformance.areas.accumulation_assertions import (
+    assert_matches_reference,
+    assert_replay_consistent,
+    assert_traces_match,
+)
+from conformance.areas.accumulation_assertions import cross_implementation_tolerance as tolerance
+from conformance.areas.accumulation_engines import IN_RANK_PROCESSES, REQUIRES_ENGINE, engine_api
+from conformance.areas.accumulation_strategies import SPLIT_SHARES, overlapped_update_scenarios
 from conformance.suite.test_accumulation_split_update import REQUIRES_SPLIT, WIDE, _assert_same, pinned_state_copies
 from reference.accumulation import AccumulationConfig, Scenario, compute_loss, scenario_calls
 from reference.contract.errors import ConfigurationError

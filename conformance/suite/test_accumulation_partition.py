@@ -7,8 +7,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.accumulation_assertions import assert_tensor_equal
-from conformance.assertions import assert_names_argument
+from conformance.areas.accumulation_assertions import assert_tensor_equal
+from conformance.areas.assertions import assert_names_argument
 from reference.contract.errors import ConfigurationError
 
 pytestmark = pytest.mark.conformance_area("accumulation")

@@ -15,7 +15,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.accumulation_assertions import (
+from conformance.areas.accumulation_assertions import (
     assert_boundaries_match,
     assert_named_tensors,
     assert_replay_consistent,
@@ -26,7 +26,7 @@ from conformance.accumulation_assertions import (
     replay_applies,
     summation_error_bound,
 )
-from conformance.accumulation_strategies import (
+from conformance.areas.accumulation_strategies import (
     accumulation_configs,
     call_sequences,
     model_specs,

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conformance.accumulation_assertions import assert_boundaries_match
-from conformance.assertions import assert_names_argument
+from conformance.areas.accumulation_assertions import assert_boundaries_match
+from conformance.areas.assertions import assert_names_argument
 from reference.accumulation import Scenario, scenario_calls
 from reference.contract.errors import ConfigurationError, UnsupportedOperationError
 

@@ -12,14 +12,14 @@ import pickle
 import pytest
 from hypothesis import given
 
-from conformance.accumulation_assertions import (
+from conformance.areas.accumulation_assertions import (
     assert_matches_reference,
     assert_replay_consistent,
     assert_traces_match,
     cross_implementation_tolerance,
     replay_applies,
 )
-from conformance.accumulation_strategies import scenarios
+from conformance.areas.accumulation_strategies import scenarios
 from reference.accumulation import BackwardRecord, ControlRecord, Scenario, StepRecord, Trace
 
 pytestmark = pytest.mark.conformance_area("accumulation")
@@ -73,7 +73,7 @@ def test_R17_R25_reference_engine_on_device_matches_host_run(reference_api, acce
     with its host run within R25's tolerance, with the same records, flags and counters."""
     if accelerator.device_type == "cpu":
         pytest.skip("needs a device accelerator; the host run is the reference itself")
-    from conformance.accumulation_assertions import arithmetic_tolerance
+    from conformance.areas.accumulation_assertions import arithmetic_tolerance
 
     host = reference_api.run_scenario(scenario)
     device = reference_api.run_scenario(scenario, device=accelerator.device())

@@ -21,14 +21,14 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.accumulation_assertions import (
+from conformance.areas.accumulation_assertions import (
     arithmetic_tolerance,
     assert_matches_reference,
     assert_traces_match,
     cross_implementation_tolerance,
 )
-from conformance.accumulation_engines import IN_RANK_PROCESSES, REQUIRES_CHECKPOINT, REQUIRES_ENGINE, engine_api
-from conformance.accumulation_strategies import SPLIT_SHARES, split_update_scenarios
+from conformance.areas.accumulation_engines import IN_RANK_PROCESSES, REQUIRES_CHECKPOINT, REQUIRES_ENGINE, engine_api
+from conformance.areas.accumulation_strategies import SPLIT_SHARES, split_update_scenarios
 from reference.accumulation import AccumulationConfig, ModelSpec, Scenario, compute_loss, scenario_calls
 from reference.contract.accumulation_partition import FLAT_ALIGNMENT
 from reference.contract.accumulation_split import (

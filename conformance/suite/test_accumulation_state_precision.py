@@ -21,7 +21,7 @@ import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from conformance.accumulation_assertions import (
+from conformance.areas.accumulation_assertions import (
     assert_bits_equal,
     assert_matches_reference,
     assert_replay_consistent,
@@ -29,9 +29,9 @@ from conformance.accumulation_assertions import (
     assert_traces_match,
     cross_implementation_tolerance,
 )
-from conformance.accumulation_engines import IN_RANK_PROCESSES, REQUIRES_CHECKPOINT, REQUIRES_ENGINE, engine_api
-from conformance.accumulation_strategies import STATE_PRECISIONS as PRECISIONS
-from conformance.accumulation_strategies import optimizer_configs, split_update_scenarios
+from conformance.areas.accumulation_engines import IN_RANK_PROCESSES, REQUIRES_CHECKPOINT, REQUIRES_ENGINE, engine_api
+from conformance.areas.accumulation_strategies import STATE_PRECISIONS as PRECISIONS
+from conformance.areas.accumulation_strategies import optimizer_configs, split_update_scenarios
 from conformance.suite.test_accumulation_split_update import WIDE, _assert_same, _config, _loop, _micro_steps
 from reference.accumulation import Scenario, scenario_calls
 from reference.contract.accumulation_config import AccumulationConfig

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.interface_check import interface_problems
+from conformance.harness.interface_check import interface_problems
 from reference.contract.interfaces import AREA_INTERFACES, call_names
 
 AREAS = [pytest.param(area, marks=pytest.mark.conformance_area(area), id=area) for area in AREA_INTERFACES]

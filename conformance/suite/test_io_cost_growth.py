@@ -4,11 +4,11 @@ with the number of live ranges (the contract's O(log n), docs/native.md).
 
 The handle is observed from outside, through whole requests: a read or write of a small record, into or from a
 pinned buffer (direct) and pageable memory (bounced), with 10 and with thousands of other live pinned buffers,
-made through the pinning area's public ``pin_empty`` (:class:`conformance.cost_growth.PinnedBuffers`: nothing is
+made through the pinning area's public ``pin_empty`` (:class:`conformance.areas.cost_growth.PinnedBuffers`: nothing is
 written into an implementation's registry, so one that keeps its table to itself is measured too).
 A request's own work does not depend on the ranges, so the
 ratio of the two per-request times stays near 1 for an O(log n) check; the bound is
-:data:`conformance.cost_growth.MAX_REQUEST_RATIO`. Each request is waited before the next, so an asynchronous
+:data:`conformance.areas.cost_growth.MAX_REQUEST_RATIO`. Each request is waited before the next, so an asynchronous
 handle is timed over its whole path (submission, the worker that decides, the file call).
 
 What this cannot see: a scan of the ranges cheap enough to vanish under a request's own cost (a vectorised native
@@ -21,7 +21,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conformance.cost_growth import (
+from conformance.areas.cost_growth import (
     MAX_REQUEST_RATIO,
     MIN_PUBLIC_LARGE,
     SMALL,
@@ -30,7 +30,7 @@ from conformance.cost_growth import (
     per_op_seconds,
     public_large,
 )
-from conformance.profiles import current_profile
+from conformance.harness.profiles import current_profile
 from reference.contract.envvars import PIN_BACKEND_ENV
 
 pytestmark = pytest.mark.conformance_area("io")

@@ -2,7 +2,7 @@
 
 A request uses the caller's memory directly iff the tensor is a contiguous CPU tensor whose whole extent lies in
 one range of the implementation's process-wide registry (and, when the file is open with O_DIRECT, its address is
-4 KiB aligned); see :func:`conformance.io_assertions.expected_direct`, which restates the rule from the
+4 KiB aligned); see :func:`conformance.areas.io_assertions.expected_direct`, which restates the rule from the
 registry, not from the implementation. Stats must count exactly the bytes of each kind.
 """
 
@@ -15,8 +15,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.io_assertions import assert_decision, assert_round_trip, expected_direct
-from conformance.strategies import DTYPES, filled
+from conformance.areas.io_assertions import assert_decision, assert_round_trip, expected_direct
+from conformance.areas.strategies import DTYPES, filled
 from reference.contract.envvars import PIN_BACKEND_ENV
 
 pytestmark = pytest.mark.conformance_area("io")

@@ -19,9 +19,9 @@ import signal
 import pytest
 import torch
 
-from conformance.assertions import assert_names_argument
-from conformance.io_assertions import assert_round_trip, assert_swap_error
-from conformance.io_strategies import BAD_KNOBS
+from conformance.areas.assertions import assert_names_argument
+from conformance.areas.io_assertions import assert_round_trip, assert_swap_error
+from conformance.areas.io_strategies import BAD_KNOBS
 from reference.contract import io_errors
 from reference.contract.envvars import PIN_BACKEND_ENV, PIN_REGISTER_DEVICE_ENV
 from reference.contract.errors import ConfigurationError, HostOffloadError, UnsupportedOperationError

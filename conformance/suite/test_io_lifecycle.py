@@ -17,7 +17,7 @@ import tempfile
 import pytest
 import torch
 
-from conformance.io_assertions import (
+from conformance.areas.io_assertions import (
     assert_no_new_threads,
     assert_released,
     assert_round_trip,

@@ -23,7 +23,7 @@ import time
 import pytest
 import torch
 
-from conformance.assertions import assert_names_argument
+from conformance.areas.assertions import assert_names_argument
 from reference.contract.errors import ConfigurationError
 
 pytestmark = pytest.mark.conformance_area("io")

@@ -15,14 +15,21 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conformance.io_assertions import (
+from conformance.areas.io_assertions import (
     assert_bytes_equal,
     assert_decision,
     assert_round_trip,
     assert_stats_consistent,
     raw_bytes,
 )
-from conformance.io_strategies import DEST_KINDS, SOURCE_KINDS, handle_configs, offsets, swap_tensors, tensor_specs
+from conformance.areas.io_strategies import (
+    DEST_KINDS,
+    SOURCE_KINDS,
+    handle_configs,
+    offsets,
+    swap_tensors,
+    tensor_specs,
+)
 from reference.contract.envvars import PIN_BACKEND_ENV
 
 pytestmark = pytest.mark.conformance_area("io")

@@ -23,11 +23,11 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
-from conformance.io_assertions import assert_bytes_equal, assert_no_new_threads, raw_bytes, thread_baseline
-from conformance.io_strategies import handle_configs
-from conformance.profiles import state_machine_settings
-from conformance.stateful import rule_failed
-from conformance.strategies import DTYPES, filled
+from conformance.areas.io_assertions import assert_bytes_equal, assert_no_new_threads, raw_bytes, thread_baseline
+from conformance.areas.io_strategies import handle_configs
+from conformance.areas.stateful import rule_failed
+from conformance.areas.strategies import DTYPES, filled
+from conformance.harness.profiles import state_machine_settings
 from reference.contract.envvars import PIN_BACKEND_ENV
 
 pytestmark = pytest.mark.conformance_area("io")

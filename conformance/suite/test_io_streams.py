@@ -17,7 +17,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from conformance.io_assertions import expected_direct
+from conformance.areas.io_assertions import expected_direct
 from reference.contract.envvars import PIN_BACKEND_ENV
 
 pytestmark = pytest.mark.conformance_area("io")

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.utils.checkpoint as torch_checkpoint
 
-from conformance.assertions import assert_names_argument
+from conformance.areas.assertions import assert_names_argument
 
 pytestmark = pytest.mark.conformance_area("offload")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.assertions import assert_names_argument
+from conformance.areas.assertions import assert_names_argument
 
 pytestmark = pytest.mark.conformance_area("offload")
 

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conformance.offload_assertions import assert_nothing_held, assert_results_bitwise_equal
-from conformance.offload_strategies import build_stack, make_input, offload_knobs, run_step, stack_specs
+from conformance.areas.offload_assertions import assert_nothing_held, assert_results_bitwise_equal
+from conformance.areas.offload_strategies import build_stack, make_input, offload_knobs, run_step, stack_specs
 
 pytestmark = pytest.mark.conformance_area("offload")
 
@@ -81,7 +81,7 @@ def test_same_decisions_as_reference(area_api, reference_api, accelerator):
 def _fixed_spec():
     import torch
 
-    from conformance.offload_strategies import StackSpec
+    from conformance.areas.offload_strategies import StackSpec
 
     return StackSpec(
         dtype=torch.float32,

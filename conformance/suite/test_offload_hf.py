@@ -7,8 +7,8 @@ import sys
 import pytest
 import torch
 
-from conformance import optional_packages
-from conformance.assertions import assert_names_argument
+from conformance.areas.assertions import assert_names_argument
+from conformance.harness import optional_packages
 
 pytestmark = pytest.mark.conformance_area("offload")
 

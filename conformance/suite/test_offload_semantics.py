@@ -9,8 +9,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.assertions import assert_bitwise_equal
-from conformance.offload_assertions import assert_nothing_held
+from conformance.areas.assertions import assert_bitwise_equal
+from conformance.areas.offload_assertions import assert_nothing_held
 
 pytestmark = pytest.mark.conformance_area("offload")
 

@@ -1,7 +1,7 @@
 """Stream ordering, retention, look-ahead and pool rules of docs/offload.md (O1-O7), proven on the chaos accelerator.
 
 Runs for every implementation whose ``offload_streams`` capability says its engine moves bytes on accelerator
-streams. The engine gets a :class:`conformance.chaos.ChaosAccelerator`: copies on its streams are deferred and
+streams. The engine gets a :class:`conformance.faults.chaos.ChaosAccelerator`: copies on its streams are deferred and
 reordered by a schedule hypothesis draws (so a failure shrinks to a small seed), and every access is checked
 against the event ordering, so a missing wait fails whatever the schedule. Nothing here depends on timing.
 """
@@ -13,10 +13,10 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from conformance.assertions import assert_names_argument
-from conformance.chaos import ChaosAccelerator, ChaosSchedule
-from conformance.offload_assertions import assert_nothing_held, assert_results_bitwise_equal
-from conformance.offload_strategies import build_stack, make_input, offload_knobs, run_step, stack_specs
+from conformance.areas.assertions import assert_names_argument
+from conformance.areas.offload_assertions import assert_nothing_held, assert_results_bitwise_equal
+from conformance.areas.offload_strategies import build_stack, make_input, offload_knobs, run_step, stack_specs
+from conformance.faults.chaos import ChaosAccelerator, ChaosSchedule
 from reference.contract.envvars import ACCELERATOR_ENV
 
 pytestmark = pytest.mark.conformance_area("offload")

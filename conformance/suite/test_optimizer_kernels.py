@@ -14,11 +14,11 @@ judges it on every variant it names and every accelerator of the run whose devic
 - R29: a kernel that declares ``"bfloat16"`` in ``state_precisions`` is given bf16 moments and judged, step by
   step from its own state, against R29's step (widen, R16, store rounded to nearest even): bitwise kernels to
   the bit pattern, tolerance kernels each stored moment the rounding of a value within the tolerance
-  (conformance/kernel_claims.py); special values (ties, overflow, subnormals, NaN/inf) included. A kernel that
+  (conformance/areas/kernel_claims.py); special values (ties, overflow, subnormals, NaN/inf) included. A kernel that
   does not declare bf16 is not judged on R29: each R29 test skips for it, saying so.
 
 A kernel whose required package is missing here is skipped with the reason the report lists at its top, with
-the rules it leaves unjudged (conformance/optional_packages.py).
+the rules it leaves unjudged (conformance/harness/optional_packages.py).
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance import optional_packages
-from conformance.accumulation_assertions import assert_tensor_equal, reference_optimizer_steps
-from conformance.accumulation_strategies import BF16_ROUNDING_CASES, optimizer_configs, optimizer_values
-from conformance.kernel_claims import assert_claim, assert_stored_moment_claim
+from conformance.areas.accumulation_assertions import assert_tensor_equal, reference_optimizer_steps
+from conformance.areas.accumulation_strategies import BF16_ROUNDING_CASES, optimizer_configs, optimizer_values
+from conformance.areas.kernel_claims import assert_claim, assert_stored_moment_claim
+from conformance.harness import optional_packages
 from reference.contract.accumulation_state_precision import STATE_PRECISIONS
 from reference.contract.errors import ConfigurationError
 from reference.contract.optimizer_kernels import AdamKernel
@@ -45,7 +45,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     an implementation that does not declare a kernel of that name is skipped for it in :func:`_kernel`)."""
     if "kernel_name" not in metafunc.fixturenames:
         return
-    from conformance.plugin import selected_implementations
+    from conformance.harness.plugin import selected_implementations
 
     names: list[str] = []
     for impl in selected_implementations(metafunc.config):

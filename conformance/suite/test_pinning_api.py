@@ -18,9 +18,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.assertions import assert_bitwise_equal, assert_names_argument, assert_pinned
-from conformance.environment import patched_environment
-from conformance.strategies import dtypes, filled, host_tensors, shapes, views_of
+from conformance.areas.assertions import assert_bitwise_equal, assert_names_argument, assert_pinned
+from conformance.areas.strategies import dtypes, filled, host_tensors, shapes, views_of
+from conformance.harness.environment import patched_environment
 from reference.contract.errors import ConfigurationError
 
 pytestmark = pytest.mark.conformance_area("pinning")
@@ -756,7 +756,7 @@ def test_unpin_with_failing_unregister_hook_raises_keeps_the_pin_and_can_be_retr
 ):
     """docs/native.md, "When an accelerator hook fails": unpin raises the hook's error and changes nothing (still
     pinned, registered, locked, counted); a retry that succeeds unpins, and a third call answers False."""
-    from conformance.assertions import vm_locked_kib as locked_kib
+    from conformance.areas.assertions import vm_locked_kib as locked_kib
 
     monkeypatch.setenv("HOSTOFFLOAD_PIN_BACKEND", "native")
     hooks = _HookRecorder(monkeypatch, accelerator, unregister_failures=1)
@@ -783,7 +783,7 @@ def test_register_hook_that_raises_propagates_and_leaves_nothing(impl, area_api,
                                                                  leak_check):
     """A register hook must return False to refuse; one that raises is a broken plugin: the pinning call raises
     that error and nothing stays mapped, locked, registered or in the registry."""
-    from conformance.assertions import vm_locked_kib as locked_kib
+    from conformance.areas.assertions import vm_locked_kib as locked_kib
 
     monkeypatch.setenv("HOSTOFFLOAD_PIN_BACKEND", "native")
     hooks = _HookRecorder(monkeypatch, accelerator, register_error=RuntimeError("plugin bug in register"))

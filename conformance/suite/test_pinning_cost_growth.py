@@ -1,8 +1,8 @@
 """Cost growth of the pinning API's lookups, ``is_pinned`` and ``unpin``, measured through the public calls alone
-(conformance.cost_growth explains the method): the other live ranges are buffers pinned with ``pin_empty``
-(:class:`conformance.cost_growth.PinnedBuffers`), so an implementation that keeps its table to itself is measured
+(conformance.areas.cost_growth explains the method): the other live ranges are buffers pinned with ``pin_empty``
+(:class:`conformance.areas.cost_growth.PinnedBuffers`), so an implementation that keeps its table to itself is measured
 exactly like one that exposes a registry. The per-operation time with the profile's fill of live buffers over the
-time with 10 must stay within :data:`conformance.cost_growth.MAX_PUBLIC_RATIO`: an O(log n) lookup does, a scan of
+time with 10 must stay within :data:`conformance.areas.cost_growth.MAX_PUBLIC_RATIO`: an O(log n) lookup does, a scan of
 the live buffers does not."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from conformance.cost_growth import (
+from conformance.areas.cost_growth import (
     MAX_PUBLIC_RATIO,
     MIN_PUBLIC_LARGE,
     SMALL,
@@ -23,7 +23,7 @@ from conformance.cost_growth import (
     per_op_seconds,
     public_large,
 )
-from conformance.profiles import current_profile
+from conformance.harness.profiles import current_profile
 from reference.contract.envvars import PIN_BACKEND_ENV, PIN_REGISTER_DEVICE_ENV
 
 pytestmark = pytest.mark.conformance_area("pinning")
@@ -41,7 +41,7 @@ def buffers(area_api, monkeypatch):
 
 def _check_growth(ops: dict[str, Callable[[], float]], buffers: PinnedBuffers) -> None:
     """Times each op with 10 live buffers, then with :data:`MIN_PUBLIC_LARGE` and with the profile's fill; fails
-    at the first size where an op's ratio is over the bound twice (conformance.cost_growth.best_again). A scan is
+    at the first size where an op's ratio is over the bound twice (conformance.areas.cost_growth.best_again). A scan is
     caught at the first step already, so a slow implementation's fill (and its teardown) stays small."""
     buffers.grow_to(SMALL)
     small = {what: op() for what, op in ops.items()}

@@ -24,8 +24,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance.assertions import assert_bitwise_equal
-from conformance.strategies import dtypes, filled, nonempty_shapes
+from conformance.areas.assertions import assert_bitwise_equal
+from conformance.areas.strategies import dtypes, filled, nonempty_shapes
 
 pytestmark = [pytest.mark.conformance_area("pinning"), pytest.mark.requires(pin_backends="native")]
 

@@ -12,8 +12,8 @@ import gc
 import pytest
 import torch
 
-from conformance.assertions import assert_bitwise_equal
-from conformance.observation import vm_locked_kib
+from conformance.areas.assertions import assert_bitwise_equal
+from conformance.harness.observation import vm_locked_kib
 
 pytestmark = [
     pytest.mark.conformance_area("pinning"),

@@ -25,7 +25,7 @@ os.environ.pop("HOSTOFFLOAD_PIN_REGISTER_DEVICE", None)
 import torch
 from reference.contract import accelerators
 from reference.contract.accelerators.refusing import RefusingHostAccelerator
-from conformance.observation import vm_locked_kib
+from conformance.harness.observation import vm_locked_kib
 device = RefusingHostAccelerator()
 accelerators.discover_accelerators()
 accelerators._instances[device.name] = device

@@ -27,7 +27,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conformance.assertions import assert_names_argument, vm_locked_kib
+from conformance.areas.assertions import assert_names_argument, vm_locked_kib
 
 pytestmark = pytest.mark.conformance_area("pinning")
 
@@ -393,7 +393,7 @@ def test_registration_hook_undone_once_from_any_thread(impl, area_api, accelerat
     The accelerator's hooks are replaced by recording ones (on CPU this turns registration on), so the test
     runs on every machine.
     """
-    from conformance.assertions import vm_locked_kib
+    from conformance.areas.assertions import vm_locked_kib
 
     cls = type(accelerator)
     calls: list[tuple[str, int, int]] = []  # (event, ptr, VmLck KiB at the time)

@@ -28,8 +28,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from conformance.profiles import state_machine_settings
-from conformance.stateful import rule_failed
+from conformance.areas.stateful import rule_failed
+from conformance.harness.profiles import state_machine_settings
 
 pytestmark = pytest.mark.conformance_area("ranges")
 

@@ -1,4 +1,4 @@
-"""Cost-growth property of the range registry, through its public ``RangeRegistry`` (conformance.cost_growth
+"""Cost-growth property of the range registry, through its public ``RangeRegistry`` (conformance.areas.cost_growth
 explains the method): lookups (hit and miss) and removal at 10 vs 100 000 live ranges, as a ratio with a generous
 bound. The pinning API's lookups are in test_pinning_cost_growth, the io handle's check in test_io_cost_growth."""
 
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from conformance.cost_growth import (
+from conformance.areas.cost_growth import (
     LARGE,
     MAX_RATIO,
     SMALL,

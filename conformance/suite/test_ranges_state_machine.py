@@ -22,8 +22,8 @@ import torch
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, precondition, rule
 
-from conformance.profiles import state_machine_settings
-from conformance.stateful import rule_failed
+from conformance.areas.stateful import rule_failed
+from conformance.harness.profiles import state_machine_settings
 
 pytestmark = pytest.mark.conformance_area("ranges")
 

@@ -2,7 +2,7 @@
 
 :class:`ZeroEngine` is what training scripts use (one per rank, like DeepSpeed's engine). The area declares it
 (``Capabilities(distributed_engine=True)``) and has no ``run_scenario`` of its own: the conformance harness runs
-a shared :class:`Scenario` on W rank processes of this engine (``conformance.engine_runner``; test machinery,
+a shared :class:`Scenario` on W rank processes of this engine (``conformance.harness.engine_runner``; test machinery,
 which production code never imports) and compares the :class:`Trace` with the reference's. The config, scenario and
 trace types are the area's contract (``reference.contract.accumulation_config``, ``reference.contract.accumulation_*``),
 re-exported here unchanged so that the engine accepts exactly what the reference accepts; everything else in

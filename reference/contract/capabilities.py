@@ -5,7 +5,7 @@ implementation's name, module attributes or class names. A feature that is not d
 declaration named in the reason); a feature that is declared is checked in full. The fields are the whole
 vocabulary: an unknown key is an error, so a typo cannot silently turn a check off.
 
-Tests ask for a feature with ``@pytest.mark.requires(...)`` (see ``conformance.capability_marks``); the names
+Tests ask for a feature with ``@pytest.mark.requires(...)`` (see ``conformance.harness.capability_marks``); the names
 accepted there are the field names below.
 
 Contract: the vocabulary between an implementation and the suite; every implementation declares itself in it.

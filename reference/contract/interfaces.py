@@ -25,7 +25,7 @@ not (``run_scenario``: with a declared ``ZeroEngine`` the harness runs scenarios
 
 An implementation may declare single calls unsupported (``Implementation(unsupported={"pinning.pin_empty_like":
 "why"})``, names in :func:`call_names`): the interface check and every test marked as exercising the call are
-then skipped with that reason, instead of failing. The checker is ``conformance.interface_check``; the
+then skipped with that reason, instead of failing. The checker is ``conformance.harness.interface_check``; the
 self-test ``conformance/selftest/test_contract_interfaces.py`` holds both of hostoffload's implementations to
 these protocols and their ``__all__``.
 
@@ -151,7 +151,8 @@ class ScenarioRunner(Protocol):
     """How the suite gets a ``Trace``: the area module's own ``run_scenario``. Required of an implementation
     without a distributed engine; one that declares ``distributed_engine`` may leave it out, and the harness then
     runs each scenario on the declared ``ZeroEngine`` in its own rank processes
-    (``conformance.engine_runner.run_engine_scenario``): a multi-process runner is test machinery, not product."""
+    (``conformance.harness.engine_runner.run_engine_scenario``): a multi-process runner is test machinery, not
+    product."""
 
     def run_scenario(self, scenario: Scenario) -> Trace: ...
 

@@ -3,7 +3,7 @@
 The suite selects backends and accelerators through the environment, as a user would, and must leave the
 environment as it found it. pytest's ``monkeypatch`` does that for one test function; this module serves the places
 it cannot reach: fixtures shared across parametrizations, hypothesis tests (one function, many examples) and the
-rank workers of ``conformance.rank_pool``, which receive the variables to apply with each job.
+rank workers of ``conformance.harness.rank_pool``, which receive the variables to apply with each job.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 the plugin (torch, hypothesis, the accelerators) is even imported.
 
 A usage error must cost the user one line and a fraction of a second, not the three seconds of importing torch
-and hypothesis that :mod:`conformance.plugin` pays. Everything that can be decided from the command line, the
+and hypothesis that :mod:`conformance.harness.plugin` pays. Everything that can be decided from the command line, the
 environment and the installed distributions' metadata is decided here:
 
 - ``$HOSTOFFLOAD_HYPOTHESIS_PROFILE`` names a profile (``--conformance-profile`` is checked by its ``choices``);
@@ -11,7 +11,8 @@ environment and the installed distributions' metadata is decided here:
 - the ``--conformance-report`` directory can be created and written.
 
 What needs the plugins themselves (whether a named accelerator is *available* here, whether an entry point loads
-and gives what it promises) is checked by :mod:`conformance.plugin` at configure time, still before any test runs.
+and gives what it promises) is checked by :mod:`conformance.harness.plugin` at configure time, still before any test
+runs.
 The messages are the plugin's own: both paths raise the same :class:`ConfigurationError` text.
 """
 
@@ -21,14 +22,14 @@ from importlib.metadata import entry_points
 
 import pytest
 
-#: Spelled here as in conformance.discovery / reference.contract.accelerators (the self-test
+#: Spelled here as in conformance.harness.discovery / reference.contract.accelerators (the self-test
 #: conformance/selftest/test_usage_errors.py checks they agree), so that this module imports neither.
 IMPLEMENTATION_GROUP = "hostoffload.implementations"
 ACCELERATOR_GROUP = "hostoffload.accelerators"
 
 
 def split_names(values: list[str] | None) -> list[str]:
-    """``--opt a,b --opt c`` -> ``[a, b, c]`` (blanks dropped), as conformance.discovery reads the options."""
+    """``--opt a,b --opt c`` -> ``[a, b, c]`` (blanks dropped), as conformance.harness.discovery reads the options."""
     out: list[str] = []
     for v in values or []:
         out.extend(p.strip() for p in v.split(",") if p.strip())
@@ -41,7 +42,7 @@ def installed_names(group: str) -> list[str]:
 
 
 def unknown_names_error(flag: str, kind: str, unknown: list[str], known: list[str]) -> Exception:
-    """The one message for names no installed package provides (also conformance.discovery's)."""
+    """The one message for names no installed package provides (also conformance.harness.discovery's)."""
     from reference.contract.errors import UnknownPluginError
 
     return UnknownPluginError(
@@ -60,8 +61,8 @@ def _check_names(flag: str, kind: str, requested: list[str] | None, group: str) 
 
 
 def check_report_option(path: str | None) -> None:
-    """``--conformance-report DIR``: DIR is created and proven writable now (conformance.report)."""
-    from conformance.report import check_report_dir
+    """``--conformance-report DIR``: DIR is created and proven writable now (conformance.harness.report)."""
+    from conformance.harness.report import check_report_dir
     from reference.contract.errors import ConfigurationError
 
     if not path:
@@ -76,7 +77,7 @@ def check_report_option(path: str | None) -> None:
 
 def check_options(config: pytest.Config) -> None:
     """Raise ConfigurationError (naming the option or variable and the allowed values) for a bad selection."""
-    from conformance import profiles
+    from conformance.harness import profiles
 
     profiles.choose_profile(config.getoption("conformance_profile", None))
     _check_names("--conformance-impl", "implementation", config.getoption("conformance_impl", None),

@@ -1,6 +1,6 @@
 """The filesystem calls a process makes under one directory, in order, observed at the Python boundary.
 
-The fault harness (:mod:`conformance.checkpoint_faults`) simulates a kill that keeps the page cache, so a file
+The fault harness (:mod:`conformance.faults.checkpoint_faults`) simulates a kill that keeps the page cache, so a file
 that is never fsynced before the rename that publishes it passes every fault test; only a power cut would lose
 it, and CI cannot cut power. Durability is an order of operating-system calls, so the suite records that order
 and judges it (:func:`durability_violations`), whatever the implementation's code or counters say.
@@ -24,7 +24,7 @@ import io
 import os
 from typing import Any
 
-from conformance.attribute_patches import AttributePatches
+from conformance.faults.attribute_patches import AttributePatches
 
 __all__ = ["FilesystemTrace", "durability_violations"]
 

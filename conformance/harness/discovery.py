@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from importlib.metadata import entry_points
 
-from conformance.option_checks import IMPLEMENTATION_GROUP, split_names, unknown_names_error
+from conformance.harness.option_checks import IMPLEMENTATION_GROUP, split_names, unknown_names_error
 from reference.contract.accelerators import Accelerator, discover_accelerators
 from reference.contract.implementation import Implementation
 

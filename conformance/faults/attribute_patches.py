@@ -1,6 +1,7 @@
 """Module attributes replaced for the duration of a block, and put back: what the filesystem fault injector
-(:mod:`conformance.checkpoint_faults`) and the filesystem call recorder (:mod:`conformance.fs_trace`) both do to
-``os`` and ``builtins.open`` so that they see the calls a checkpoint save makes from outside the implementation."""
+(:mod:`conformance.faults.checkpoint_faults`) and the filesystem call recorder (:mod:`conformance.faults.fs_trace`)
+both do to ``os`` and ``builtins.open`` so that they see the calls a checkpoint save makes from outside the
+implementation."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from conformance.accumulation_assertions import assert_bits_equal, assert_tensor_equal
+from conformance.areas.accumulation_assertions import assert_bits_equal, assert_tensor_equal
 from reference.contract.accumulation_state_precision import round_to_bf16
 from reference.contract.optimizer_kernels import AdamKernel, Tolerance
 

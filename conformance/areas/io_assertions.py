@@ -13,7 +13,7 @@ from types import ModuleType
 
 import torch
 
-from conformance.assertions import assert_bitwise_equal
+from conformance.areas.assertions import assert_bitwise_equal
 
 O_DIRECT_ALIGNMENT = 4096
 

@@ -4,8 +4,8 @@
 It is test machinery, not product: an implementation that declares ``distributed_engine`` provides a
 ``ZeroEngine`` class in its accumulation module and the suite drives that class here, so a third-party engine is
 tested as itself and never with ours. Each of the scenario's W ranks is a process of a warm
-:class:`~conformance.rank_pool.WorkerPool` (gloo on the host by default, like the reference runner's host default;
-NCCL, one GPU per rank, on request). Every rank builds the model from the scenario's spec and seed, wraps it in
+:class:`~conformance.harness.rank_pool.WorkerPool` (gloo on the host by default, like the reference runner's host
+default; NCCL, one GPU per rank, on request). Every rank builds the model from the scenario's spec and seed, wraps it in
 the engine class (docs/extending.md lists the members used) and performs the calls exactly as
 docs/accumulation.md's runner notes prescribe; the parent merges the per-rank records into the shared
 :class:`~reference.accumulation.Trace` type after checking that all ranks agree on boundary flags and counters.
@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from conformance.rank_pool import RankFailure, get_pool
+from conformance.harness.rank_pool import RankFailure, get_pool
 from reference.contract import envvars
 from reference.contract.accumulation_scenario import (
     ApplyDelayedUpdate,

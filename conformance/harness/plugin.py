@@ -28,13 +28,13 @@ from typing import Any
 
 import pytest
 
-from conformance import discovery, option_checks, profiles, rule_ledger
-from conformance.accumulation_engines import (
+from conformance.areas.accumulation_engines import (
     native_pinning,  # noqa: F401 (a fixture the engine tests share)
     scenario_area,
 )
-from conformance.expectations import SKIP_PREFIX, Expectations, expectation_id
-from conformance.report import XPASS_STRICT, ReportCollector, build_report, totals_line, write_report
+from conformance.harness import discovery, option_checks, profiles, rule_ledger
+from conformance.harness.expectations import SKIP_PREFIX, Expectations, expectation_id
+from conformance.harness.report import XPASS_STRICT, ReportCollector, build_report, totals_line, write_report
 from reference.contract.accelerators import Accelerator
 from reference.contract.envvars import ACCELERATOR_ENV
 from reference.contract.errors import ConfigurationError
@@ -47,9 +47,9 @@ _RULES_KEY = pytest.StashKey[tuple[str, ...]]()
 _EXPECTATIONS_KEY = pytest.StashKey[Expectations]()
 _RULE_SET_KEY = pytest.StashKey[dict[str, Any]]()
 
-#: Harness parts with hooks of their own (crash isolation: conformance.isolation; its option lives in
+#: Harness parts with hooks of their own (crash isolation: conformance.harness.isolation; its option lives in
 #: conformance.activation with the others, so it exists before the command line is parsed).
-pytest_plugins = ["conformance.isolation"]
+pytest_plugins = ["conformance.harness.isolation"]
 
 _RUN_KEY = pytest.StashKey[dict[str, Any]]()
 _REPORT_PATHS_KEY = pytest.StashKey[tuple[Any, Any]]()
@@ -103,8 +103,8 @@ def _suite_version() -> str:
 
 def _register_harness_plugins(config: pytest.Config) -> None:
     """Harness parts with hooks of their own, kept in their modules: requires(...) at collection
-    (conformance.capability_marks) and crash isolation (conformance.isolation)."""
-    from conformance import capability_marks
+    (conformance.harness.capability_marks) and crash isolation (conformance.harness.isolation)."""
+    from conformance.harness import capability_marks
 
     capability_marks.register(config)
     if not config.pluginmanager.has_plugin("hostoffload-capability-marks"):
@@ -113,14 +113,15 @@ def _register_harness_plugins(config: pytest.Config) -> None:
 
 class _CollectionMarksPlugin:
     """Marks added once collection (and ``-k`` deselection) is done: ``requires(...)`` skips, then the vendor's
-    xfails and skips files (conformance.expectations), so an entry is matched against the tests that will run."""
+    xfails and skips files (conformance.harness.expectations), so an entry is matched against the tests that will
+    run."""
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        from conformance import capability_marks
+        from conformance.harness import capability_marks
 
         capability_marks.apply(items)
         self.config.stash[_EXPECTATIONS_KEY].apply(items)

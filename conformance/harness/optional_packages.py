@@ -2,7 +2,7 @@
 
 A test that cannot run because an optional package is not importable here (Triton's interpreter for a fused
 kernel, transformers for the Hugging Face tests) skips through :func:`require`, whose reason starts with
-:data:`MISSING_PREFIX` and names the package. The report (conformance/rule_ledger.py) reads that reason back,
+:data:`MISSING_PREFIX` and names the package. The report (conformance/harness/rule_ledger.py) reads that reason back,
 attributes the skip to the rules the test judges, and lists them at the top of report.md and in report.json:
 a rule is never left unjudged silently by an environment that lacks a package. ``pytest.importorskip``'s own
 reason ("could not import 'x'") is read the same way, so a test written with it is attributed too.

@@ -32,7 +32,7 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from conformance.attribute_patches import AttributePatches
+from conformance.faults.attribute_patches import AttributePatches
 
 __all__ = ["FilesystemFaults", "Killed"]
 

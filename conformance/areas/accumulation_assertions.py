@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from conformance.lr_schedule_oracle import expected_betas, expected_lr
+from conformance.areas.lr_schedule_oracle import expected_betas, expected_lr
 from reference.accumulation import (
     AccumulationConfig,
     ApplyDelayedUpdate,
@@ -250,7 +250,7 @@ def cross_implementation_tolerance(scenario: Scenario, impl: Any, accelerator: A
 
     Otherwise the difference starts as a reduction-order difference of a few ulps in the gradients (R23 bounds
     it for one boundary) and then passes through the optimizer. Justification of the numbers, for the
-    scenarios of conformance/accumulation_strategies.py (lr <= 0.1, <= 5 boundaries, |parameters| < 2):
+    scenarios of conformance/areas/accumulation_strategies.py (lr <= 0.1, <= 5 boundaries, |parameters| < 2):
     gradients: rtol 1e-3 / atol 1e-5 in fp32 (thousands of ulps: room for the parameter drift below feeding
     back into the next gradients) and rtol 2^-5 / atol 2^-10 in bf16 (four bf16 ulps); parameters: one Adam
     step moves a parameter by at most ~lr, and near-zero gradients (|g| ~ eps) let a tiny gradient difference

@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conformance.rule_ledger import RuleLedger, compact
+from conformance.harness.rule_ledger import RuleLedger, compact
 
 #: What a test's report can count as, in the order the report lists them. ``xfailed`` / ``xpassed``: tests marked
 #: as expected to fail (by the suite, or listed in ``--conformance-xfails``) that failed / passed;
 #: ``xpassed_strict``: a listed test that passed in a strict run, which fails the run; ``skipped_by_file``: tests
-#: listed in ``--conformance-skips``, apart from the suite's own skips (conformance/expectations.py).
+#: listed in ``--conformance-skips``, apart from the suite's own skips (conformance/harness/expectations.py).
 OUTCOMES = ("passed", "failed", "errors", "skipped", "xfailed", "xpassed", "xpassed_strict", "skipped_by_file")
 #: Outcomes of a test that did not run to a verdict of its own.
 NOT_RUN = ("skipped", "skipped_by_file")
@@ -46,7 +46,7 @@ class Failure:
     when: str
     message: str
     reproduce: str
-    #: The id an xfails or skips file lists this test by (conformance.expectations), whatever pytest's node id.
+    #: The id an xfails or skips file lists this test by (conformance.harness.expectations), whatever pytest's node id.
     test_id: str = ""
 
     def as_dict(self) -> dict[str, str]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
-from conformance.strategies import DTYPES, filled
+from conformance.areas.strategies import DTYPES, filled
 
 #: Memory kinds for tensors written from. ``*-strided`` kinds are transposed views (non-contiguous).
 SOURCE_KINDS = (

@@ -1,15 +1,15 @@
 """Which rules a run judged, which it left unjudged and why, and the rule set a report pins.
 
-A rule (R16, O5, IO1) is defined once, in bold at the start of a line of its page in docs/ (conformance.doc_rules
-reads them the same way), and a test judges the rules its name or docstring cites (the docs tests keep both
-directions true: every rule is cited, every citation exists). So:
+A rule (R16, O5, IO1) is defined once, in bold at the start of a line of its page in docs/
+(conformance.harness.doc_rules reads them the same way), and a test judges the rules its name or docstring cites
+(the docs tests keep both directions true: every rule is cited, every citation exists). So:
 
 - :func:`rule_set` is the rule set the report's header prints, read from the pages where they are (a source
   checkout, or ``$HOSTOFFLOAD_SOURCE_ROOT``); an installed wheel has no docs/, and then the set is what the
   installed suite's tests cite, which the docs tests hold equal to it.
 - :func:`rules_of` is what one test judges.
 - :class:`RuleLedger` collects, test by test, whether a test citing a rule ran, and for each skip that a missing
-  optional package caused (conformance.optional_packages), which rules it left unjudged: the top of the report.
+  optional package caused (conformance.harness.optional_packages), which rules it left unjudged: the top of the report.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from conformance import optional_packages
-from conformance.doc_rules import ROOT, SUITE, citation_pattern
+from conformance.harness import optional_packages
+from conformance.harness.doc_rules import ROOT, SUITE, citation_pattern
 
 #: The rule prefixes of hostoffload's pages, for an installed suite without docs/ (a source checkout reads them).
 FALLBACK_PREFIXES = ("R", "O", "IO")

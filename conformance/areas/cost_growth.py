@@ -31,7 +31,7 @@ MAX_RATIO = 50.0
 STRIDE = 8192
 
 
-#: Live buffers a measurement through the public pinning calls aims for, by profile (conformance.profiles):
+#: Live buffers a measurement through the public pinning calls aims for, by profile (conformance.harness.profiles):
 #: each is one locked page and tens of microseconds to make and free, so ci stays near a second per fill.
 PUBLIC_LARGE = {"dev": 10_000, "ci": 10_000, "conformance": 30_000, "gpu": 30_000, "thorough": LARGE}
 #: Seconds a fill through the public calls may take before the measurement goes on with what it has.

@@ -8,7 +8,7 @@ on the line right before its fence, which the rendered page does not show::
 
 and is then skipped where CUDA is not available, with that reason. A block that needs an optional package (one of
 the extras, e.g. Lightning) says ``<!-- docs-test: needs lightning -->`` and is skipped where that package does not
-import, with the reason the report attributes to a missing package (conformance.optional_packages). Nothing else
+import, with the reason the report attributes to a missing package (conformance.harness.optional_packages). Nothing else
 exempts a block.
 
 A block that says it runs under ``torchrun`` (one process per rank, each reading ``RANK`` / ``WORLD_SIZE`` /
@@ -127,7 +127,7 @@ def _destroy_leftover_group() -> None:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m conformance.docs_examples ROOT NAME...``: run the named blocks, one JSON line each (the i-th
+    """``python -m conformance.harness.docs_examples ROOT NAME...``: run the named blocks, one JSON line each (the i-th
     block run on the i-th port of :data:`PORTS_ENV` when it is set)."""
     root, wanted = Path(argv[0]), set(argv[1:])
     ports = [p for p in os.environ.get(PORTS_ENV, "").split(",") if p]

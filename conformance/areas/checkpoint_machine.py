@@ -6,7 +6,7 @@ steps ran. The engine class is the implementation's own (``engine_class(impl)``)
 
 The model of what the disk must hold, per tag: the states a load may restore. A save that returns makes its
 state the only one; a save that raises (a write failing at its k-th byte with ENOSPC or EIO, a rename that
-fails) changes nothing; a save killed part-way (:class:`~conformance.checkpoint_faults.Killed`) may leave the
+fails) changes nothing; a save killed part-way (:class:`~conformance.faults.checkpoint_faults.Killed`) may leave the
 previous checkpoint or the new one, whichever side of the commit it died on, never a third; damage after the save
 (bytes flipped, a file truncated) must make the load raise. **Invariant**: ``load_checkpoint`` either restores
 exactly one of the allowed states -- parameters, fp32 master, optimizer state, counters, learning rate,
@@ -35,8 +35,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from conformance.accumulation_engines import engine_class
-from conformance.checkpoint_faults import FilesystemFaults, Killed
+from conformance.areas.accumulation_engines import engine_class
+from conformance.faults.checkpoint_faults import FilesystemFaults, Killed
 from reference.contract.accumulation_scenario import ModelSpec, compute_loss
 from reference.contract.errors import CheckpointError
 

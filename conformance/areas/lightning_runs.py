@@ -1,7 +1,7 @@
 """One rank of the Lightning strategy checks (harness machinery: ``test_accumulation_lightning`` starts it as
 torchrun would, once per rank, and compares what the ranks write).
 
-``python -m conformance.lightning_runs AREA_MODULE OUT_DIR`` with ``RANK`` / ``LOCAL_RANK`` / ``WORLD_SIZE`` /
+``python -m conformance.areas.lightning_runs AREA_MODULE OUT_DIR`` with ``RANK`` / ``LOCAL_RANK`` / ``WORLD_SIZE`` /
 ``MASTER_ADDR`` / ``MASTER_PORT`` set. ``AREA_MODULE`` is the accumulation area module of the implementation under
 test: its ``ZeroEngine`` and its declared ``lightning_strategy`` (a module with ``ZeroStrategy``) are used, never
 ours. Lightning sees processes started outside it (``LOCAL_RANK`` set) and joins them into one gloo group; the

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from conformance import engine_runner, rank_pool
+from conformance.harness import engine_runner, rank_pool
 from reference.contract.implementation import Implementation
 
 #: The marker every engine test module carries: the feature and the areas the engine tests need.

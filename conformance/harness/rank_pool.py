@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from conformance.environment import apply_environment
+from conformance.harness.environment import apply_environment
 from reference.contract.errors import HostOffloadError
 
 __all__ = ["RankFailure", "WorkerPool", "WorkerTimeoutError", "get_pool", "shutdown_pools"]

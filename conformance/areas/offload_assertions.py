@@ -6,7 +6,7 @@ import gc
 
 import torch
 
-from conformance.assertions import assert_bitwise_equal, assert_same_layout
+from conformance.areas.assertions import assert_bitwise_equal, assert_same_layout
 
 
 def assert_results_bitwise_equal(

@@ -3,7 +3,7 @@
 A native ``abort()``, a segfault or an ``exit()`` inside the implementation under test must cost one failed test,
 never the run: the other tests still run and the report is still written. The child runs the test's whole pytest
 protocol; its setup/call/teardown reports and warnings are sent back and replayed here as pytest made them
-(:mod:`conformance.isolation_reports`), and this process then tears its own fixtures down to what the next test
+(:mod:`conformance.harness.isolation_reports`), and this process then tears its own fixtures down to what the next test
 needs, as after an in-process test. Three ways to get the child:
 
 - ``fork()`` (Linux, the fast path, milliseconds): used while this process has not initialised CUDA (so the child
@@ -46,7 +46,7 @@ from typing import Any
 
 import pytest
 
-from conformance.isolation_reports import (
+from conformance.harness.isolation_reports import (
     child_reports,
     decode_lines,
     encode_report,
@@ -278,7 +278,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return None
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
     reports = with_parent_teardown(run_isolated(item), _parent_teardown(item, nextitem))
-    from conformance import plugin
+    from conformance.harness import plugin
 
     for rep in reports:
         plugin.record_report(item, rep)
