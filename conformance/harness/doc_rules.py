@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-SUITE = Path(__file__).resolve().parent / "suite"
+SUITE = Path(__file__).resolve().parents[1] / "suite"
 # The source tree: $HOSTOFFLOAD_SOURCE_ROOT (tox sets it; the installed wheel has no docs/), else this checkout.
 ROOT = Path(os.environ.get("HOSTOFFLOAD_SOURCE_ROOT") or SUITE.parents[1])
 

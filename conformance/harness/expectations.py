@@ -32,7 +32,7 @@ import pytest
 from reference.contract.errors import ConfigurationError
 
 #: Where the package lives: ids are written relative to its parent folder.
-_PACKAGE_PARENT = Path(__file__).resolve().parent.parent
+_PACKAGE_PARENT = Path(__file__).resolve().parents[2]
 #: How the reasons of the marks added here begin (the report tells a listed skip from the suite's own by it).
 XFAIL_PREFIX = "listed in the xfails file"
 SKIP_PREFIX = "listed in the skips file"

@@ -88,7 +88,7 @@ def _suite_version() -> str:
     import re
     from pathlib import Path
 
-    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
     if pyproject.is_file():
         found = re.search(r'^version = "([^"]+)"', pyproject.read_text(), re.MULTILINE)
         if found:

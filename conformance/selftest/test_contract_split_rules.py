@@ -100,3 +100,68 @@ def test_a_fixed_share_and_an_auto_choice_in_figures():
     assert within.device_elements == 100 // FLAT_ALIGNMENT * FLAT_ALIGNMENT and within.budget_bytes == 1615
     hidden = SplitMeasurement(host_s_per_element=3.0, device_s_per_element=1.0, hide_s=1e9, sample_elements=8)
     assert choose_split(1024, cfg, None, hidden).device_elements == 0
+
+
+def test_split_point_in_figures():
+    """0 gives 0, 1 gives the whole partition, a share between rounds ``share * P`` (the float's exact value) down
+    to the alignment; a share outside [0, 1] is refused."""
+    from reference.contract.accumulation_split import split_point
+
+    assert FLAT_ALIGNMENT == 4, "the figures below assume R8's alignment of 4"
+    assert split_point(0.0, 1024) == 0 and split_point(1.0, 1024) == 1024
+    assert split_point(0.25, 1000) == 248  # 250 down to a multiple of FLAT_ALIGNMENT (4)
+    assert split_point(0.3, 1000) == 296  # the float 0.3 is a little below 3/10: 299.99.. elements, then 296
+    for bad in (-0.1, 1.1, math.nan):
+        with pytest.raises(ValueError, match="share"):
+            split_point(bad, 1024)
+
+
+def test_auto_with_realistic_rates_a_head_start_and_no_measurement():
+    """Seconds per element are nanoseconds, not seconds: the choice must not depend on their sum exceeding 1.
+    ``hide`` (device work the host part runs beside) shortens the host part to hide; a measurement of zero time
+    (nothing to hide) puts nothing on the device."""
+    cfg = _config()
+    h, g = 3e-9, 1e-9
+    plain = choose_split(1024, cfg, None, SplitMeasurement(h, g, 0.0, 8))
+    assert plain.device_elements == 768
+    head = choose_split(1024, cfg, None, SplitMeasurement(h, g, h * 512, 8))  # (3 P - 1.5 P) / 4 = 3 P / 8
+    assert head.device_elements == 384
+    assert choose_split(1024, cfg, None, SplitMeasurement(0.0, 0.0, 0.0, 8)).device_elements == 0
+    # a device slower than the host still takes the part that balances them: h (P - d) = g d at d = P / 4
+    assert choose_split(1024, cfg, None, SplitMeasurement(g, h, 0.0, 8)).device_elements == 256
+
+
+def test_under_a_limit_the_budget_must_be_the_limits():
+    from reference.contract.accumulation_limit import MemoryLimit, limit_margin
+
+    limit = MemoryLimit(limit_bytes=10_000, floor_bytes=5_000, margin_bytes=limit_margin(10_000),
+                        budget_bytes=10_000 - 5_000 - limit_margin(10_000))
+    m = SplitMeasurement(3e-9, 1e-9, 0.0, 8)
+    cfg = _config()
+    assert choose_split(1024, cfg, limit.budget_bytes, m, limit).memory_limit == limit
+    with pytest.raises(ValueError, match="budget"):
+        choose_split(1024, cfg, limit.budget_bytes + 1, m, limit)
+
+
+def test_measurements_and_decisions_are_frozen():
+    """A decision is reported and logged as made; a measurement is shared by every rank's choice."""
+    import dataclasses
+
+    m = SplitMeasurement(3e-9, 1e-9, 0.0, 8)
+    d = choose_split(1024, _config(), None, m)
+    for obj, name in ((m, "hide_s"), (d, "device_elements")):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(obj, name, 0)
+
+
+def _engine_constructor(config: AccumulationConfig) -> None:
+    warn_if_auto_without_device(config, "cpu")  # what an engine's __init__ does
+
+
+def test_the_deviceless_warning_points_at_the_line_that_built_the_engine():
+    """``stacklevel``: the warning names the user's line that constructed the engine, not the contract's."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _engine_constructor(_config(gpu_share="auto")); line = __import__("inspect").currentframe().f_lineno  # noqa: E702
+    (w,) = [w for w in caught if issubclass(w.category, DevicelessSplitWarning)]
+    assert (w.filename, w.lineno) == (__file__, line)
