@@ -12,27 +12,11 @@ pass), chosen by the moment tensors' dtype, so both declare the two state precis
 
 from __future__ import annotations
 
-from optimized import cpu_adam
-from optimized.accumulation import device_adam
+from optimized.accumulation.adam_kernels import declared_kernels
 from reference.contract.optimizer_kernels import AdamKernel
 
 __all__ = ["OPTIMIZER_KERNELS"]
 
-#: R16's fp32 moments and R29's bf16 ones: both kernels take the precision from the moments' dtype.
-BOTH = ("float32", "bfloat16")
-
-
-def _native_step(config, param, grad, exp_avg, exp_avg_sq, t, *, grad_scale=None, variant=None):
-    cpu_adam.adam_step(config, param, grad, exp_avg, exp_avg_sq, t, grad_scale=grad_scale, isa=variant)
-
-
-def _declared() -> tuple[AdamKernel, ...]:
-    kernels = [AdamKernel(name="fused-device-adam", step=device_adam.adam_step, devices=("cpu", "cuda"),
-                          requires=("triton",), state_precisions=BOTH)]
-    if cpu_adam.available():  # a build without the native extension has no host kernel to declare
-        kernels.insert(0, AdamKernel(name="native-cpu-adam", step=_native_step, devices=("cpu",),
-                                     variants=tuple(cpu_adam.available_isas()), state_precisions=BOTH))
-    return tuple(kernels)
-
-
-OPTIMIZER_KERNELS: tuple[AdamKernel, ...] = _declared()
+#: Read from the one table of the implementation's kernels (:data:`optimized.accumulation.adam_kernels.ADAM_KERNELS`),
+#: which the engine and the benchmarks read too.
+OPTIMIZER_KERNELS: tuple[AdamKernel, ...] = declared_kernels()

@@ -9,6 +9,9 @@ An Adam/AdamW master on a device steps in one fused pass (:mod:`optimized.accumu
 where that kernel is available and has matched :func:`torch_step` bitwise on the device (``HOSTOFFLOAD_DEVICE_ADAM``
 decides; the same bits either way, a fraction of the memory traffic).
 
+Which kernel steps which master is decided by the one table of kernels, :mod:`.adam_kernels` (the first entry
+whose ``steps`` accepts the master), which the ``optimizer_kernels`` area and the benchmarks read too.
+
 Everything else (SGD, device masters without the fused kernel) runs :func:`torch_step`
 (:mod:`optimized.accumulation.torch_optimizer`, re-exported here with :func:`init_state` and
 :data:`CHUNK_ELEMENTS`): the reference's torch-op sequence, in place and chunk by chunk.
@@ -22,12 +25,11 @@ from __future__ import annotations
 
 import torch
 
-from optimized import cpu_adam
-from optimized.accumulation import device_adam
+from optimized.accumulation.adam_kernels import engine_kernel, kernel_named
 from optimized.accumulation.torch_optimizer import CHUNK_ELEMENTS, init_state, torch_step
 from reference.contract.accumulation_config import OptimizerConfig
 from reference.contract.accumulation_state_precision import StatePrecision
-from reference.contract.accumulation_step import OptimizerState
+from reference.contract.accumulation_step import ADAM_KERNEL_TYPES, OptimizerState
 
 __all__ = [
     "CHUNK_ELEMENTS", "OptimizerState", "init_state", "native_adam", "step_master", "torch_step", "uses_native",
@@ -36,17 +38,12 @@ __all__ = [
 
 def native_adam(config: OptimizerConfig) -> bool:
     """Whether this optimizer has the native CPU kernel in this build (Adam/AdamW with ``optimized.cpu_adam``)."""
-    return config.type in ("adam", "adamw") and cpu_adam.available()
+    return config.type in ADAM_KERNEL_TYPES and kernel_named("native-cpu-adam").available()
 
 
 def uses_native(config: OptimizerConfig, master: torch.Tensor) -> bool:
     """Whether :func:`step_master` runs the native CPU kernel for this optimizer and master."""
-    return (
-        native_adam(config)
-        and master.device.type == "cpu"
-        and master.dtype == torch.float32
-        and master.is_contiguous()
-    )
+    return kernel_named("native-cpu-adam").steps(config, master, master, None)
 
 
 def _moments(state: OptimizerState) -> StatePrecision | None:
@@ -69,27 +66,8 @@ def step_master(
     ``grad`` is fp32 on ``master``'s device and is not modified. Returns True when ``bf16_out`` was filled
     with the updated weights (the native and fused kernels fill it in their pass); the caller casts otherwise.
     """
-    if uses_native(config, master) and grad.is_contiguous():
-        state.step += 1
-        cpu_adam.adam_step(
-            config,
-            master,
-            grad,
-            state.buffers["exp_avg"],
-            state.buffers["exp_avg_sq"],
-            state.step,
-            grad_scale=clip_coef,
-            bf16_out=bf16_out,
-        )
-        return bf16_out is not None
-    if (master.is_contiguous() and grad.is_contiguous() and grad.device == master.device
-            and device_adam.use_for(config, master, _moments(state))):
-        state.step += 1
-        fill = bf16_out is not None and bf16_out.device == master.device and bf16_out.is_contiguous()
-        device_adam.adam_step(
-            config, master, grad, state.buffers["exp_avg"], state.buffers["exp_avg_sq"], state.step,
-            grad_scale=clip_coef, bf16_out=bf16_out if fill else None,
-        )
-        return fill
+    kernel = engine_kernel(config, master, grad, _moments(state))
+    if kernel is not None:
+        return kernel.run(config, master, grad, state, clip_coef, bf16_out)
     torch_step(config, master, grad, state, clip_coef=clip_coef)
     return False
