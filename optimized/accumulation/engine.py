@@ -183,7 +183,7 @@ class ZeroEngine(ModuleSurface, LrSurface, EngineReports, ScheduledEngine):
             parts.grads.run(scaled.backward)
             completed = True
         finally:
-            # a failed backward accumulated nothing the engine keeps (the buckets were abandoned)
+            # a backward that raised leaves the phase it found (what it added before failing, zero_grad() drops)
             self._phase = GradientPhase.ACCUMULATED if completed else before
             self._model.clear_grads()
             if parts.stage3 is not None:
