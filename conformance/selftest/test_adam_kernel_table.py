@@ -60,3 +60,46 @@ def test_step_master_runs_the_chosen_entry(monkeypatch):
     assert step_master(ADAMW, master, grad, state, clip_coef=None, bf16_out=out) is True
     assert calls == [ADAMW] and state.step == 1
     assert torch.equal(out, master.to(torch.bfloat16)), "the bf16 copy is not the updated master's"
+
+
+def test_the_table_in_figures_and_frozen():
+    """Both kernels are declared in this order (the fused one always: it names Triton in ``requires``, so a run
+    without Triton reports its rules unjudged instead of dropping it); entries cannot be changed."""
+    import dataclasses
+
+    names = ["fused-device-adam"] if not kernel_named("native-cpu-adam").available() else [
+        "native-cpu-adam", "fused-device-adam"]
+    assert [k.name for k in OPTIMIZER_KERNELS] == names
+    assert kernel_named("fused-device-adam").declaration().requires == ("triton",)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ADAM_KERNELS[0].name = "other"  # type: ignore[misc]
+    with pytest.raises(KeyError, match="native-cpu-adam"):
+        kernel_named("no-such-kernel")
+
+
+def test_the_fused_entry_steps_a_master_its_gradient_shares_a_device_with(monkeypatch):
+    """Where the device kernel is chosen for the master's device (patched here: the CPU has no verdict for it), the
+    engine uses it only for a contiguous gradient on the master's own device."""
+    from optimized.accumulation import device_adam
+
+    monkeypatch.setattr(device_adam, "use_for", lambda config, master, precision=None: True)
+    fused = kernel_named("fused-device-adam")
+    master = torch.randn(64)
+    assert fused.steps(ADAMW, master, torch.randn(64), None) is True
+    assert fused.steps(ADAMW, master, torch.randn(64, device="meta"), None) is False
+    assert fused.steps(ADAMW, master, torch.randn(128)[::2], None) is False
+
+
+def test_the_fused_entry_runs_the_engine_step():
+    """The engine's call of the fused kernel (Triton's interpreter on the CPU): one step, the bf16 copy written
+    where it is a contiguous buffer on the master's device (reported), left to the caller otherwise."""
+    pytest.importorskip("triton")
+    fused = kernel_named("fused-device-adam")
+    master, grad = torch.randn(64), torch.randn(64)
+    state = init_state(ADAMW, master)
+    out = torch.empty(64, dtype=torch.bfloat16)
+    assert fused.run(ADAMW, master, grad, state, None, out) is True and state.step == 1
+    assert torch.equal(out, master.to(torch.bfloat16))
+    strided = torch.empty(128, dtype=torch.bfloat16)[::2]
+    assert fused.run(ADAMW, master, grad, state, 0.5, strided) is False and state.step == 2
+    assert fused.run(ADAMW, master, grad, state, None, None) is False and state.step == 3
